@@ -1,0 +1,1 @@
+//! HF DiffLlama/Llama/DEX checkpoints to GGUF

@@ -1,0 +1,110 @@
+//! The legacy 32-element formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and Q8_1 for activations).
+//!
+//! `quantize_row_*` are ports of ggml's `quantize_row_*_ref` (what llama-quantize writes
+//! without an importance matrix); `quantize_row_*_imatrix` are ports of the weighted
+//! `quantize_row_*_impl` it uses when given one.
+
+mod q4_0;
+mod q4_1;
+mod q5_0;
+mod q5_1;
+mod q8_0;
+
+pub use q4_0::{dequantize_row_q4_0, quantize_row_q4_0, quantize_row_q4_0_imatrix};
+pub use q4_1::{dequantize_row_q4_1, quantize_row_q4_1, quantize_row_q4_1_imatrix};
+pub use q5_0::{dequantize_row_q5_0, quantize_row_q5_0, quantize_row_q5_0_imatrix};
+pub use q5_1::{dequantize_row_q5_1, quantize_row_q5_1, quantize_row_q5_1_imatrix};
+pub use q8_0::{dequantize_row_q8_0, quantize_row_q8_0, quantize_row_q8_1};
+
+/// The value of largest magnitude in `x` with its sign (the first one found on ties), and
+/// that magnitude. ggml's legacy and Q6_K quantizers all start from this.
+#[inline]
+pub(crate) fn signed_absmax(x: &[f32]) -> (f32, f32) {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (max, amax)
+}
+
+/// Smallest and largest value (ggml starts from ±FLT_MAX).
+#[inline]
+pub(crate) fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+/// Mean of squares of a whole row: the σ² the imatrix quantizers mix into their weights.
+#[inline]
+pub(crate) fn row_sigma2(x: &[f32]) -> f32 {
+    let mut sum_x2 = 0.0f32;
+    for &v in x {
+        sum_x2 += v * v;
+    }
+    sum_x2 / x.len() as f32
+}
+
+/// Per-element weights for the imatrix searches: `qw[j] · sqrt(σ² + x[j]²)`.
+#[inline]
+pub(crate) fn imatrix_weights<const N: usize>(x: &[f32], qw: &[f32], sigma2: f32) -> [f32; N] {
+    let mut w = [0.0f32; N];
+    for j in 0..N {
+        w[j] = qw[j] * (sigma2 + x[j] * x[j]).sqrt();
+    }
+    w
+}
+
+/// Packs the fifth bits of 32 5-bit values as ggml's Q5 `qh`: bit j = bit 4 of `l[j]`.
+#[inline]
+pub(crate) fn pack_qh(l: impl Fn(usize) -> u8) -> [u8; 4] {
+    let mut qh = 0u32;
+    for j in 0..32 {
+        qh |= (((l(j) & 0x10) >> 4) as u32) << j;
+    }
+    qh.to_le_bytes()
+}
+
+/// Bit 4 of element j from a Q5 `qh` (0 or 16).
+#[inline(always)]
+pub(crate) fn high_bit(qh: u32, j: usize) -> u8 {
+    (((qh >> j) & 1) << 4) as u8
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    /// Deterministic pseudo-normal values (xorshift + Box–Muller).
+    pub fn normal(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        (0..n)
+            .map(|_| {
+                let (u1, u2) = (next(), next());
+                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+            })
+            .collect()
+    }
+
+    /// Max |a-b| relative to max |a|.
+    pub fn rel_max_err(a: &[f32], b: &[f32]) -> f32 {
+        let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+        a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    }
+}

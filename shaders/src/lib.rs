@@ -1,0 +1,1 @@
+//! WGSL compute shaders for duet's GPU backend, with naga validation
