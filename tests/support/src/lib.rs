@@ -1,0 +1,105 @@
+//! Helpers shared by the tests of every duet crate.
+//!
+//! Tests that need something outside the Rust toolchain (a Python with gguf-py, a
+//! downloaded model, a Vulkan adapter) find it through environment variables that
+//! `tests/run-all.sh` sets. When one is missing the test calls [`skip`], which prints the
+//! reason and records it in `$DUET_SKIP_LOG` so the script can list every skip at the end.
+//! With `DUET_REQUIRE_ORACLES=1` (set by CI) a missing Python oracle is a failure instead.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Records that `test` was skipped and why.
+pub fn skip(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Some(log) = std::env::var_os("DUET_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+            let _ = writeln!(f, "{test}: {reason}");
+        }
+    }
+}
+
+/// The Python interpreter with `gguf` (0.19) and `numpy` installed, from `$DUET_PYTHON`.
+/// Returns `None` after recording a skip when it is not configured, unless
+/// `$DUET_REQUIRE_ORACLES` is set, in which case it panics: CI must never silently skip.
+pub fn oracle_python(test: &str) -> Option<PathBuf> {
+    match std::env::var_os("DUET_PYTHON") {
+        Some(p) if Path::new(&p).exists() => Some(PathBuf::from(p)),
+        _ => {
+            if std::env::var_os("DUET_REQUIRE_ORACLES").is_some() {
+                panic!("{test}: DUET_REQUIRE_ORACLES is set but DUET_PYTHON does not name a Python with gguf-py");
+            }
+            skip(test, "no Python oracle (set DUET_PYTHON to a python3 with gguf==0.19 and numpy; tests/run-all.sh does)");
+            None
+        }
+    }
+}
+
+/// A path from an environment variable naming a downloaded asset (e.g. `DUET_SMOLLM2`),
+/// or `None` after recording a skip.
+pub fn asset(test: &str, var: &str, what: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
+        Some(p) if Path::new(&p).exists() => Some(PathBuf::from(p)),
+        _ => {
+            skip(test, &format!("{what} not available (set {var}; tests/run-all.sh fetches it)"));
+            None
+        }
+    }
+}
+
+/// The repository root (two levels above this crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
+}
+
+/// Runs `python script args…` and returns stdout, panicking with stderr on failure.
+pub fn run_python(python: &Path, script: &Path, args: &[&std::ffi::OsStr]) -> String {
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    if !out.status.success() {
+        panic!(
+            "{} {} failed ({}):\n{}",
+            python.display(),
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8(out.stdout).expect("python printed UTF-8")
+}
+
+/// Deterministic pseudo-random numbers for tests (xorshift64*), so fixtures and tests never
+/// depend on an external RNG crate's stream.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f32 {
+        let u1 = ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+        let u2 = ((self.next_u64() >> 11) as f64) / (1u64 << 53) as f64;
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+    }
+    pub fn normals(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.normal()).collect()
+    }
+    /// Uniform integer in 0..n.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
