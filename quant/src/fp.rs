@@ -2,9 +2,19 @@
 
 use half::f16;
 
-/// f32 → f16, round to nearest even (ggml's `GGML_FP32_TO_FP16`, `_cvtss_sh(x, 0)`).
+/// f32 → f16, round to nearest even, as ggml-base's `ggml_fp32_to_fp16_row` (what
+/// `ggml_quantize_chunk`, hence llama-quantize, uses for F16) computes it.
 #[inline]
 pub fn f32_to_f16_bits(v: f32) -> u16 {
+    // ggml's GGML_FP32_TO_FP16 in ggml-base is the software ggml_compute_fp32_to_fp16
+    // (ggml/src/ggml-impl.h, llama.cpp 0c1e57098), which ends in
+    // `(sign >> 16) | (shl1_w > 0xFF000000 ? 0x7E00 : nonsign)`: every NaN becomes sign|0x7E00.
+    // half (like the F16C instruction) keeps the top payload bits instead (0x7FFFFFFF → 0x7FFF),
+    // so NaNs are handled here. Everything else, subnormals and overflow to inf included,
+    // already matched ggml bit for bit (quant/tests/golden.rs).
+    if v.is_nan() {
+        return ((v.to_bits() >> 16) as u16 & 0x8000) | 0x7E00;
+    }
     f16::from_f32(v).to_bits()
 }
 
