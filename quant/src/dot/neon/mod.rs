@@ -38,6 +38,20 @@ pub fn kernels() -> Option<Kernels> {
     if std::arch::is_aarch64_feature_detected!("dotprod") { Some(DOTPROD) } else { Some(PLAIN) }
 }
 
+/// Every NEON kernel set this CPU can run, so tests can check the `SMULL` path on a CPU that
+/// would pick `SDOT`.
+#[cfg(test)]
+pub(super) fn paths() -> Vec<Kernels> {
+    let mut v = Vec::new();
+    if kernels().is_some() {
+        v.push(PLAIN);
+        if std::arch::is_aarch64_feature_detected!("dotprod") {
+            v.push(DOTPROD);
+        }
+    }
+    v
+}
+
 /// Builds a [`Kernels`] table whose integer entries are the `$path` module's entry points.
 macro_rules! table {
     ($name:literal, $path:ident) => {
