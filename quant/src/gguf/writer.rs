@@ -193,6 +193,15 @@ impl GgufWriter {
         &self.tensors
     }
 
+    /// Size of the file [`GgufWriter::start`] would produce: the header padded to the
+    /// alignment plus every tensor's padded data (what `--dry-run` reports).
+    pub fn file_size(&self) -> u64 {
+        let mut header = Counting { inner: &mut io::sink(), n: 0 };
+        // Writing into a sink cannot fail.
+        let _ = encode_header(&mut header, &self.metadata, &self.tensors, self.alignment.into());
+        header.n + self.data_end(self.alignment).unwrap_or(0)
+    }
+
     /// End of the padded data of the tensors declared so far.
     fn data_end(&self, alignment: u32) -> Option<u64> {
         match self.tensors.last() {
@@ -447,30 +456,7 @@ impl GgufDataWriter {
     fn write_header(&mut self, metadata: &[(String, Value)]) -> Result<(), GgufError> {
         let tensors = std::mem::take(&mut self.tensors);
         let alignment = self.alignment;
-        let r = self.io("writing", |out| {
-            let mut w = Counting { inner: out, n: 0 };
-            w.write_all(GGUF_MAGIC)?;
-            w.write_all(&GGUF_VERSION.to_le_bytes())?;
-            w.write_all(&(tensors.len() as u64).to_le_bytes())?;
-            w.write_all(&(metadata.len() as u64).to_le_bytes())?;
-            for (key, value) in metadata {
-                write_str(&mut w, key)?;
-                w.write_all(&value.type_id().id().to_le_bytes())?;
-                write_value(&mut w, value)?;
-            }
-            for t in &tensors {
-                write_str(&mut w, &t.name)?;
-                w.write_all(&u32::from(t.n_dims).to_le_bytes())?;
-                for d in t.dims() {
-                    w.write_all(&d.to_le_bytes())?;
-                }
-                w.write_all(&t.ty.id().to_le_bytes())?;
-                w.write_all(&t.offset.to_le_bytes())?;
-            }
-            let end = w.n;
-            let pad = align_up(end, alignment).map_or(0, |p| p - end);
-            write_zeros(&mut w, pad)
-        });
+        let r = self.io("writing", |out| encode_header(out, metadata, &tensors, alignment));
         self.tensors = tensors;
         r
     }
@@ -528,6 +514,37 @@ impl Drop for GgufDataWriter {
             self.discard();
         }
     }
+}
+
+/// Writes the header (magic to the padding before the data) and returns its length.
+fn encode_header<W: Write>(
+    out: &mut W,
+    metadata: &[(String, Value)],
+    tensors: &[TensorSpec],
+    alignment: u64,
+) -> io::Result<()> {
+    let mut w = Counting { inner: out, n: 0 };
+    w.write_all(GGUF_MAGIC)?;
+    w.write_all(&GGUF_VERSION.to_le_bytes())?;
+    w.write_all(&(tensors.len() as u64).to_le_bytes())?;
+    w.write_all(&(metadata.len() as u64).to_le_bytes())?;
+    for (key, value) in metadata {
+        write_str(&mut w, key)?;
+        w.write_all(&value.type_id().id().to_le_bytes())?;
+        write_value(&mut w, value)?;
+    }
+    for t in tensors {
+        write_str(&mut w, &t.name)?;
+        w.write_all(&u32::from(t.n_dims).to_le_bytes())?;
+        for d in t.dims() {
+            w.write_all(&d.to_le_bytes())?;
+        }
+        w.write_all(&t.ty.id().to_le_bytes())?;
+        w.write_all(&t.offset.to_le_bytes())?;
+    }
+    let end = w.n;
+    let pad = align_up(end, alignment).map_or(0, |p| p - end);
+    write_zeros(&mut w, pad)
 }
 
 struct Counting<'a, W: Write> {
