@@ -1,0 +1,485 @@
+//! The conversion pipeline: plan every tensor, then stream them one at a time into a GGUF
+//! that replaces the output path only when complete.
+//!
+//! Peak memory is one tensor's f32 values plus its quantized bytes (and the pages of the
+//! source tensor, released after use), whatever the model size.
+
+use std::path::{Path, PathBuf};
+
+use duet_quant::GgmlType;
+use duet_quant::gguf::{GgufFile, GgufWriter, Value};
+
+use crate::error::ConvertError;
+use crate::hf_config::{HfConfig, RopeScaling};
+use crate::imatrix::Imatrix;
+use crate::mapping::{self, MappingOptions, OutTensor};
+use crate::quant_plan::{Category, Override, Planner, Preset};
+use crate::safetensors::Checkpoint;
+use crate::tokenizer;
+
+/// What the user asked for.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// An HF model directory or an existing .gguf file.
+    pub input: PathBuf,
+    pub preset: Preset,
+    pub overrides: Vec<Override>,
+    pub imatrix: Option<PathBuf>,
+    pub keep_dex: bool,
+    /// Worker threads for quantization (0: all cores).
+    pub threads: usize,
+    /// Overrides general.name.
+    pub name: Option<String>,
+}
+
+/// Receives progress events; the CLI draws a bar from them.
+pub trait Progress {
+    fn begin(&self, _total_bytes: u64, _n_tensors: usize) {}
+    fn tensor(&self, _name: &str, _ty: GgmlType, _bytes: u64) {}
+    fn advance(&self, _bytes: u64) {}
+    fn warn(&self, msg: &str) {
+        eprintln!("warning: {msg}");
+    }
+}
+
+/// No progress output (tests, dry runs).
+pub struct Quiet;
+impl Progress for Quiet {
+    fn warn(&self, _msg: &str) {}
+}
+
+/// One tensor of the output file.
+#[derive(Clone, Debug)]
+pub struct PlannedTensor {
+    pub name: String,
+    /// GGUF dims, fastest first.
+    pub dims: Vec<usize>,
+    pub ty: GgmlType,
+    pub n_bytes: u64,
+    source: Source,
+}
+
+#[derive(Clone, Debug)]
+enum Source {
+    Hf(OutTensor),
+    /// Index of a tensor in the input GGUF; `copy` when its bytes are reused unchanged.
+    Gguf {
+        index: usize,
+        copy: bool,
+    },
+}
+
+enum Input {
+    Hf { ckpt: Checkpoint },
+    Gguf { file: GgufFile },
+}
+
+/// A fully planned conversion: nothing has been written yet.
+pub struct Conversion {
+    input: Input,
+    input_files: Vec<PathBuf>,
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<PlannedTensor>,
+    imatrix: Option<Imatrix>,
+    /// Warnings found while planning (e.g. requantizing from lower precision).
+    pub warnings: Vec<String>,
+    pub arch: String,
+}
+
+impl Conversion {
+    pub fn prepare(opts: &Options) -> Result<Conversion, ConvertError> {
+        let imatrix = opts.imatrix.as_deref().map(Imatrix::load).transpose()?;
+        if opts.input.is_dir() {
+            prepare_hf(opts, imatrix)
+        } else if opts.input.is_file() {
+            prepare_gguf(opts, imatrix)
+        } else {
+            Err(ConvertError::missing(
+                &opts.input,
+                "no such file or directory",
+            ))
+        }
+    }
+
+    pub fn tensors(&self) -> &[PlannedTensor] {
+        &self.tensors
+    }
+
+    pub fn metadata(&self) -> &[(String, Value)] {
+        &self.metadata
+    }
+
+    fn writer(&self, out: &Path) -> Result<GgufWriter, ConvertError> {
+        let mut w = GgufWriter::new(out);
+        for (k, v) in &self.metadata {
+            w.add(k.clone(), v.clone())?;
+        }
+        for t in &self.tensors {
+            let dims: Vec<u64> = t.dims.iter().map(|&d| d as u64).collect();
+            w.add_tensor(t.name.clone(), &dims, t.ty)?;
+        }
+        Ok(w)
+    }
+
+    /// Size of the file [`Conversion::write`] would produce.
+    pub fn file_size(&self) -> Result<u64, ConvertError> {
+        Ok(self.writer(Path::new("size-only.gguf"))?.file_size())
+    }
+
+    /// Writes the GGUF to `out` (atomically: a temp file renamed at the end).
+    pub fn write(
+        &self,
+        out: &Path,
+        threads: usize,
+        progress: &dyn Progress,
+    ) -> Result<(), ConvertError> {
+        self.refuse_overwriting_input(out)?;
+        let writer = self.writer(out)?;
+        for w in &self.warnings {
+            progress.warn(w);
+        }
+        progress.begin(
+            self.tensors.iter().map(|t| t.n_bytes).sum(),
+            self.tensors.len(),
+        );
+        let mut data = writer.start()?;
+        for t in &self.tensors {
+            progress.tensor(&t.name, t.ty, t.n_bytes);
+            let bytes = self.produce(t, threads)?;
+            data.write_tensor(&t.name, &bytes)?;
+            progress.advance(t.n_bytes);
+        }
+        data.finish()?;
+        Ok(())
+    }
+
+    fn refuse_overwriting_input(&self, out: &Path) -> Result<(), ConvertError> {
+        let Ok(out_c) = out.canonicalize() else {
+            return Ok(());
+        }; // does not exist yet
+        for f in &self.input_files {
+            if f.canonicalize().is_ok_and(|c| c == out_c) {
+                return Err(ConvertError::Usage(format!(
+                    "refusing to overwrite the input file {} (choose another output path)",
+                    out.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes of one output tensor.
+    fn produce(&self, t: &PlannedTensor, threads: usize) -> Result<Vec<u8>, ConvertError> {
+        match (&t.source, &self.input) {
+            (Source::Hf(o), Input::Hf { ckpt }) => {
+                let values = mapping::materialize(o, ckpt)?;
+                for n in mapping::source_names(o) {
+                    if let Some(m) = ckpt.meta(n) {
+                        ckpt.release(m);
+                    }
+                }
+                quantize_tensor(
+                    &t.name,
+                    &values,
+                    t.dims[0],
+                    t.ty,
+                    self.imatrix_for(&t.name, t.dims[0]),
+                    threads,
+                )
+            }
+            (Source::Gguf { index, copy }, Input::Gguf { file }) => {
+                let info = &file.tensors()[*index];
+                let raw = file.tensor_data(info);
+                if *copy {
+                    return Ok(raw.to_vec());
+                }
+                let mut values = vec![0f32; t.dims.iter().product()];
+                duet_quant::dequantize(info.ggml_type(), raw, &mut values).map_err(|source| {
+                    ConvertError::Quant {
+                        tensor: t.name.clone(),
+                        source,
+                    }
+                })?;
+                quantize_tensor(
+                    &t.name,
+                    &values,
+                    t.dims[0],
+                    t.ty,
+                    self.imatrix_for(&t.name, t.dims[0]),
+                    threads,
+                )
+            }
+            _ => unreachable!("a planned tensor always matches its input kind"),
+        }
+    }
+
+    fn imatrix_for(&self, name: &str, n_per_row: usize) -> Option<&[f32]> {
+        self.imatrix
+            .as_ref()?
+            .get(name)
+            .filter(|v| v.len() == n_per_row)
+    }
+}
+
+/// Quantizes rows in parallel. `imatrix` (one weight per column) selects the importance-
+/// weighted quantizers.
+pub fn quantize_tensor(
+    name: &str,
+    values: &[f32],
+    n_per_row: usize,
+    ty: GgmlType,
+    imatrix: Option<&[f32]>,
+    threads: usize,
+) -> Result<Vec<u8>, ConvertError> {
+    let qerr = |source| ConvertError::Quant {
+        tensor: name.to_string(),
+        source,
+    };
+    let row_bytes = duet_quant::row_bytes(ty, n_per_row).ok_or_else(|| {
+        qerr(duet_quant::QuantError::RowNotBlockAligned {
+            ty,
+            n_per_row,
+            block: ty.block_size(),
+        })
+    })?;
+    let rows = values.len() / n_per_row;
+    let mut out = vec![0u8; rows * row_bytes];
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    // Small tensors are not worth a thread.
+    let threads = threads.min(rows.div_ceil(16)).max(1);
+    let rows_per = rows.div_ceil(threads);
+    let results: Vec<Result<(), duet_quant::QuantError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = values
+            .chunks(rows_per * n_per_row)
+            .zip(out.chunks_mut(rows_per * row_bytes))
+            .map(|(src, dst)| {
+                s.spawn(move || match imatrix {
+                    Some(im) => duet_quant::quantize_with_imatrix(ty, src, n_per_row, im, dst),
+                    None => duet_quant::quantize(ty, src, n_per_row, dst),
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("quantizer threads do not panic"))
+            .collect()
+    });
+    for r in results {
+        r.map_err(qerr)?;
+    }
+    Ok(out)
+}
+
+fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, ConvertError> {
+    let dir = &opts.input;
+    let cfg = HfConfig::load(dir)?;
+    let ckpt = Checkpoint::open_dir(dir)?;
+    let tok = tokenizer::load(dir, cfg.vocab_size, cfg.bos_token_id, &cfg.eos_token_ids)?;
+    let outs = mapping::plan(
+        &cfg,
+        &ckpt,
+        MappingOptions {
+            keep_dex: opts.keep_dex,
+        },
+    )?;
+
+    let has_imatrix = imatrix.is_some();
+    let mut planner = Planner::new(
+        opts.preset,
+        cfg.n_layers,
+        cfg.tie_word_embeddings,
+        has_imatrix,
+        &opts.overrides,
+    );
+    let mut tensors = Vec::with_capacity(outs.len());
+    for o in outs {
+        let ty = planner.choose(&o.name, o.dims.len(), o.dims[0], o.layer);
+        let n_bytes = ty.bytes_for(o.numel() as u64).ok_or_else(|| {
+            ConvertError::shape(format!(
+                "tensor '{}' of shape {:?} does not fit {ty} blocks",
+                o.name, o.dims
+            ))
+        })?;
+        tensors.push(PlannedTensor {
+            name: o.name.clone(),
+            dims: o.dims.clone(),
+            ty,
+            n_bytes,
+            source: Source::Hf(o),
+        });
+    }
+
+    let arch = cfg.arch.gguf_name();
+    let a = |k: &str| format!("{arch}.{k}");
+    let name = opts.name.clone().unwrap_or_else(|| cfg.name.clone());
+    let mut md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        ("general.name".into(), Value::String(name)),
+        (
+            "general.file_type".into(),
+            Value::U32(opts.preset.file_type()),
+        ),
+        ("general.quantization_version".into(), Value::U32(2)),
+        (
+            a("context_length"),
+            Value::U32(cfg.max_position_embeddings as u32),
+        ),
+        (a("embedding_length"), Value::U32(cfg.hidden_size as u32)),
+        (a("block_count"), Value::U32(cfg.n_layers as u32)),
+        (
+            a("feed_forward_length"),
+            Value::U32(cfg.intermediate_size as u32),
+        ),
+        (a("attention.head_count"), Value::U32(cfg.n_heads as u32)),
+        (
+            a("attention.head_count_kv"),
+            Value::U32(cfg.n_kv_heads as u32),
+        ),
+        (a("attention.key_length"), Value::U32(cfg.head_dim as u32)),
+        (a("attention.value_length"), Value::U32(cfg.head_dim as u32)),
+        (a("rope.dimension_count"), Value::U32(cfg.head_dim as u32)),
+        (a("rope.freq_base"), Value::F32(cfg.rope_theta)),
+        (
+            a("attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.rms_norm_eps),
+        ),
+        (a("vocab_size"), Value::U32(cfg.vocab_size as u32)),
+    ];
+    if let Some(RopeScaling::Linear { factor }) = cfg.rope_scaling {
+        md.push((a("rope.scaling.type"), Value::String("linear".into())));
+        md.push((a("rope.scaling.factor"), Value::F32(factor)));
+    }
+    if let (Some(dex), true) = (&cfg.dex, opts.keep_dex) {
+        // One byte per (layer, head): 1 where DEX applies. Only duet reads this key.
+        let mut mask = vec![0u8; cfg.n_layers * cfg.n_heads];
+        for (l, heads) in dex.heads.iter().enumerate() {
+            for &h in heads {
+                mask[l * cfg.n_heads + h] = 1;
+            }
+        }
+        md.push((
+            "duet.dex.head_mask".into(),
+            Value::Array(duet_quant::gguf::Array::U8(mask)),
+        ));
+    }
+    md.extend(tok.kvs);
+    if !tok.eog_ids.is_empty() {
+        md.push((
+            "duet.eog_token_ids".into(),
+            Value::Array(duet_quant::gguf::Array::U32(tok.eog_ids)),
+        ));
+    }
+    let input_files = ckpt_files(dir);
+    Ok(Conversion {
+        input: Input::Hf { ckpt },
+        input_files,
+        metadata: md,
+        tensors,
+        imatrix,
+        warnings: vec![],
+        arch: arch.into(),
+    })
+}
+
+/// Every file in the input directory (the output must not replace any of them).
+fn ckpt_files(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Bits per weight, to tell a precision increase from a decrease.
+fn bits_per_weight(t: GgmlType) -> f64 {
+    t.type_size() as f64 * 8.0 / t.block_size() as f64
+}
+
+fn prepare_gguf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, ConvertError> {
+    let file = GgufFile::open(&opts.input)?;
+    let arch = file.get_str("general.architecture")?.to_string();
+    let n_layers = file.get_u32(&format!("{arch}.block_count"))? as usize;
+    let tied = file.tensor("output.weight").is_none();
+    let mut planner = Planner::new(
+        opts.preset,
+        n_layers,
+        tied,
+        imatrix.is_some(),
+        &opts.overrides,
+    );
+    let mut warnings = Vec::new();
+    let mut tensors = Vec::with_capacity(file.tensors().len());
+    let mut widened = Vec::new();
+    for (index, info) in file.tensors().iter().enumerate() {
+        let dims: Vec<usize> = info.dims().iter().map(|&d| d as usize).collect();
+        let src_ty = info.ggml_type();
+        let layer = info
+            .name()
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse().ok());
+        let planned = planner.choose(info.name(), dims.len(), dims[0], layer);
+        // Like llama-quantize: tensors that are never quantized keep their bytes.
+        let keep = Category::of(info.name(), dims.len()) == Category::KeepF32 || planned == src_ty;
+        let ty = if keep { src_ty } else { planned };
+        if !keep && !src_ty.is_supported() {
+            return Err(ConvertError::unsupported(format!(
+                "{}: tensor '{}' is {src_ty}, which duet cannot dequantize",
+                opts.input.display(),
+                info.name()
+            )));
+        }
+        if !keep && bits_per_weight(ty) > bits_per_weight(src_ty) {
+            widened.push(format!("{} ({src_ty} → {ty})", info.name()));
+        }
+        tensors.push(PlannedTensor {
+            name: info.name().to_string(),
+            dims,
+            ty,
+            n_bytes: info.n_bytes(),
+            source: Source::Gguf { index, copy: keep },
+        });
+        let t = tensors.last_mut().expect("just pushed");
+        t.n_bytes = ty
+            .bytes_for(t.dims.iter().product::<usize>() as u64)
+            .unwrap_or(t.n_bytes);
+    }
+    if !widened.is_empty() {
+        warnings.push(format!(
+            "{} tensor(s) go from a lower-precision type to a higher one, which cannot restore the lost precision (e.g. {})",
+            widened.len(),
+            widened[0]
+        ));
+    }
+    let mut md: Vec<(String, Value)> = Vec::new();
+    for (k, v) in file.metadata() {
+        match k {
+            "general.file_type" | "general.quantization_version" | "general.alignment" => {}
+            _ => md.push((k.to_string(), v.clone())),
+        }
+    }
+    md.push((
+        "general.file_type".into(),
+        Value::U32(opts.preset.file_type()),
+    ));
+    md.push(("general.quantization_version".into(), Value::U32(2)));
+    if let Some(n) = &opts.name {
+        md.retain(|(k, _)| k != "general.name");
+        md.push(("general.name".into(), Value::String(n.clone())));
+    }
+    Ok(Conversion {
+        input_files: vec![opts.input.clone()],
+        input: Input::Gguf { file },
+        metadata: md,
+        tensors,
+        imatrix,
+        warnings,
+        arch,
+    })
+}
