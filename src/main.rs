@@ -1,1 +1,49 @@
-fn main() {}
+//! The `duet` command line: argument parsing and wiring only. Model logic lives in the
+//! workspace crates (quant, runtime, converter).
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "duet",
+    version,
+    about = "Run and convert Differential Transformer (DIFF) language models",
+    long_about = "duet converts DiffLlama, Llama and DEX checkpoints to GGUF at 4, 6 and 8 bits and runs \
+                  them (and llama.cpp's Llama GGUFs) on a CPU or any Vulkan/Metal/DX12 GPU, including \
+                  differential attention with low-bit K/V cache and attention logits."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert a Hugging Face DiffLlama/Llama/DEX checkpoint (or a GGUF) to GGUF at 4-8 bits
+    Convert(cmd::convert::Args),
+    /// Show a GGUF file's metadata and tensors (like gguf-dump, but readable)
+    Info(cmd::info::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Convert(args) => cmd::convert::run(args),
+        Command::Info(args) => cmd::info::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line per cause, no backtrace: errors here are for users.
+            eprintln!("error: {err}");
+            for cause in err.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
