@@ -177,7 +177,7 @@ impl Rng {
     fn scale(&mut self) -> F16Bytes {
         let r = self.next();
         let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
-        if (r >> 1) % 8 == 0 {
+        if (r >> 1).is_multiple_of(8) {
             let mantissa = ((r >> 8) & 0x3ff) as u16 | 1;
             return F16Bytes((mantissa | if sign < 0.0 { 0x8000 } else { 0 }).to_le_bytes());
         }
