@@ -90,7 +90,9 @@ pub enum GgufErrorKind {
     #[error("general.alignment must be a u32 power of two, found {found}")]
     BadAlignment { found: String },
 
-    #[error("data offset {offset} should be {expected} (each tensor must follow the previous one, padded to the alignment)")]
+    #[error(
+        "data offset {offset} should be {expected} (each tensor must follow the previous one, padded to the alignment)"
+    )]
     BadOffset { offset: u64, expected: u64 },
 
     #[error("data (offset {start} + {len} bytes) ends past the end of the file ({file_size} bytes)")]

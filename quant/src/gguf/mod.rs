@@ -23,11 +23,16 @@
 //!
 //! No count is trusted: before anything is reserved, a count is checked against the
 //! remaining bytes divided by the smallest size one entry can take, and reservations are
-//! further capped at the number of remaining bytes. Fixed-size arrays and string arrays
-//! (one buffer plus one offset per string, see [`StringArray`]) are allocated at exactly
-//! their final size, which is never more than the file holds. Lists of entries (key-value
-//! pairs, tensor infos, nested arrays) grow past their reservation only as real entries are
-//! decoded, so memory stays within a small multiple of the file size.
+//! further capped at the number of remaining bytes. Strings, numeric and bool arrays and
+//! string arrays (one buffer plus one offset per string, see [`StringArray`]) are allocated
+//! once, at exactly their final size, which never exceeds their encoding. The key-value list
+//! costs 8 bytes per pair (each pair is boxed), less than the 14 bytes the smallest pair
+//! takes on disk. The tensor list is allocated only after every tensor info has been
+//! validated and every tensor's data found inside the file. So no single allocation made
+//! while parsing exceeds the file's size, with two exceptions for crafted but valid files,
+//! both bounded by a small factor: arrays of arrays (48 bytes in memory per inner array,
+//! at least 12 on disk) and tensor lists of thousands of zero-size tensors (about 100 bytes
+//! per entry, at least 33 on disk).
 //!
 //! Multi-byte values are little-endian; the crate refuses to build on big-endian hosts.
 

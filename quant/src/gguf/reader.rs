@@ -27,7 +27,7 @@ pub struct GgufFile {
     version: u32,
     alignment: u32,
     data_offset: u64,
-    metadata: Vec<(String, Value)>,
+    metadata: Vec<Entry>,
     /// Indices into `metadata`, sorted by key, for lookups.
     key_order: Vec<usize>,
     tensors: Vec<TensorInfo>,
@@ -118,6 +118,19 @@ impl Storage {
     }
 }
 
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("file", &self.label)
+            .field("version", &self.version)
+            .field("alignment", &self.alignment)
+            .field("data_offset", &self.data_offset)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl GgufFile {
     /// Memory-maps and parses `path`.
     ///
@@ -126,7 +139,8 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let label = path.display().to_string();
-        let io = |action: &str, source| GgufError::new(&label, None, GgufErrorKind::Io { action: action.into(), source });
+        let io =
+            |action: &str, source| GgufError::new(&label, None, GgufErrorKind::Io { action: action.into(), source });
         let file = File::open(path).map_err(|e| io("cannot open", e))?;
         let len = file.metadata().map_err(|e| io("cannot stat", e))?.len();
         let storage = if len == 0 {
@@ -197,7 +211,7 @@ impl GgufFile {
 
     /// Key-value pairs in file order.
     pub fn metadata(&self) -> impl ExactSizeIterator<Item = (&str, &Value)> + '_ {
-        self.metadata.iter().map(|(k, v)| (k.as_str(), v))
+        self.metadata.iter().map(|kv| (kv.0.as_str(), &kv.1))
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -220,10 +234,9 @@ impl GgufFile {
     /// If `info` came from a different, smaller file: that is a caller bug, like an
     /// out-of-range slice index. Infos from this file were bounds-checked when it was parsed.
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        let range = usize::try_from(info.n_bytes).ok().and_then(|n| info.start.checked_add(n)).map(|end| info.start..end);
-        range
-            .and_then(|r| self.bytes().get(r))
-            .expect("TensorInfo passed to tensor_data belongs to another GgufFile")
+        let range =
+            usize::try_from(info.n_bytes).ok().and_then(|n| info.start.checked_add(n)).map(|end| info.start..end);
+        range.and_then(|r| self.bytes().get(r)).expect("TensorInfo passed to tensor_data belongs to another GgufFile")
     }
 
     /// The bytes of the tensor called `name`.
@@ -321,11 +334,16 @@ fn at(context: impl FnOnce() -> String) -> impl FnOnce(GgufErrorKind) -> Located
     move |kind| Located { context: Some(context()), kind }
 }
 
+/// A key-value pair. Boxed so that the list costs 8 bytes per pair, less than the smallest
+/// encoded pair (14 bytes): however many tiny pairs a file packs in, the list's allocation
+/// stays below the file's size.
+type Entry = Box<(String, Value)>;
+
 struct Header {
     version: u32,
     alignment: u32,
     data_offset: u64,
-    metadata: Vec<(String, Value)>,
+    metadata: Vec<Entry>,
     key_order: Vec<usize>,
     tensors: Vec<TensorInfo>,
     name_order: Vec<usize>,
@@ -353,7 +371,7 @@ fn parse_header(bytes: &[u8]) -> Result<Header, Located> {
     let kv_count = c.check_count(kv_count, MIN_KV_BYTES, "key-value pair")?;
     c.check_count(tensor_count, MIN_TENSOR_INFO_BYTES, "tensor info")?;
 
-    let mut metadata = Vec::with_capacity(capacity_for::<(String, Value)>(kv_count, c.remaining()));
+    let mut metadata = Vec::with_capacity(capacity_for::<Entry>(kv_count, c.remaining()));
     for i in 0..kv_count {
         let key = c.string("key").map_err(at(|| format!("key #{i}")))?;
         if key.is_empty() {
@@ -363,7 +381,7 @@ fn parse_header(bytes: &[u8]) -> Result<Header, Located> {
             .u32("value type")
             .and_then(|ty| read_value(&mut c, ty))
             .map_err(at(|| format!("key '{}'", short(key))))?;
-        metadata.push((key.to_owned(), value));
+        metadata.push(Box::new((key.to_owned(), value)));
     }
     let (key_order, dup) = sorted_index(metadata.len(), |i| metadata.get(i).map_or("", |kv| kv.0.as_str()));
     if let Some(key) = dup {
@@ -376,44 +394,89 @@ fn parse_header(bytes: &[u8]) -> Result<Header, Located> {
     {
         None => DEFAULT_ALIGNMENT,
         Some(Value::U32(a)) if a.is_power_of_two() => *a,
-        Some(v) => return Err(BadAlignment { found: format!("{} {}", v.type_description(), v.summary(3, 20)) }.into()),
+        Some(v) => {
+            return Err(BadAlignment { found: format!("{} {}", v.type_description(), v.summary(3, 20)) }.into());
+        }
     };
 
     let tensor_count = c.check_count(tensor_count, MIN_TENSOR_INFO_BYTES, "tensor info")?;
-    let mut tensors = Vec::with_capacity(capacity_for::<TensorInfo>(tensor_count, c.remaining()));
+    let align = u64::from(alignment);
+    let overflow = |what: &str| Overflow { what: what.to_owned() };
+
+    // First pass: validate every tensor info and llama.cpp's offset rule (tensor i+1 starts
+    // where tensor i's padded data ends, the first at 0) while keeping nothing, so that a
+    // truncated or inconsistent header is refused before the list is allocated.
+    let infos = c;
+    let mut expected = 0u64;
+    let mut data_end = 0u64;
     for i in 0..tensor_count {
-        tensors.push(read_tensor_info(&mut c, i)?);
+        let t = read_tensor_info(&mut c, i)?;
+        let ctx = || format!("tensor '{}'", t.name);
+        if t.offset != expected {
+            return Err(at(ctx)(BadOffset { offset: t.offset, expected }));
+        }
+        data_end = t.offset.checked_add(t.n_bytes).ok_or_else(|| at(ctx)(overflow("data end")))?;
+        expected = align_up(t.n_bytes, align)
+            .and_then(|padded| t.offset.checked_add(padded))
+            .ok_or_else(|| at(ctx)(overflow("next data offset")))?;
+    }
+    let data_offset = align_up(c.pos as u64, align).ok_or_else(|| overflow("data offset"))?;
+
+    // With sequential offsets the last tensor's data ends last; if that is past the end of
+    // the file, find and name the first tensor that is.
+    if data_offset.checked_add(data_end).is_none_or(|end| end > file_size) {
+        let mut c = infos;
+        for i in 0..tensor_count {
+            let t = read_tensor_info(&mut c, i)?;
+            let ctx = || format!("tensor '{}'", t.name);
+            let start = data_offset.checked_add(t.offset).ok_or_else(|| at(ctx)(overflow("data start")))?;
+            if start.checked_add(t.n_bytes).is_none_or(|end| end > file_size) {
+                return Err(at(ctx)(DataOutOfBounds { start, len: t.n_bytes, file_size }));
+            }
+        }
+    }
+
+    // Second pass: everything is known good, so the list is allocated once, at its size.
+    let mut c = infos;
+    let mut tensors = Vec::with_capacity(tensor_count);
+    for i in 0..tensor_count {
+        let t = read_tensor_info(&mut c, i)?;
+        // Inside the file, as checked above, so it fits a usize.
+        let start = data_offset
+            .checked_add(t.offset)
+            .and_then(|s| usize::try_from(s).ok())
+            .ok_or_else(|| at(|| format!("tensor '{}'", t.name))(overflow("data start")))?;
+        tensors.push(TensorInfo {
+            name: t.name.to_owned(),
+            dims: t.dims,
+            n_dims: t.n_dims,
+            ty: t.ty,
+            offset: t.offset,
+            n_bytes: t.n_bytes,
+            n_elements: t.n_elements,
+            start,
+        });
     }
     let (name_order, dup) = sorted_index(tensors.len(), |i| tensors.get(i).map_or("", |t| t.name.as_str()));
     if let Some(name) = dup {
         return Err(DuplicateTensor { name: name.to_owned() }.into());
     }
 
-    let overflow = |what: &str| Overflow { what: what.to_owned() };
-    let data_offset = align_up(c.pos as u64, u64::from(alignment)).ok_or_else(|| overflow("data offset"))?;
-    // llama.cpp's rule: tensor i+1 starts where tensor i's padded data ends, the first at 0.
-    let mut expected = 0u64;
-    for t in &mut tensors {
-        let ctx = || format!("tensor '{}'", t.name);
-        if t.offset != expected {
-            return Err(at(ctx)(BadOffset { offset: t.offset, expected }));
-        }
-        let start = data_offset.checked_add(t.offset).ok_or_else(|| at(ctx)(overflow("data start")))?;
-        let end = start.checked_add(t.n_bytes).ok_or_else(|| at(ctx)(overflow("data end")))?;
-        if end > file_size {
-            return Err(at(ctx)(DataOutOfBounds { start, len: t.n_bytes, file_size }));
-        }
-        // start <= end <= file size, which is a usize.
-        t.start = usize::try_from(start).map_err(|_| at(ctx)(overflow("data start")))?;
-        expected = align_up(t.n_bytes, u64::from(alignment))
-            .and_then(|padded| t.offset.checked_add(padded))
-            .ok_or_else(|| at(ctx)(overflow("next data offset")))?;
-    }
-
     Ok(Header { version, alignment, data_offset, metadata, key_order, tensors, name_order })
 }
 
-fn read_tensor_info(c: &mut Cursor<'_>, index: usize) -> Result<TensorInfo, Located> {
+/// A tensor info as read and validated, its name still borrowed from the file.
+struct RawInfo<'a> {
+    name: &'a str,
+    dims: [u64; MAX_DIMS],
+    n_dims: u8,
+    ty: GgmlType,
+    offset: u64,
+    n_bytes: u64,
+    n_elements: u64,
+}
+
+fn read_tensor_info<'a>(c: &mut Cursor<'a>, index: usize) -> Result<RawInfo<'a>, Located> {
     use GgufErrorKind::*;
     let name = c.string("tensor name").map_err(at(|| format!("tensor #{index}")))?;
     if name.len() > MAX_NAME_LEN {
@@ -432,11 +495,14 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: usize) -> Result<TensorInfo, Loca
             return Err(at(ctx)(Overflow { what: format!("dimension {j} is {d}, more than i64::MAX") }));
         }
     }
-    let n_elements = dims
-        .iter()
-        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-        .filter(|&n| n <= i64::MAX as u64)
-        .ok_or_else(|| at(ctx)(Overflow { what: format!("element count of shape {:?}", dims.get(..n_dims as usize).unwrap_or(&dims)) }))?;
+    let n_elements =
+        dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).filter(|&n| n <= i64::MAX as u64).ok_or_else(
+            || {
+                at(ctx)(Overflow {
+                    what: format!("element count of shape {:?}", dims.get(..n_dims as usize).unwrap_or(&dims)),
+                })
+            },
+        )?;
     let id = c.u32("ggml type").map_err(at(ctx))?;
     let ty = GgmlType::from_id(id).map_err(|_| at(ctx)(UnknownType { id }))?;
     let block_size = ty.block_size() as u64;
@@ -445,7 +511,7 @@ fn read_tensor_info(c: &mut Cursor<'_>, index: usize) -> Result<TensorInfo, Loca
     }
     let n_bytes = ty.bytes_for(n_elements).ok_or_else(|| at(ctx)(Overflow { what: "byte size".into() }))?;
     let offset = c.u64("data offset").map_err(at(ctx))?;
-    Ok(TensorInfo { name: name.to_owned(), dims, n_dims: n_dims as u8, ty, offset, n_bytes, n_elements, start: 0 })
+    Ok(RawInfo { name, dims, n_dims: n_dims as u8, ty, offset, n_bytes, n_elements })
 }
 
 fn read_value(c: &mut Cursor<'_>, type_id: u32) -> Result<Value, GgufErrorKind> {
@@ -555,7 +621,8 @@ impl<'a> Cursor<'a> {
     }
 
     fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8], GgufErrorKind> {
-        let slice = usize::try_from(n).ok().and_then(|n| self.pos.checked_add(n)).and_then(|end| self.buf.get(self.pos..end));
+        let slice =
+            usize::try_from(n).ok().and_then(|n| self.pos.checked_add(n)).and_then(|end| self.buf.get(self.pos..end));
         match slice {
             Some(s) => {
                 self.pos += s.len();
@@ -596,7 +663,9 @@ impl<'a> Cursor<'a> {
         let max = remaining / min_size.max(1);
         match usize::try_from(count) {
             Ok(n) if n <= max => Ok(n),
-            _ => Err(GgufErrorKind::CountTooLarge { what, count, offset: self.pos as u64, remaining: remaining as u64 }),
+            _ => {
+                Err(GgufErrorKind::CountTooLarge { what, count, offset: self.pos as u64, remaining: remaining as u64 })
+            }
         }
     }
 

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::{GgufError, GgufErrorKind, short};
 use super::value::{Array, Value};
-use super::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_NAME_LEN, align_up};
+use super::{
+    ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_NAME_LEN, align_up,
+};
 use crate::GgmlType;
 
 /// Collects the header of a GGUF file: metadata in insertion order and tensor declarations
@@ -182,7 +184,8 @@ impl GgufWriter {
             return Err(self.err(ctx(), ShapeNotBlockAligned { ty, dim0: shape[0], block_size }));
         }
         let n_bytes = ty.bytes_for(n_elements).ok_or_else(|| self.err(ctx(), Overflow { what: "byte size".into() }))?;
-        let offset = self.data_end(self.alignment).ok_or_else(|| self.err(ctx(), Overflow { what: "data offset".into() }))?;
+        let offset =
+            self.data_end(self.alignment).ok_or_else(|| self.err(ctx(), Overflow { what: "data offset".into() }))?;
         self.names.insert(name.clone());
         let spec = TensorSpec { name, dims: shape, n_dims: dims.len() as u8, ty, n_bytes, offset };
         self.tensors.push(spec);
@@ -216,9 +219,10 @@ impl GgufWriter {
         let mut next = 0u64;
         for t in &self.tensors {
             offsets.push(next);
-            next = align_up(t.n_bytes, alignment.into())
-                .and_then(|padded| next.checked_add(padded))
-                .ok_or_else(|| self.err(None, GgufErrorKind::Overflow { what: format!("data offsets at alignment {alignment}") }))?;
+            next =
+                align_up(t.n_bytes, alignment.into()).and_then(|padded| next.checked_add(padded)).ok_or_else(|| {
+                    self.err(None, GgufErrorKind::Overflow { what: format!("data offsets at alignment {alignment}") })
+                })?;
         }
         for (t, off) in self.tensors.iter_mut().zip(offsets) {
             t.offset = off;
@@ -235,7 +239,10 @@ impl GgufWriter {
             self.err(None, GgufErrorKind::Io { action: "cannot write".into(), source })
         })?;
         let file = OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(|source| {
-            self.err(None, GgufErrorKind::Io { action: format!("cannot create temporary file {}", tmp.display()), source })
+            self.err(
+                None,
+                GgufErrorKind::Io { action: format!("cannot create temporary file {}", tmp.display()), source },
+            )
         })?;
         let mut w = GgufDataWriter {
             label: self.label,
@@ -516,7 +523,7 @@ impl Drop for GgufDataWriter {
     }
 }
 
-/// Writes the header (magic to the padding before the data) and returns its length.
+/// Writes the header: magic through the zero padding that aligns the data section.
 fn encode_header<W: Write>(
     out: &mut W,
     metadata: &[(String, Value)],
