@@ -56,10 +56,7 @@ fn fixtures_match_their_sidecars() {
 
 #[test]
 fn fixtures_are_small() {
-    let total: u64 = std::fs::read_dir(fixtures_dir())
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum();
+    let total: u64 = std::fs::read_dir(fixtures_dir()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert!(total < 200 * 1024, "fixtures take {total} bytes");
 }
 
@@ -82,7 +79,7 @@ fn typed_getters_are_type_strict() {
     assert_eq!(f.get_str("t.str.unicode").unwrap(), "Grüße, 世界! 🦀 e\u{301} \0 tab\tnl\n");
     assert_eq!(f.get_u64("t.u64").unwrap(), u64::MAX);
     assert_eq!(f.get_i64("t.i64").unwrap(), i64::MIN);
-    assert_eq!(f.get_f64("t.f64").unwrap(), 2.718281828459045);
+    assert_eq!(f.get_f64("t.f64").unwrap(), std::f64::consts::E);
     assert_eq!(f.get_u8("ключ.unicode").unwrap(), 7);
     assert_eq!(f.get_string_array("a.str").unwrap().to_vec(), ["<unk>", "", "▁the", "Ġworld", "🦀", "a b"]);
     assert_eq!(f.get_i32_array("a.inferred_i32").unwrap(), [3, 1, 4, 1, 5]);
@@ -96,7 +93,9 @@ fn typed_getters_are_type_strict() {
 
     // llama.cpp would refuse an i32 where it wants a u32; so do we.
     let e = f.get_u32("t.i32").unwrap_err();
-    assert!(matches!(e.kind(), GgufErrorKind::WrongValueType { key, expected: "u32", found } if key == "t.i32" && found == "i32"));
+    assert!(
+        matches!(e.kind(), GgufErrorKind::WrongValueType { key, expected: "u32", found } if key == "t.i32" && found == "i32")
+    );
     assert!(e.to_string().contains("kv_types.gguf: key 't.i32' is i32, expected u32"), "{e}");
     let e = f.get_f32_array("a.f64").unwrap_err();
     assert!(matches!(e.kind(), GgufErrorKind::WrongValueType { found, .. } if found == "array of f64"));
@@ -124,7 +123,7 @@ fn summaries_read_like_gguf_dump() {
 #[test]
 fn open_reports_missing_files_with_their_path() {
     let path = fixtures_dir().join("does-not-exist.gguf");
-    let e = GgufFile::open(&path).err().expect("missing file");
+    let e = GgufFile::open(&path).expect_err("missing file");
     assert!(matches!(e.kind(), GgufErrorKind::Io { .. }));
     assert!(e.to_string().starts_with(&path.display().to_string()), "{e}");
     assert!(std::error::Error::source(&e).is_some());

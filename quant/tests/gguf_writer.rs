@@ -78,8 +78,10 @@ fn round_trip_through_our_reader() {
         let (w, data) = sample_writer(&path, alignment, alignment.into());
         let meta = metadata_json(w.metadata());
         let specs = w.tensors().to_vec();
+        let predicted_size = w.file_size();
         w.write_tensors_from(&data).unwrap();
         assert_eq!(entries(&dir), ["out.gguf"], "only the target remains");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), predicted_size, "file_size() predicts the output");
 
         let f = GgufFile::open(&path).unwrap();
         assert_eq!(f.version(), 3);
@@ -241,7 +243,11 @@ fn expect_failure(
 #[test]
 fn data_refusals_leave_nothing_behind() {
     use GgufErrorKind::*;
-    expect_failure("too_many", |d| d.write_tensor("a", &[0; 33]), |k| matches!(k, WrongDataSize { expected: 32, got: 33 }));
+    expect_failure(
+        "too_many",
+        |d| d.write_tensor("a", &[0; 33]),
+        |k| matches!(k, WrongDataSize { expected: 32, got: 33 }),
+    );
     expect_failure(
         "too_many_chunked",
         |d| {
@@ -251,7 +257,11 @@ fn data_refusals_leave_nothing_behind() {
         },
         |k| matches!(k, WrongDataSize { expected: 32, got: 40 }),
     );
-    expect_failure("too_few", |d| d.write_tensor("a", &[0; 31]), |k| matches!(k, WrongDataSize { expected: 32, got: 31 }));
+    expect_failure(
+        "too_few",
+        |d| d.write_tensor("a", &[0; 31]),
+        |k| matches!(k, WrongDataSize { expected: 32, got: 31 }),
+    );
     expect_failure("out_of_order", |d| d.write_tensor("b", &[0; 32]), |k| matches!(k, OutOfOrder { .. }));
     expect_failure("unknown_name", |d| d.begin_tensor("zzz"), |k| matches!(k, OutOfOrder { .. }));
     expect_failure(

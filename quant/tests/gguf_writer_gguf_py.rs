@@ -17,7 +17,9 @@ fn read_with_gguf_py(python: &std::path::Path, file: &std::path::Path) -> Json {
 
 #[test]
 fn gguf_py_reads_what_we_write() {
-    let Some(python) = oracle_python("gguf_py_reads_what_we_write") else { return };
+    let Some(python) = oracle_python("gguf_py_reads_what_we_write") else {
+        return;
+    };
     let dir = fresh_dir("gguf_py_reads_what_we_write");
     for alignment in [32, 64] {
         let path = dir.join(format!("ours-{alignment}.gguf"));
@@ -51,7 +53,9 @@ fn gguf_py_reads_what_we_write() {
 
 #[test]
 fn gguf_py_reads_a_file_without_tensors() {
-    let Some(python) = oracle_python("gguf_py_reads_a_file_without_tensors") else { return };
+    let Some(python) = oracle_python("gguf_py_reads_a_file_without_tensors") else {
+        return;
+    };
     let dir = fresh_dir("gguf_py_reads_a_file_without_tensors");
     let path = dir.join("empty.gguf");
     let mut w = GgufWriter::new(&path);
