@@ -19,8 +19,8 @@ pub mod gguf;
 pub mod kquants;
 pub mod legacy;
 mod rounding;
-mod search;
 mod row;
+mod search;
 
 pub use ggml_type::{GgmlType, UnknownGgmlType};
 pub use row::{QuantError, dequantize, quantize, quantize_with_imatrix, row_bytes};

@@ -80,10 +80,7 @@ pub fn run(args: Args) -> Result<()> {
         name: args.name.clone(),
     };
     let conv = Conversion::prepare(&opts)?;
-    let output = args
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(&args.input, args.preset));
+    let output = args.output.clone().unwrap_or_else(|| default_output(&args.input, args.preset));
     if args.dry_run {
         print_plan(&conv)?;
         return Ok(());
@@ -93,8 +90,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let start = Instant::now();
     let progress = Bar::new(args.quiet);
-    conv.write(&output, args.threads, &progress)
-        .with_context(|| format!("converting {}", args.input.display()))?;
+    conv.write(&output, args.threads, &progress).with_context(|| format!("converting {}", args.input.display()))?;
     progress.bar.finish_and_clear();
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
     let secs = start.elapsed().as_secs_f64();
@@ -112,16 +108,8 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn print_plan(conv: &Conversion) -> Result<()> {
-    let name_w = conv
-        .tensors()
-        .iter()
-        .map(|t| t.name.len())
-        .max()
-        .unwrap_or(4);
-    println!(
-        "{:<name_w$}  {:<6} {:<20} {:>12}",
-        "tensor", "type", "shape", "bytes"
-    );
+    let name_w = conv.tensors().iter().map(|t| t.name.len()).max().unwrap_or(4);
+    println!("{:<name_w$}  {:<6} {:<20} {:>12}", "tensor", "type", "shape", "bytes");
     let mut by_type: std::collections::BTreeMap<GgmlType, (usize, u64)> = Default::default();
     for t in conv.tensors() {
         println!(
@@ -142,11 +130,7 @@ fn print_plan(conv: &Conversion) -> Result<()> {
         println!("warning: {w}");
     }
     let size = conv.file_size()?;
-    println!(
-        "file size: {} ({size} bytes), {} tensors",
-        human_bytes(size),
-        conv.tensors().len()
-    );
+    println!("file size: {} ({size} bytes), {} tensors", human_bytes(size), conv.tensors().len());
     Ok(())
 }
 
@@ -157,11 +141,7 @@ struct Bar {
 
 impl Bar {
     fn new(quiet: bool) -> Bar {
-        let bar = if quiet {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(0)
-        };
+        let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
         bar.set_style(
             ProgressStyle::with_template(
                 "{wide_msg} {bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} ETA {eta:>4} [{bar:30}]",

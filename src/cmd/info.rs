@@ -36,11 +36,7 @@ pub fn human_bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[u]) }
 }
 
 fn human_count(n: u64) -> String {
@@ -55,11 +51,7 @@ fn human_count(n: u64) -> String {
 fn render(file: &GgufFile, args: &Args) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let max_chars = if args.string_chars == 0 {
-        usize::MAX
-    } else {
-        args.string_chars
-    };
+    let max_chars = if args.string_chars == 0 { usize::MAX } else { args.string_chars };
     let _ = writeln!(
         o,
         "{}: GGUF v{}, {}, {} metadata keys, {} tensors, alignment {}, data at byte {}",
@@ -72,22 +64,13 @@ fn render(file: &GgufFile, args: &Args) -> String {
         file.data_offset()
     );
     let _ = writeln!(o, "\nmetadata:");
-    let key_w = file
-        .metadata()
-        .map(|(k, _)| k.len())
-        .max()
-        .unwrap_or(0)
-        .min(48);
+    let key_w = file.metadata().map(|(k, _)| k.len()).max().unwrap_or(0).min(48);
     for (key, value) in file.metadata() {
         let ty = value.type_description();
         let shown = match (key, value) {
             // The whole tokenizer.json is one long string: its length says more.
             (_, Value::String(s)) if s.len() > max_chars => {
-                format!(
-                    "{} ({} chars)",
-                    value.summary(args.array_items, max_chars),
-                    s.chars().count()
-                )
+                format!("{} ({} chars)", value.summary(args.array_items, max_chars), s.chars().count())
             }
             ("general.file_type", Value::U32(ft)) => format!("{ft} ({})", file_type_name(*ft)),
             _ => value.summary(args.array_items, max_chars).to_string(),
@@ -97,18 +80,9 @@ fn render(file: &GgufFile, args: &Args) -> String {
 
     let tensors = file.tensors();
     if !args.no_tensors && !tensors.is_empty() {
-        let name_w = tensors
-            .iter()
-            .map(|t| t.name().len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
+        let name_w = tensors.iter().map(|t| t.name().len()).max().unwrap_or(4).max(4);
         let _ = writeln!(o, "\ntensors:");
-        let _ = writeln!(
-            o,
-            "  {:>4}  {:<name_w$}  {:<7} {:<22} {:>12}",
-            "#", "name", "type", "shape", "bytes"
-        );
+        let _ = writeln!(o, "  {:>4}  {:<name_w$}  {:<7} {:<22} {:>12}", "#", "name", "type", "shape", "bytes");
         for (i, t) in tensors.iter().enumerate() {
             let shape = format!("{:?}", t.dims());
             let _ = writeln!(
@@ -128,15 +102,10 @@ fn render(file: &GgufFile, args: &Args) -> String {
         e.1 += t.n_elements();
         e.2 += t.n_bytes();
     }
-    let (n_params, n_bytes): (u64, u64) =
-        by_type.values().fold((0, 0), |a, e| (a.0 + e.1, a.1 + e.2));
+    let (n_params, n_bytes): (u64, u64) = by_type.values().fold((0, 0), |a, e| (a.0 + e.1, a.1 + e.2));
     let _ = writeln!(o, "\ntotals by type:");
     for (ty, (count, elems, bytes)) in &by_type {
-        let bpw = if *elems > 0 {
-            *bytes as f64 * 8.0 / *elems as f64
-        } else {
-            0.0
-        };
+        let bpw = if *elems > 0 { *bytes as f64 * 8.0 / *elems as f64 } else { 0.0 };
         let _ = writeln!(
             o,
             "  {:<7} {count:>4} tensors  {:>9} params  {:>11}  {bpw:5.2} bits/weight",
@@ -145,11 +114,7 @@ fn render(file: &GgufFile, args: &Args) -> String {
             human_bytes(*bytes)
         );
     }
-    let bpw = if n_params > 0 {
-        n_bytes as f64 * 8.0 / n_params as f64
-    } else {
-        0.0
-    };
+    let bpw = if n_params > 0 { n_bytes as f64 * 8.0 / n_params as f64 } else { 0.0 };
     let _ = writeln!(
         o,
         "  total   {:>4} tensors  {:>9} params  {:>11}  {bpw:5.2} bits/weight",

@@ -23,8 +23,8 @@ use std::sync::OnceLock;
 
 use crate::GgmlType;
 use crate::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1,
-    BlockQ8K, QK, QK_K, as_blocks,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, QK, QK_K,
+    as_blocks,
 };
 
 /// One set of dot kernels. Every function takes whole blocks: both sides describe the same
@@ -142,14 +142,8 @@ impl ActRow {
 pub enum DotError {
     #[error("no CPU dot product for weight type {0}")]
     Unsupported(GgmlType),
-    #[error(
-        "{ty} weight row of {bytes} bytes does not match an activation row of {elems} elements"
-    )]
-    LengthMismatch {
-        ty: GgmlType,
-        bytes: usize,
-        elems: usize,
-    },
+    #[error("{ty} weight row of {bytes} bytes does not match an activation row of {elems} elements")]
+    LengthMismatch { ty: GgmlType, bytes: usize, elems: usize },
     #[error("activation row is in the wrong format for {0} weights")]
     WrongActivation(GgmlType),
 }
@@ -163,11 +157,7 @@ impl Kernels {
             ActRow::Q8K(b) => b.len() * QK_K,
             ActRow::F32(v) => v.len(),
         };
-        let mismatch = || DotError::LengthMismatch {
-            ty,
-            bytes: w.len(),
-            elems,
-        };
+        let mismatch = || DotError::LengthMismatch { ty, bytes: w.len(), elems };
         if !ty.is_supported() || ty == GgmlType::Q8_K {
             return Err(DotError::Unsupported(ty));
         }
@@ -204,11 +194,7 @@ pub fn dot_f32(ty: GgmlType, w: &[u8], x: &[f32]) -> Result<f32, DotError> {
         return Err(DotError::Unsupported(ty));
     }
     if ty.bytes_for(x.len() as u64) != Some(w.len() as u64) {
-        return Err(DotError::LengthMismatch {
-            ty,
-            bytes: w.len(),
-            elems: x.len(),
-        });
+        return Err(DotError::LengthMismatch { ty, bytes: w.len(), elems: x.len() });
     }
     if ty == GgmlType::F32 {
         // F32 rows in a GGUF are 4-byte aligned; fall back to a copy for odd slices.

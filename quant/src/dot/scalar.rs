@@ -3,7 +3,9 @@
 //! up to float summation order.
 
 use super::Kernels;
-use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K};
+use crate::blocks::{
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K,
+};
 use crate::fp::{bf16_bits_to_f32, f16_bits_to_f32};
 use crate::kquants::get_scale_min_k4;
 
@@ -32,7 +34,9 @@ pub fn dot_q4_0(w: &[BlockQ4_0], a: &[BlockQ8_0]) -> f32 {
     assert_eq!(w.len(), a.len());
     let mut sum = 0.0f32;
     for (x, y) in w.iter().zip(a) {
-        let q = |j: usize| if j < 16 { (x.qs[j] & 0xf) as i32 - 8 } else { (x.qs[j - 16] >> 4) as i32 - 8 };
+        let q = |j: usize| {
+            if j < 16 { (x.qs[j] & 0xf) as i32 - 8 } else { (x.qs[j - 16] >> 4) as i32 - 8 }
+        };
         sum += isum32(q, &y.qs) as f32 * (x.d.get() * y.d.get());
     }
     sum
@@ -42,7 +46,9 @@ pub fn dot_q4_1(w: &[BlockQ4_1], a: &[BlockQ8_1]) -> f32 {
     assert_eq!(w.len(), a.len());
     let mut sum = 0.0f32;
     for (x, y) in w.iter().zip(a) {
-        let q = |j: usize| if j < 16 { (x.qs[j] & 0xf) as i32 } else { (x.qs[j - 16] >> 4) as i32 };
+        let q = |j: usize| {
+            if j < 16 { (x.qs[j] & 0xf) as i32 } else { (x.qs[j - 16] >> 4) as i32 }
+        };
         // Σ (d·q + m)·(d8·q8) = d·d8·Σq·q8 + m·(d8·Σq8), and Q8_1 stores d8·Σq8 as `s`.
         sum += isum32(q, &y.qs) as f32 * (x.d.get() * y.d.get()) + x.m.get() * y.s.get();
     }

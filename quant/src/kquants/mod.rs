@@ -149,14 +149,7 @@ fn search_scale_mins_imatrix(x: &[f32], qw: Option<&[f32]>, nmax: i32) -> ScaleM
 /// The second pass shared by Q4_K and Q5_K: with the packed (f16-rounded) scales fixed,
 /// re-quantize every element to 0..=nmax. Sub-blocks whose scale is zero keep the levels
 /// of the first pass, as in ggml.
-fn requantize_levels(
-    x: &[f32],
-    d: f32,
-    dmin: f32,
-    scales: &[u8; K_SCALE_SIZE],
-    nmax: i32,
-    l: &mut [u8; QK_K],
-) {
+fn requantize_levels(x: &[f32], d: f32, dmin: f32, scales: &[u8; K_SCALE_SIZE], nmax: i32, l: &mut [u8; QK_K]) {
     for j in 0..QK_K / 32 {
         let (sc, m) = get_scale_min_k4(j, scales);
         let dj = d * sc as f32;

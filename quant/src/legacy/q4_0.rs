@@ -66,7 +66,7 @@ mod tests {
         for (xb, (yb, qb)) in x.chunks(32).zip(y.chunks(32).zip(&q)) {
             let d = qb.d.get().abs();
             for (a, b) in xb.iter().zip(yb) {
-                                // The signed extreme maps to the most negative level, so values of the other
+                // The signed extreme maps to the most negative level, so values of the other
                 // sign may clamp one level short: up to a full step, plus d's f16 rounding.
                 assert!((a - b).abs() <= d + 8.0 * d * 1e-3 + 1e-6, "{a} vs {b} (d={d})");
             }

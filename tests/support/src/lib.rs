@@ -29,7 +29,10 @@ pub fn oracle_python(test: &str) -> Option<PathBuf> {
             if std::env::var_os("DUET_REQUIRE_ORACLES").is_some() {
                 panic!("{test}: DUET_REQUIRE_ORACLES is set but DUET_PYTHON does not name a Python with gguf-py");
             }
-            skip(test, "no Python oracle (set DUET_PYTHON to a python3 with gguf==0.19 and numpy; tests/run-all.sh does)");
+            skip(
+                test,
+                "no Python oracle (set DUET_PYTHON to a python3 with gguf==0.19 and numpy; tests/run-all.sh does)",
+            );
             None
         }
     }
