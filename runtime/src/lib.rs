@@ -1,1 +1,14 @@
-//! duet's model runtime: CPU and GPU backends, KV cache, tokenizer, sampler, chat
+//! duet-runtime: runs llama and diffllama GGUF models.
+//!
+//! * [`model`]: the one forward pass, written against [`backend::Backend`].
+//! * [`cpu`]: the CPU backend (reference and fallback).
+//! * [`kv_cache`], [`logits_file`]: shared formats.
+
+pub mod backend;
+pub mod cpu;
+pub mod error;
+pub mod kv_cache;
+pub mod logits_file;
+pub mod model;
+
+pub use error::RuntimeError;

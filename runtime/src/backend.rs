@@ -1,0 +1,129 @@
+//! The ops a model needs, implemented by every backend. The model ([`crate::model`]) is
+//! written once against this trait; the CPU backend is the reference the GPU backend is
+//! tested against.
+//!
+//! Activations are 2-D: `rows` tokens × `cols` features, f32. A backend may run ops eagerly
+//! (CPU) or record them and run them at [`Backend::read_rows`] (GPU).
+
+use std::sync::Arc;
+
+use duet_quant::GgmlType;
+use duet_quant::gguf::GgufFile;
+
+use crate::error::RuntimeError;
+use crate::kv_cache::KvCacheSpec;
+
+/// A tensor of the model file as the backend receives it at load time. `data` lies inside
+/// `file`'s memory map, so a backend may keep referring to it instead of copying.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightView<'a> {
+    pub name: &'a str,
+    pub ty: GgmlType,
+    /// Elements per row (GGUF dims[0]); 1-D tensors are one row.
+    pub cols: usize,
+    pub rows: usize,
+    pub data: &'a [u8],
+    pub file: &'a Arc<GgufFile>,
+}
+
+/// RoPE parameters shared by all layers.
+#[derive(Clone, Debug)]
+pub struct RopeSpec {
+    /// Rotated dimensions per head (pairs (2i, 2i+1) for i < n_rot/2).
+    pub n_rot: usize,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    /// Per-pair frequency divisors (llama3 scaling's `rope_freqs.weight`), if any.
+    pub freq_factors: Option<Vec<f32>>,
+}
+
+impl RopeSpec {
+    /// θ_i for pair i: freq_base^(−2i/n_rot) / factor_i.
+    pub fn theta(&self, i: usize) -> f32 {
+        let base = self.freq_base.powf(-(2.0 * i as f32) / self.n_rot as f32);
+        match &self.freq_factors {
+            Some(f) => base / f[i],
+            None => base,
+        }
+    }
+}
+
+/// How a layer combines attention heads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttentionKind {
+    /// Llama: each query head attends with its KV head.
+    Standard,
+    /// DIFF: query head j (< H/2) pairs with head j + H/2; output
+    /// `RMSNorm(A1·V − λ·A2·V) · (1 − λ_init)` over 2·head_dim, see diff-attention.md.
+    Differential {
+        lambda: f32,
+        lambda_init: f32,
+        /// Optional learned sub-norm weight (official DIFF checkpoints), 2·head_dim values.
+        sub_norm: Option<Vec<f32>>,
+    },
+}
+
+/// Everything attention needs besides its inputs.
+#[derive(Clone, Debug)]
+pub struct AttentionSpec {
+    pub kind: AttentionKind,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Usually head_dim^-0.5.
+    pub scale: f32,
+    pub rms_eps: f32,
+}
+
+pub trait Backend {
+    /// Activations, `rows × cols` f32.
+    type Tensor;
+    /// A weight matrix or vector resident on the backend.
+    type Weight;
+    /// The K/V cache of all layers.
+    type KvCache;
+
+    /// A one-line description (device name, threads, kernel set).
+    fn describe(&self) -> String;
+
+    fn load_weight(&mut self, w: &WeightView<'_>) -> Result<Self::Weight, RuntimeError>;
+    fn new_tensor(&mut self, rows: usize, cols: usize) -> Self::Tensor;
+    /// Changes how many rows of a tensor are in use (at most its allocated rows).
+    fn set_rows(&mut self, t: &mut Self::Tensor, rows: usize);
+    fn new_kv_cache(&mut self, spec: &KvCacheSpec) -> Result<Self::KvCache, RuntimeError>;
+
+    /// out[i] = row `tokens[i]` of `table`.
+    fn embed(&mut self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Tensor);
+    /// out = x / rms(x) · weight, row by row.
+    fn rms_norm(&mut self, x: &Self::Tensor, weight: &Self::Weight, eps: f32, out: &mut Self::Tensor);
+    /// out = x · wᵀ (w is `out.cols × x.cols`).
+    fn matmul(&mut self, w: &Self::Weight, x: &Self::Tensor, out: &mut Self::Tensor);
+    /// x += bias on every row.
+    fn add_bias(&mut self, x: &mut Self::Tensor, bias: &Self::Weight);
+    /// Rotates adjacent pairs of each head; row r is at position pos0 + r.
+    fn rope(&mut self, x: &mut Self::Tensor, n_heads: usize, head_dim: usize, pos0: usize, rope: &RopeSpec);
+    /// Stores k, v (rows at positions pos0..) in the cache of `layer`, then computes causal
+    /// attention of q over positions 0..=pos for each row.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &mut self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        pos0: usize,
+        spec: &AttentionSpec,
+        out: &mut Self::Tensor,
+    );
+    /// DEX: for each adapted head h, `o_h ← o_h − λ·o_h·W_D` (`w_d` is head_dim × head_dim).
+    fn dex(&mut self, x: &mut Self::Tensor, w_d: &Self::Weight, lambda: f32, heads: &[usize], head_dim: usize);
+    /// gate = silu(gate) · up.
+    fn swiglu(&mut self, gate: &mut Self::Tensor, up: &Self::Tensor);
+    /// x += y.
+    fn add(&mut self, x: &mut Self::Tensor, y: &Self::Tensor);
+    /// Copies row `src_row` of `x` into row 0 of `out`.
+    fn copy_row(&mut self, x: &Self::Tensor, src_row: usize, out: &mut Self::Tensor);
+    /// Rows `rows` of `t` on the host (for the GPU: submits pending work and waits).
+    fn read_rows(&mut self, t: &Self::Tensor, rows: std::ops::Range<usize>) -> Vec<f32>;
+}

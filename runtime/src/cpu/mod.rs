@@ -1,0 +1,198 @@
+//! The CPU backend: the reference every other backend is tested against, and the fallback
+//! for machines without a usable GPU. Weights stay in their GGUF blocks inside the memory
+//! map; work is spread over a fork-join thread pool.
+
+mod attention;
+mod matmul;
+pub mod ops;
+pub mod pool;
+mod tensor;
+
+use std::sync::Arc;
+
+use duet_quant::GgmlType;
+use duet_quant::dot::{Kernels, kernels};
+
+pub use attention::CpuKvCache;
+pub use tensor::{CpuTensor, CpuWeight, Storage};
+
+use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
+use crate::error::RuntimeError;
+use crate::kv_cache::KvCacheSpec;
+use matmul::ActCache;
+use pool::ThreadPool;
+
+pub struct CpuBackend {
+    pool: ThreadPool,
+    kernels: &'static Kernels,
+    acts: ActCache,
+    /// Cached RoPE frequencies (they depend only on the spec).
+    thetas: Option<(usize, f32, Vec<f32>)>,
+}
+
+impl CpuBackend {
+    /// `threads` = 0 picks the number of physical-ish cores available.
+    pub fn new(threads: usize) -> CpuBackend {
+        let threads = if threads == 0 { default_threads() } else { threads };
+        CpuBackend { pool: ThreadPool::new(threads), kernels: kernels(), acts: ActCache::default(), thetas: None }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    fn thetas(&mut self, rope: &RopeSpec) -> &[f32] {
+        let key = (rope.n_rot, rope.freq_base);
+        if self.thetas.as_ref().map(|t| (t.0, t.1)) != Some(key) {
+            self.thetas = Some((key.0, key.1, ops::rope_thetas(rope)));
+        }
+        &self.thetas.as_ref().expect("just set").2
+    }
+}
+
+/// All available cores (the OS's count); users can lower it with `-t`.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Weight = CpuWeight;
+    type KvCache = CpuKvCache;
+
+    fn describe(&self) -> String {
+        format!("CPU, {} threads, {} kernels", self.pool.n_threads(), self.kernels.name)
+    }
+
+    fn load_weight(&mut self, w: &WeightView<'_>) -> Result<CpuWeight, RuntimeError> {
+        if !w.ty.is_supported() || w.ty == GgmlType::Q8_K {
+            return Err(RuntimeError::Unsupported(format!(
+                "tensor '{}' has type {}, which the CPU backend cannot compute with",
+                w.name, w.ty
+            )));
+        }
+        let base = w.file.bytes().as_ptr() as usize;
+        let start = (w.data.as_ptr() as usize).checked_sub(base).expect("weight data lies inside its file");
+        // Vectors (norms, biases, λ) are tiny and read often: keep them as f32.
+        let f32_values = if w.rows == 1 {
+            let mut v = vec![0f32; w.cols];
+            duet_quant::dequantize(w.ty, w.data, &mut v)
+                .map_err(|e| RuntimeError::BadModel(format!("tensor '{}': {e}", w.name)))?;
+            Some(v)
+        } else {
+            None
+        };
+        Ok(CpuWeight {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            storage: Storage::Mapped { file: Arc::clone(w.file), start, len: w.data.len() },
+            f32_values,
+        })
+    }
+
+    fn new_tensor(&mut self, rows: usize, cols: usize) -> CpuTensor {
+        CpuTensor::new(rows, cols)
+    }
+
+    fn set_rows(&mut self, t: &mut CpuTensor, rows: usize) {
+        assert!(rows * t.cols <= t.data.len(), "tensor holds {} rows, {rows} requested", t.data.len() / t.cols);
+        t.rows = rows;
+        t.version = tensor::fresh_version();
+    }
+
+    fn new_kv_cache(&mut self, spec: &KvCacheSpec) -> Result<CpuKvCache, RuntimeError> {
+        Ok(CpuKvCache::new(spec))
+    }
+
+    fn embed(&mut self, table: &CpuWeight, tokens: &[u32], out: &mut CpuTensor) {
+        let row_bytes = table.row_bytes();
+        let cols = table.cols;
+        let bytes = table.bytes();
+        let o = out.view_mut();
+        for (i, &t) in tokens.iter().enumerate() {
+            let t = t as usize;
+            assert!(t < table.rows, "token id {t} is outside the vocabulary ({} tokens)", table.rows);
+            duet_quant::dequantize(
+                table.ty,
+                &bytes[t * row_bytes..(t + 1) * row_bytes],
+                &mut o[i * cols..(i + 1) * cols],
+            )
+            .expect("embedding rows are whole blocks of a supported type");
+        }
+    }
+
+    fn rms_norm(&mut self, x: &CpuTensor, weight: &CpuWeight, eps: f32, out: &mut CpuTensor) {
+        let cols = x.cols;
+        let w = weight.values();
+        let xv = x.view();
+        let o = out.view_mut();
+        for r in 0..x.rows {
+            ops::rms_norm_row(&xv[r * cols..(r + 1) * cols], Some(w), eps, &mut o[r * cols..(r + 1) * cols]);
+        }
+    }
+
+    fn matmul(&mut self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
+        matmul::matmul(&self.pool, self.kernels, w, x, out, &mut self.acts);
+    }
+
+    fn add_bias(&mut self, x: &mut CpuTensor, bias: &CpuWeight) {
+        let b = bias.values();
+        for row in x.view_mut().chunks_exact_mut(b.len()) {
+            for (v, &bb) in row.iter_mut().zip(b) {
+                *v += bb;
+            }
+        }
+    }
+
+    fn rope(&mut self, x: &mut CpuTensor, n_heads: usize, head_dim: usize, pos0: usize, rope: &RopeSpec) {
+        let thetas = self.thetas(rope).to_vec();
+        let cols = x.cols;
+        for (r, row) in x.view_mut().chunks_exact_mut(cols).enumerate() {
+            ops::rope_row(row, n_heads, head_dim, pos0 + r, &thetas, rope.freq_scale);
+        }
+    }
+
+    fn attention(
+        &mut self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        pos0: usize,
+        spec: &AttentionSpec,
+        out: &mut CpuTensor,
+    ) {
+        cache.store(layer, pos0, k.view(), v.view());
+        attention::attention(&self.pool, cache, layer, q.view(), q.rows, pos0, spec, out.view_mut());
+    }
+
+    fn dex(&mut self, x: &mut CpuTensor, w_d: &CpuWeight, lambda: f32, heads: &[usize], head_dim: usize) {
+        let mut wd = vec![0f32; w_d.rows * w_d.cols];
+        duet_quant::dequantize(w_d.ty, w_d.bytes(), &mut wd).expect("DEX matrix is a supported type");
+        let cols = x.cols;
+        for row in x.view_mut().chunks_exact_mut(cols) {
+            ops::dex_row(row, &wd, lambda, heads, head_dim);
+        }
+    }
+
+    fn swiglu(&mut self, gate: &mut CpuTensor, up: &CpuTensor) {
+        ops::swiglu(gate.view_mut(), up.view());
+    }
+
+    fn add(&mut self, x: &mut CpuTensor, y: &CpuTensor) {
+        for (a, &b) in x.view_mut().iter_mut().zip(y.view()) {
+            *a += b;
+        }
+    }
+
+    fn copy_row(&mut self, x: &CpuTensor, src_row: usize, out: &mut CpuTensor) {
+        let cols = x.cols;
+        out.view_mut()[..cols].copy_from_slice(x.row(src_row));
+    }
+
+    fn read_rows(&mut self, t: &CpuTensor, rows: std::ops::Range<usize>) -> Vec<f32> {
+        t.data[rows.start * t.cols..rows.end * t.cols].to_vec()
+    }
+}

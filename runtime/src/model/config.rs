@@ -1,0 +1,129 @@
+//! Hyper-parameters read from GGUF metadata alone (`{arch}.*` keys), for the `llama` and
+//! `diffllama` architectures.
+
+use duet_quant::gguf::GgufFile;
+
+use crate::error::RuntimeError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    DiffLlama,
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_eps: f32,
+    /// Training context length (`{arch}.context_length`).
+    pub n_ctx_train: usize,
+    pub rope: RopeConfig,
+}
+
+#[derive(Clone, Debug)]
+pub struct RopeConfig {
+    /// Rotated dimensions per head (the first `n_rot` of `head_dim`).
+    pub n_rot: usize,
+    pub freq_base: f32,
+    /// Linear scaling: positions are multiplied by this (1 / factor).
+    pub freq_scale: f32,
+}
+
+impl ModelConfig {
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, RuntimeError> {
+        let label = file.label().to_string();
+        let arch_name = file.get_str("general.architecture")?.to_string();
+        let arch = match arch_name.as_str() {
+            "llama" => Arch::Llama,
+            "diffllama" => Arch::DiffLlama,
+            other => {
+                return Err(RuntimeError::Unsupported(format!(
+                    "{label}: architecture '{other}' is not supported (duet runs 'llama' and 'diffllama')"
+                )));
+            }
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let u = |k: &str| -> Result<usize, RuntimeError> { Ok(file.get_u32(&key(k))? as usize) };
+        let n_embd = u("embedding_length")?;
+        let n_heads = u("attention.head_count")?;
+        let n_kv_heads = match file.get_u32_opt(&key("attention.head_count_kv"))? {
+            Some(n) => n as usize,
+            None => n_heads,
+        };
+        let bad = |msg: String| RuntimeError::BadModel(format!("{label}: {msg}"));
+        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(bad(format!("{n_heads} attention heads cannot share {n_kv_heads} KV heads evenly")));
+        }
+        let head_dim = match file.get_u32_opt(&key("attention.key_length"))? {
+            Some(d) => d as usize,
+            None if n_embd % n_heads == 0 => n_embd / n_heads,
+            None => return Err(bad(format!("embedding length {n_embd} is not a multiple of {n_heads} heads"))),
+        };
+        if let Some(vl) = file.get_u32_opt(&key("attention.value_length"))?
+            && vl as usize != head_dim
+        {
+            return Err(bad(format!("value length {vl} differs from key length {head_dim}; not supported")));
+        }
+        if arch == Arch::DiffLlama && (n_heads % 2 != 0 || n_kv_heads % 2 != 0) {
+            return Err(bad(format!(
+                "diffllama needs even head counts, got {n_heads} heads and {n_kv_heads} KV heads"
+            )));
+        }
+        let n_rot = match file.get_u32_opt(&key("rope.dimension_count"))? {
+            Some(n) => n as usize,
+            None => head_dim,
+        };
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(bad(format!("rope dimension count {n_rot} does not fit head size {head_dim}")));
+        }
+        let freq_scale = match file.get_str_opt(&key("rope.scaling.type"))? {
+            None | Some("none") => 1.0,
+            Some("linear") => 1.0 / file.get_f32(&key("rope.scaling.factor"))?,
+            Some(other) => return Err(RuntimeError::Unsupported(format!("{label}: rope scaling '{other}'"))),
+        };
+        let n_vocab = match file.get_u32_opt(&key("vocab_size"))? {
+            Some(n) => n as usize,
+            None => file
+                .tensor("token_embd.weight")
+                .map(|t| t.dims()[1] as usize)
+                .ok_or_else(|| bad("no token_embd.weight tensor".into()))?,
+        };
+        Ok(ModelConfig {
+            arch,
+            n_vocab,
+            n_embd,
+            n_ff: u("feed_forward_length")?,
+            n_layers: u("block_count")?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            n_ctx_train: u("context_length")?,
+            rope: RopeConfig {
+                n_rot,
+                freq_base: file.get_f32_opt(&key("rope.freq_base"))?.unwrap_or(10000.0),
+                freq_scale,
+            },
+        })
+    }
+
+    /// Query heads per KV head.
+    pub fn gqa(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}

@@ -1,0 +1,163 @@
+//! The CPU runtime against transformers: every committed fixture is converted (F32, Q8_0,
+//! Q4_K_M) and its logits for the fixed 64-token prompt compared with transformers' float32
+//! reference at every position.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use duet_convert::{Conversion, Options, Preset, Quiet};
+use duet_quant::gguf::GgufFile;
+use duet_runtime::cpu::CpuBackend;
+use duet_runtime::kv_cache::CacheType;
+use duet_runtime::logits_file::{LogitsFile, argmax, kl_divergence};
+use duet_runtime::model::{Logits, Model};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
+}
+
+fn convert(name: &str, preset: Preset, keep_dex: bool) -> PathBuf {
+    let out = std::env::temp_dir().join(format!(
+        "duet-logits-{}-{name}-{}-{keep_dex}.gguf",
+        std::process::id(),
+        preset.name()
+    ));
+    let opts =
+        Options { input: fixture(name), preset, overrides: vec![], imatrix: None, keep_dex, threads: 2, name: None };
+    Conversion::prepare(&opts).unwrap().write(&out, 2, &Quiet).unwrap();
+    out
+}
+
+/// Logits of every position for `tokens`, fed `batch` tokens at a time.
+fn run(path: &Path, tokens: &[u32], batch: usize) -> Vec<f32> {
+    let file = Arc::new(GgufFile::open(path).unwrap());
+    let mut b = CpuBackend::new(2);
+    let model = Model::load(&mut b, file).unwrap();
+    let mut s = model.new_session(&mut b, 128, batch, CacheType::F32, CacheType::F32).unwrap();
+    let mut out = Vec::new();
+    for chunk in tokens.chunks(batch) {
+        out.extend(model.forward(&mut b, &mut s, chunk, Logits::All).unwrap());
+    }
+    out
+}
+
+struct Stats {
+    max_abs: f32,
+    mean_kl: f64,
+    top1: f64,
+}
+
+fn compare(reference: &LogitsFile, got: &[f32]) -> Stats {
+    let v = reference.n_vocab;
+    let n = reference.tokens.len();
+    let mut max_abs = 0f32;
+    let mut kl = 0f64;
+    let mut agree = 0usize;
+    for t in 0..n {
+        let (r, g) = (reference.row(t), &got[t * v..(t + 1) * v]);
+        for (a, b) in r.iter().zip(g) {
+            max_abs = max_abs.max((a - b).abs());
+        }
+        kl += kl_divergence(r, g);
+        agree += usize::from(argmax(r) == argmax(g));
+    }
+    Stats { max_abs, mean_kl: kl / n as f64, top1: agree as f64 / n as f64 }
+}
+
+fn check(name: &str, preset: Preset, keep_dex: bool) -> Stats {
+    let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
+    let gguf = convert(name, preset, keep_dex);
+    let got = run(&gguf, &reference.tokens, 64);
+    let stats = compare(&reference, &got);
+    eprintln!(
+        "{name} {} keep_dex={keep_dex}: max|Δ| {:.2e}, mean KL {:.2e}, top-1 {:.3}",
+        preset.name(),
+        stats.max_abs,
+        stats.mean_kl,
+        stats.top1
+    );
+    // Token-by-token decoding with the cache must give the same logits as one batch.
+    let stepped = run(&gguf, &reference.tokens, 1);
+    let step_diff = got.iter().zip(&stepped).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(step_diff <= 1e-4, "{name}: decoding token by token differs from the batch by {step_diff}");
+    std::fs::remove_file(&gguf).unwrap();
+    stats
+}
+
+const MODELS: [&str; 3] = ["diffllama-gqa", "diffllama-tied-llama3", "llama-gqa"];
+
+#[test]
+fn f32_conversions_match_transformers_within_1e_3() {
+    for m in MODELS {
+        let s = check(m, Preset::F32, false);
+        assert!(s.max_abs <= 1e-3, "{m}: max |Δ| {} > 1e-3", s.max_abs);
+    }
+}
+
+#[test]
+fn dex_kept_and_folded_match_transformers() {
+    for keep in [false, true] {
+        let s = check("llama-dex", Preset::F32, keep);
+        assert!(s.max_abs <= 1e-3, "llama-dex keep_dex={keep}: max |Δ| {} > 1e-3", s.max_abs);
+    }
+}
+
+/// Quantized conversions against transformers. The error here is mostly the weights'
+/// quantization itself, large on these random-weight models whose logits are nearly flat:
+/// the bounds only catch gross errors. The runtime's own arithmetic is bounded tightly by
+/// `quantized_inference_matches_dequantized_f32` below.
+#[test]
+fn quantized_conversions_stay_close_to_transformers() {
+    let mut failures = Vec::new();
+    for m in MODELS {
+        let s = check(m, Preset::Q8_0, false);
+        if !(s.mean_kl <= 5e-3 && s.top1 >= 0.9) {
+            failures.push(format!("{m} q8_0: KL {} top-1 {}", s.mean_kl, s.top1));
+        }
+        let s = check(m, Preset::Q4KM, false);
+        if !(s.mean_kl <= 0.25 && s.top1 >= 0.5) {
+            failures.push(format!("{m} q4_k_m: KL {} top-1 {}", s.mean_kl, s.top1));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// The runtime's arithmetic on quantized weights (activations quantized to Q8 for the
+/// integer dot products, as in ggml) against exact f32 arithmetic on the same dequantized
+/// weights: the GGUF is re-converted to F32, which dequantizes every tensor exactly.
+#[test]
+fn quantized_inference_matches_dequantized_f32() {
+    for m in MODELS {
+        let reference = LogitsFile::read(&fixture(m).join("reference.logits")).unwrap();
+        for preset in [Preset::Q8_0, Preset::Q4KM, Preset::Q4_0] {
+            let q = convert(m, preset, false);
+            let f = q.with_extension("f32.gguf");
+            let opts = Options {
+                input: q.clone(),
+                preset: Preset::F32,
+                overrides: vec![],
+                imatrix: None,
+                keep_dex: false,
+                threads: 2,
+                name: None,
+            };
+            Conversion::prepare(&opts).unwrap().write(&f, 2, &Quiet).unwrap();
+            let exact = run(&f, &reference.tokens, 64);
+            let got = run(&q, &reference.tokens, 64);
+            let base = LogitsFile { tokens: reference.tokens.clone(), n_vocab: reference.n_vocab, logits: exact };
+            let s = compare(&base, &got);
+            eprintln!(
+                "{m} {} vs its dequantized f32: max|Δ| {:.2e} KL {:.2e} top-1 {:.3}",
+                preset.name(),
+                s.max_abs,
+                s.mean_kl,
+                s.top1
+            );
+            // 8-bit activations add roughly 0.4% relative noise per dot product.
+            // Top-1 is noisy on these nearly flat random-model logits; KL is the real bound.
+            assert!(s.mean_kl <= 2e-3 && s.top1 >= 0.85, "{m} {}: KL {} top-1 {}", preset.name(), s.mean_kl, s.top1);
+            std::fs::remove_file(&q).unwrap();
+            std::fs::remove_file(&f).unwrap();
+        }
+    }
+}
