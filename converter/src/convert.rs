@@ -13,7 +13,7 @@ use crate::error::ConvertError;
 use crate::hf_config::{HfConfig, RopeScaling};
 use crate::imatrix::Imatrix;
 use crate::mapping::{self, MappingOptions, OutTensor};
-use crate::quant_plan::{Category, Override, Planner, Preset};
+use crate::quant_plan::{Category, Override, Planner, Preset, llama_cpp_order};
 use crate::safetensors::Checkpoint;
 use crate::tokenizer;
 
@@ -295,9 +295,15 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
         has_imatrix,
         &opts.overrides,
     );
+    // Types are chosen in llama-quantize's order (the mixing rules count tensors).
+    let mut types = vec![GgmlType::F32; outs.len()];
+    let names: Vec<&str> = outs.iter().map(|o| o.name.as_str()).collect();
+    for i in llama_cpp_order(&names) {
+        let o = &outs[i];
+        types[i] = planner.choose(&o.name, o.dims.len(), o.dims[0]);
+    }
     let mut tensors = Vec::with_capacity(outs.len());
-    for o in outs {
-        let ty = planner.choose(&o.name, o.dims.len(), o.dims[0], o.layer);
+    for (o, ty) in outs.into_iter().zip(types) {
         let n_bytes = ty.bytes_for(o.numel() as u64).ok_or_else(|| {
             ConvertError::shape(format!(
                 "tensor '{}' of shape {:?} does not fit {ty} blocks",
@@ -416,15 +422,18 @@ fn prepare_gguf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, 
     let mut warnings = Vec::new();
     let mut tensors = Vec::with_capacity(file.tensors().len());
     let mut widened = Vec::new();
+    // Types are chosen in llama-quantize's order (the mixing rules count tensors); the
+    // output keeps the input's tensor order.
+    let names: Vec<&str> = file.tensors().iter().map(|t| t.name()).collect();
+    let mut planned_types = vec![GgmlType::F32; names.len()];
+    for i in llama_cpp_order(&names) {
+        let info = &file.tensors()[i];
+        planned_types[i] = planner.choose(info.name(), info.dims().len(), info.dims()[0] as usize);
+    }
     for (index, info) in file.tensors().iter().enumerate() {
         let dims: Vec<usize> = info.dims().iter().map(|&d| d as usize).collect();
         let src_ty = info.ggml_type();
-        let layer = info
-            .name()
-            .strip_prefix("blk.")
-            .and_then(|r| r.split('.').next())
-            .and_then(|n| n.parse().ok());
-        let planned = planner.choose(info.name(), dims.len(), dims[0], layer);
+        let planned = planned_types[index];
         // Like llama-quantize: tensors that are never quantized keep their bytes.
         let keep = Category::of(info.name(), dims.len()) == Category::KeepF32 || planned == src_ty;
         let ty = if keep { src_ty } else { planned };

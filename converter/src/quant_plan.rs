@@ -157,8 +157,31 @@ impl Override {
     }
 }
 
-/// Chooses types tensor by tensor. Call [`Planner::choose`] in file order: like llama.cpp,
-/// the attn_v rule counts attn_v tensors as it goes.
+/// The order llama-quantize visits tensors in (its `weight_name_comparer`): by layer number,
+/// tensors outside `blk.N.` first, then by name. Returns indices into `names`.
+///
+/// The attn_v and ffn_down rules count tensors in this order, not in file order: a GGUF whose
+/// tensors are sorted by name (blk.0, blk.1, blk.10, …, as many llama.cpp files are) must
+/// still get the mix llama-quantize gives it.
+pub fn llama_cpp_order<S: AsRef<str>>(names: &[S]) -> Vec<usize> {
+    let layer = |n: &str| -> i64 {
+        n.strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(l, _)| l.parse().ok())
+            .unwrap_or(-1)
+    };
+    let mut idx: Vec<usize> = (0..names.len()).collect();
+    idx.sort_by(|&a, &b| {
+        let (a, b) = (names[a].as_ref(), names[b].as_ref());
+        (layer(a), a).cmp(&(layer(b), b))
+    });
+    idx
+}
+
+/// Chooses types tensor by tensor. Call [`Planner::choose`] in [`llama_cpp_order`]: like
+/// llama.cpp, the attn_v and ffn_down rules count those tensors as they go (the counter, not
+/// the layer in the name, is the layer index the rules use), and a tensor that a
+/// `--tensor-type` rule matches is not counted.
 pub struct Planner<'a> {
     pub preset: Preset,
     pub n_layers: usize,
@@ -166,6 +189,7 @@ pub struct Planner<'a> {
     pub has_imatrix: bool,
     pub overrides: &'a [Override],
     i_attention_wv: usize,
+    i_ffn_down: usize,
 }
 
 impl<'a> Planner<'a> {
@@ -183,17 +207,12 @@ impl<'a> Planner<'a> {
             has_imatrix,
             overrides,
             i_attention_wv: 0,
+            i_ffn_down: 0,
         }
     }
 
-    /// The type for tensor `name` whose fastest dimension is `ne0`, in layer `layer`.
-    pub fn choose(
-        &mut self,
-        name: &str,
-        n_dims: usize,
-        ne0: usize,
-        layer: Option<usize>,
-    ) -> GgmlType {
+    /// The type for tensor `name` whose fastest dimension is `ne0`.
+    pub fn choose(&mut self, name: &str, n_dims: usize, ne0: usize) -> GgmlType {
         let category = Category::of(name, n_dims);
         if category == Category::KeepF32 {
             return GgmlType::F32;
@@ -212,15 +231,14 @@ impl<'a> Planner<'a> {
                 break;
             }
         }
+        // As in llama.cpp, a manual type skips the mixing rules and their counters.
         if !manual {
-            ty = self.mix(ty, category, ne0, layer.unwrap_or(0));
-        } else if category == Category::AttnV {
-            self.i_attention_wv += 1;
+            ty = self.mix(ty, category, ne0);
         }
         fallback(ty, ne0)
     }
 
-    fn mix(&mut self, ty: GgmlType, category: Category, ne0: usize, layer: usize) -> GgmlType {
+    fn mix(&mut self, ty: GgmlType, category: Category, ne0: usize) -> GgmlType {
         let n = self.n_layers;
         let p = self.preset;
         match category {
@@ -235,13 +253,17 @@ impl<'a> Planner<'a> {
                     _ => ty,
                 }
             }
-            Category::FfnDown => match p {
-                Preset::Q4KM | Preset::Q5KM if use_more_bits(layer, n) => GgmlType::Q6_K,
-                Preset::Q4KS if layer < n / 8 => GgmlType::Q5_K,
-                // With an imatrix llama.cpp guards the first ffn_down layers of Q4_0.
-                Preset::Q4_0 if self.has_imatrix && layer < n / 8 => GgmlType::Q4_1,
-                _ => ty,
-            },
+            Category::FfnDown => {
+                let layer = self.i_ffn_down;
+                self.i_ffn_down += 1;
+                match p {
+                    Preset::Q4KM | Preset::Q5KM if use_more_bits(layer, n) => GgmlType::Q6_K,
+                    Preset::Q4KS if layer < n / 8 => GgmlType::Q5_K,
+                    // With an imatrix llama.cpp guards the first ffn_down layers of Q4_0.
+                    Preset::Q4_0 if self.has_imatrix && layer < n / 8 => GgmlType::Q4_1,
+                    _ => ty,
+                }
+            }
             _ => ty,
         }
     }
@@ -291,48 +313,68 @@ mod tests {
     #[test]
     fn q4_k_m_mix() {
         let mut p = Planner::new(Preset::Q4KM, 22, false, false, &[]);
-        assert_eq!(p.choose("token_embd.weight", 2, 2048, None), GgmlType::Q4_K);
+        assert_eq!(p.choose("token_embd.weight", 2, 2048), GgmlType::Q4_K);
         let v: Vec<GgmlType> = (0..22)
-            .map(|i| p.choose(&format!("blk.{i}.attn_v.weight"), 2, 2048, Some(i)))
+            .map(|i| p.choose(&format!("blk.{i}.attn_v.weight"), 2, 2048))
             .collect();
-        assert_eq!(v[0], GgmlType::Q6_K);
-        assert_eq!(v[2], GgmlType::Q4_K);
-        assert_eq!(v[4], GgmlType::Q6_K);
+        let d: Vec<GgmlType> = (0..22)
+            .map(|i| p.choose(&format!("blk.{i}.ffn_down.weight"), 2, 5632))
+            .collect();
+        for i in 0..22 {
+            let want = if use_more_bits(i, 22) {
+                GgmlType::Q6_K
+            } else {
+                GgmlType::Q4_K
+            };
+            assert_eq!((v[i], d[i]), (want, want), "layer {i}");
+        }
+        assert_eq!(p.choose("blk.3.attn_q.weight", 2, 2048), GgmlType::Q4_K);
+        assert_eq!(p.choose("output.weight", 2, 2048), GgmlType::Q6_K);
+        assert_eq!(p.choose("blk.0.attn_norm.weight", 1, 2048), GgmlType::F32);
         assert_eq!(
-            p.choose("blk.3.ffn_down.weight", 2, 5632, Some(3)),
-            GgmlType::Q4_K
+            p.choose("blk.0.attn_lambda_q1.weight", 1, 64),
+            GgmlType::F32
         );
-        assert_eq!(
-            p.choose("blk.4.ffn_down.weight", 2, 5632, Some(4)),
-            GgmlType::Q6_K
-        );
+    }
+
+    #[test]
+    fn shape_fallbacks() {
         // 1056 = 33·32 is no multiple of 256: Q4_K falls back to Q5_0, Q6_K to Q8_0.
-        assert_eq!(
-            p.choose("blk.3.ffn_down.weight", 2, 1056, Some(3)),
-            GgmlType::Q5_0
-        );
-        assert_eq!(
-            p.choose("blk.4.ffn_down.weight", 2, 1056, Some(4)),
-            GgmlType::Q8_0
-        );
+        let mut p = Planner::new(Preset::Q4KM, 8, false, false, &[]);
+        assert_eq!(p.choose("blk.0.ffn_down.weight", 2, 1056), GgmlType::Q8_0);
+        assert_eq!(p.choose("blk.1.ffn_down.weight", 2, 1056), GgmlType::Q5_0);
         // 1000 is not even a multiple of 32: F16.
+        assert_eq!(p.choose("blk.2.ffn_down.weight", 2, 1000), GgmlType::F16);
+    }
+
+    #[test]
+    fn counters_follow_llama_cpp_order_and_skip_manual_types() {
+        let names = [
+            "blk.10.attn_v.weight",
+            "token_embd.weight",
+            "blk.2.attn_v.weight",
+            "blk.1.ffn_down.weight",
+            "blk.1.attn_v.weight",
+            "output_norm.weight",
+        ];
+        let order: Vec<&str> = llama_cpp_order(&names).iter().map(|&i| names[i]).collect();
         assert_eq!(
-            p.choose("blk.3.ffn_down.weight", 2, 1000, Some(3)),
-            GgmlType::F16
+            order,
+            [
+                "output_norm.weight",
+                "token_embd.weight",
+                "blk.1.attn_v.weight",
+                "blk.1.ffn_down.weight",
+                "blk.2.attn_v.weight",
+                "blk.10.attn_v.weight",
+            ]
         );
-        assert_eq!(
-            p.choose("blk.3.attn_q.weight", 2, 2048, Some(3)),
-            GgmlType::Q4_K
-        );
-        assert_eq!(p.choose("output.weight", 2, 2048, None), GgmlType::Q6_K);
-        assert_eq!(
-            p.choose("blk.0.attn_norm.weight", 1, 2048, Some(0)),
-            GgmlType::F32
-        );
-        assert_eq!(
-            p.choose("blk.0.attn_lambda_q1.weight", 1, 64, Some(0)),
-            GgmlType::F32
-        );
+        // A manual type leaves the counter alone: with blk.0's attn_v overridden, blk.1's is
+        // the first counted (use_more_bits(0, 2) = false), as in llama.cpp.
+        let o = [Override::parse(r"blk\.0\.attn_v=q8_0").unwrap()];
+        let mut p = Planner::new(Preset::Q4KM, 2, false, false, &o);
+        assert_eq!(p.choose("blk.0.attn_v.weight", 2, 256), GgmlType::Q8_0);
+        assert_eq!(p.choose("blk.1.attn_v.weight", 2, 256), GgmlType::Q4_K);
     }
 
     #[test]
@@ -340,10 +382,10 @@ mod tests {
         let mut p = Planner::new(Preset::Q4_0, 4, true, false, &[]);
         // 576 is a multiple of Q4_0's 32, so the rule picks Q6_K, whose 256 does not divide
         // 576: the shape fallback makes it Q8_0.
-        assert_eq!(p.choose("token_embd.weight", 2, 576, None), GgmlType::Q8_0);
-        assert_eq!(p.choose("token_embd.weight", 2, 512, None), GgmlType::Q6_K);
+        assert_eq!(p.choose("token_embd.weight", 2, 576), GgmlType::Q8_0);
+        assert_eq!(p.choose("token_embd.weight", 2, 512), GgmlType::Q6_K);
         let mut q = Planner::new(Preset::Q8_0, 4, false, false, &[]);
-        assert_eq!(q.choose("output.weight", 2, 576, None), GgmlType::Q8_0);
+        assert_eq!(q.choose("output.weight", 2, 576), GgmlType::Q8_0);
     }
 
     #[test]
@@ -351,15 +393,15 @@ mod tests {
         let o = [Override::parse(r"attn_(q|k)\.weight$=q8_0").unwrap()];
         let mut p = Planner::new(Preset::Q4KM, 8, false, false, &o);
         assert_eq!(
-            p.choose("blk.1.attn_q.weight", 2, 256, Some(1)),
+            p.choose("blk.1.attn_q.weight", 2, 256),
             GgmlType::Q8_0
         );
         assert_eq!(
-            p.choose("blk.1.attn_output.weight", 2, 256, Some(1)),
+            p.choose("blk.1.attn_output.weight", 2, 256),
             GgmlType::Q4_K
         );
         let mut f = Planner::new(Preset::F16, 8, false, false, &[]);
-        assert_eq!(f.choose("output.weight", 2, 256, None), GgmlType::F16);
+        assert_eq!(f.choose("output.weight", 2, 256), GgmlType::F16);
         assert!(Override::parse("nonsense").is_err());
         assert!(Override::parse("x=q3_k").is_err());
     }
