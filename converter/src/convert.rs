@@ -89,16 +89,19 @@ pub struct Conversion {
 impl Conversion {
     pub fn prepare(opts: &Options) -> Result<Conversion, ConvertError> {
         let imatrix = opts.imatrix.as_deref().map(Imatrix::load).transpose()?;
-        if opts.input.is_dir() {
-            prepare_hf(opts, imatrix)
+        let mut conv = if opts.input.is_dir() {
+            prepare_hf(opts, imatrix)?
         } else if opts.input.is_file() {
-            prepare_gguf(opts, imatrix)
+            prepare_gguf(opts, imatrix)?
         } else {
-            Err(ConvertError::missing(
+            return Err(ConvertError::missing(
                 &opts.input,
                 "no such file or directory",
-            ))
-        }
+            ));
+        };
+        // The importance matrix is an input too: writing over it must be refused.
+        conv.input_files.extend(opts.imatrix.iter().cloned());
+        Ok(conv)
     }
 
     pub fn tensors(&self) -> &[PlannedTensor] {
