@@ -1,0 +1,512 @@
+//! `duet convert` as users run it (the binary: exit status, stderr, files left behind).
+//!
+//! Acceptance #6: every bad input is refused with a message that names the problem, a
+//! non-zero exit status and no panic or backtrace, and leaves no output file and no temporary
+//! file behind: missing directory / config.json / tokenizer.json / weights / shard, corrupt
+//! safetensors (truncated, header length past the end), unknown model_type, config/shape
+//! mismatches, odd diffllama head counts, an unsupported dtype, an output path that is one
+//! of the inputs (refused, input untouched) and a full disk (a 64 KiB tmpfs when root may
+//! mount one, and always RLIMIT_FSIZE).
+//! Also: --dry-run prints the plan and the exact size of the file a real run writes, and
+//! --tensor-type overrides apply.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use duet_quant::gguf::GgufFile;
+
+const DUET: &str = env!("CARGO_BIN_EXE_duet");
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "duet-cli-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn join(&self, p: impl AsRef<Path>) -> PathBuf {
+        self.0.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A copy of a fixture directory (files only) at `dst`.
+fn copy_fixture(name: &str, dst: &Path) -> PathBuf {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    dst.to_path_buf()
+}
+
+/// Every entry of `dir` (hidden ones included) with its size, sorted.
+fn listing(dir: &Path) -> Vec<(String, u64)> {
+    let mut v: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn duet<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Command::new(DUET).args(args).env_remove("RUST_BACKTRACE").output().expect("run duet")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A refusal as users see it: exit status 1, every `needle` in stderr, no panic.
+fn assert_refused(what: &str, out: &Output, needles: &[&str]) -> String {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{what}: exit status; stderr:\n{err}");
+    for n in needles {
+        assert!(err.contains(n), "{what}: stderr lacks {n:?}:\n{err}");
+    }
+    for bad in ["panicked", "backtrace", "RUST_BACKTRACE"] {
+        assert!(!err.contains(bad), "{what}: {bad} in stderr:\n{err}");
+    }
+    assert!(err.starts_with("error: "), "{what}: one error report:\n{err}");
+    err
+}
+
+/// Converts `input` into an empty directory, expects a refusal naming `needles`, and checks
+/// that the directory is still empty (no output, no temporary file) and the input unchanged.
+fn refused(what: &str, input: &Path, needles: &[&str]) -> String {
+    let out_dir = TempDir::new("out");
+    let before = if input.is_dir() { listing(input) } else { vec![] };
+    let out = duet([
+        OsStr::new("convert"),
+        input.as_os_str(),
+        OsStr::new("-t"),
+        OsStr::new("q4_k_m"),
+        OsStr::new("-q"),
+        OsStr::new("-o"),
+        out_dir.join("out.gguf").as_os_str(),
+    ]);
+    let err = assert_refused(what, &out, needles);
+    assert!(listing(&out_dir.0).is_empty(), "{what}: left {:?}", listing(&out_dir.0));
+    if input.is_dir() {
+        assert_eq!(listing(input), before, "{what}: the input directory changed");
+    }
+    err
+}
+
+/// Rewrites `dir/config.json` replacing `from` (which must occur) by `to`.
+fn edit_config(dir: &Path, from: &str, to: &str) {
+    let p = dir.join("config.json");
+    let s = std::fs::read_to_string(&p).unwrap();
+    assert!(s.contains(from), "config.json has no {from:?}");
+    std::fs::write(&p, s.replace(from, to)).unwrap();
+}
+
+#[test]
+fn missing_inputs_are_named() {
+    let t = TempDir::new("missing");
+    let gone = t.join("no-such-model");
+    refused("missing directory", &gone, &["no-such-model", "no such file or directory"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("no-config"));
+    std::fs::remove_file(d.join("config.json")).unwrap();
+    refused("missing config.json", &d, &["config.json", "not found"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("no-tokenizer"));
+    std::fs::remove_file(d.join("tokenizer.json")).unwrap();
+    refused("missing tokenizer.json", &d, &["tokenizer.json", "not found"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("no-weights"));
+    std::fs::remove_file(d.join("model.safetensors")).unwrap();
+    refused("missing weights", &d, &["no model.safetensors or model.safetensors.index.json"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("missing-shard"));
+    std::fs::rename(d.join("model.safetensors"), d.join("model-00001-of-00002.safetensors")).unwrap();
+    std::fs::write(
+        d.join("model.safetensors.index.json"),
+        r#"{"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors",
+                            "lm_head.weight": "model-00002-of-00002.safetensors"}}"#,
+    )
+    .unwrap();
+    refused("missing shard", &d, &["model-00002-of-00002.safetensors", "No such file"]);
+}
+
+#[test]
+fn corrupt_safetensors_are_refused() {
+    let t = TempDir::new("corrupt");
+    let st = std::fs::read(fixture("diffllama-gqa").join("model.safetensors")).unwrap();
+
+    let d = copy_fixture("diffllama-gqa", &t.join("truncated"));
+    std::fs::write(d.join("model.safetensors"), &st[..st.len() * 2 / 3]).unwrap();
+    refused("truncated safetensors", &d, &["model.safetensors", "lies outside the"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("header-past-eof"));
+    let mut b = st.clone();
+    b[..8].copy_from_slice(&(st.len() as u64 + 100).to_le_bytes());
+    std::fs::write(d.join("model.safetensors"), &b).unwrap();
+    refused("header length past EOF", &d, &["model.safetensors", "header length", "runs past the end of the file"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("stub"));
+    std::fs::write(d.join("model.safetensors"), b"\x10\0\0").unwrap();
+    refused("3-byte safetensors", &d, &["model.safetensors", "too short for a safetensors header"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("header-not-json"));
+    let mut b = st.clone();
+    b[8] = b'#';
+    std::fs::write(d.join("model.safetensors"), &b).unwrap();
+    refused("header not JSON", &d, &["model.safetensors", "header is not valid JSON"]);
+}
+
+#[test]
+fn corrupt_gguf_inputs_are_refused() {
+    let t = TempDir::new("corrupt-gguf");
+    let g = t.join("good.gguf");
+    let out = duet([
+        OsStr::new("convert"),
+        fixture("llama-gqa").as_os_str(),
+        OsStr::new("-q"),
+        OsStr::new("-t"),
+        OsStr::new("q8_0"),
+        OsStr::new("-o"),
+        g.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let bytes = std::fs::read(&g).unwrap();
+    let header_cut = t.join("header-cut.gguf");
+    std::fs::write(&header_cut, &bytes[..2000]).unwrap();
+    refused("GGUF cut inside its header", &header_cut, &["header-cut.gguf", "bytes left in the file"]);
+    let data_cut = t.join("data-cut.gguf");
+    std::fs::write(&data_cut, &bytes[..bytes.len() - 1000]).unwrap();
+    refused("GGUF cut inside its data", &data_cut, &["data-cut.gguf", "ends past the end of the file"]);
+    refused(
+        "a safetensors file given as the input",
+        &fixture("llama-gqa").join("model.safetensors"),
+        &["model.safetensors", "not a GGUF file"],
+    );
+}
+
+#[test]
+fn config_problems_are_refused() {
+    let t = TempDir::new("config");
+
+    let d = copy_fixture("diffllama-gqa", &t.join("mistral"));
+    edit_config(&d, r#""model_type": "diffllama""#, r#""model_type": "mistral""#);
+    refused("unknown model_type", &d, &["config.json", r#"model_type "mistral" is not supported"#]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("hidden"));
+    edit_config(&d, r#""hidden_size": 256"#, r#""hidden_size": 128"#);
+    refused(
+        "hidden_size edited",
+        &d,
+        &["model.embed_tokens.weight", "has shape [320, 256] but config.json implies [320, 128]"],
+    );
+
+    let d = copy_fixture("diffllama-gqa", &t.join("more-layers"));
+    edit_config(&d, r#""num_hidden_layers": 2"#, r#""num_hidden_layers": 3"#);
+    refused("num_hidden_layers + 1", &d, &["no tensor 'model.layers.2.", "which config.json implies"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("fewer-layers"));
+    edit_config(&d, r#""num_hidden_layers": 2"#, r#""num_hidden_layers": 1"#);
+    refused("num_hidden_layers - 1", &d, &["does not explain", "model.layers.1.", "refusing to drop weights"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("odd-heads"));
+    edit_config(&d, r#""num_attention_heads": 4"#, r#""num_attention_heads": 3"#);
+    edit_config(&d, r#""num_key_value_heads": 2"#, r#""num_key_value_heads": 3"#);
+    refused("odd diffllama heads", &d, &["config.json", "diffllama needs even head counts", "num_attention_heads = 3"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("config-not-json"));
+    std::fs::write(d.join("config.json"), "{\"model_type\": ").unwrap();
+    refused("config.json not JSON", &d, &["config.json", "not valid JSON"]);
+
+    let d = copy_fixture("diffllama-gqa", &t.join("vocab"));
+    edit_config(&d, r#""vocab_size": 320"#, r#""vocab_size": 300"#);
+    refused("vocab_size below the tokenizer's", &d, &["tokenizer.json", "vocab_size is 300"]);
+}
+
+#[test]
+fn unsupported_dtype_is_refused() {
+    let t = TempDir::new("dtype");
+    let d = copy_fixture("llama-gqa", &t.join("i64"));
+    // Append an I64 tensor (as some checkpoints carry position_ids) to the safetensors file.
+    let st = std::fs::read(d.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&st[8..8 + n]).unwrap().trim_end();
+    let data = &st[8 + n..];
+    let entry = format!(
+        r#","model.position_ids":{{"dtype":"I64","shape":[4],"data_offsets":[{},{}]}}}}"#,
+        data.len(),
+        data.len() + 32
+    );
+    let header = format!("{}{}", header.strip_suffix('}').unwrap(), entry);
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&[0u8; 32]);
+    std::fs::write(d.join("model.safetensors"), out).unwrap();
+    refused("I64 tensor", &d, &["model.safetensors", "'model.position_ids' has dtype I64", "only F32, F16 and BF16"]);
+}
+
+#[test]
+fn output_path_equal_to_an_input_is_refused() {
+    let t = TempDir::new("overwrite");
+    let d = copy_fixture("llama-gqa", &t.join("llama-gqa"));
+    let before: Vec<(String, Vec<u8>)> =
+        listing(&d).into_iter().map(|(n, _)| (n.clone(), std::fs::read(d.join(&n)).unwrap())).collect();
+    let spelled_otherwise = d.join("..").join("llama-gqa").join("tokenizer.json");
+    for target in [d.join("model.safetensors"), d.join("config.json"), spelled_otherwise] {
+        let out = duet([OsStr::new("convert"), d.as_os_str(), OsStr::new("-q"), OsStr::new("-o"), target.as_os_str()]);
+        assert_refused("output = an input file", &out, &["refusing to overwrite the input file"]);
+        let after: Vec<(String, Vec<u8>)> =
+            listing(&d).into_iter().map(|(n, _)| (n.clone(), std::fs::read(d.join(&n)).unwrap())).collect();
+        assert!(after == before, "{}: the input directory changed", target.display());
+    }
+    // The directory itself.
+    let out = duet([OsStr::new("convert"), d.as_os_str(), OsStr::new("-q"), OsStr::new("-o"), d.as_os_str()]);
+    assert_refused("output = the input directory", &out, &["is a directory"]);
+    assert_eq!(listing(&d).len(), before.len());
+
+    // A GGUF converted in place.
+    let g = t.join("model.gguf");
+    let out = duet([
+        OsStr::new("convert"),
+        d.as_os_str(),
+        OsStr::new("-q"),
+        OsStr::new("-t"),
+        OsStr::new("q8_0"),
+        OsStr::new("-o"),
+        g.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let gguf = std::fs::read(&g).unwrap();
+    let out = duet([
+        OsStr::new("convert"),
+        g.as_os_str(),
+        OsStr::new("-q"),
+        OsStr::new("-t"),
+        OsStr::new("q4_0"),
+        OsStr::new("-o"),
+        g.as_os_str(),
+    ]);
+    assert_refused("GGUF output = its input", &out, &["refusing to overwrite the input file"]);
+    assert!(std::fs::read(&g).unwrap() == gguf, "the input GGUF changed");
+
+    // The importance matrix is an input too (a llama.cpp legacy .dat with one entry).
+    let im = t.join("imatrix.dat");
+    let mut dat = 1i32.to_le_bytes().to_vec();
+    let name = b"blk.0.attn_q.weight";
+    dat.extend((name.len() as i32).to_le_bytes());
+    dat.extend(name);
+    dat.extend(1i32.to_le_bytes()); // ncall
+    dat.extend(64i32.to_le_bytes()); // nval = hidden size of llama-gqa
+    dat.extend((0..64).flat_map(|i| (1.0f32 + i as f32).to_le_bytes()));
+    std::fs::write(&im, &dat).unwrap();
+    let out = duet([
+        OsStr::new("convert"),
+        d.as_os_str(),
+        OsStr::new("-q"),
+        OsStr::new("-t"),
+        OsStr::new("q4_0"),
+        OsStr::new("--imatrix"),
+        im.as_os_str(),
+        OsStr::new("-o"),
+        im.as_os_str(),
+    ]);
+    assert_refused("output = the imatrix", &out, &["refusing to overwrite the input file", "imatrix.dat"]);
+    assert!(std::fs::read(&im).unwrap() == dat, "the imatrix changed");
+
+    let names: Vec<String> = listing(&t.0).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["imatrix.dat", "llama-gqa", "model.gguf"], "no temporary file is left");
+}
+
+/// Runs a conversion whose writes fail, and checks the report and that `out_dir` stays empty.
+fn full_disk_case(what: &str, out: Output, out_dir: &Path, needle: &str) {
+    assert_refused(what, &out, &[needle, "out.gguf"]);
+    assert!(listing(out_dir).is_empty(), "{what}: left {:?}", listing(out_dir));
+}
+
+#[test]
+fn full_disk_leaves_no_file() {
+    let input = fixture("diffllama-gqa");
+    // RLIMIT_FSIZE (16 blocks): every write past it fails with EFBIG instead of killing us.
+    let t = TempDir::new("fsize");
+    let target = t.join("out.gguf");
+    let out = Command::new("sh")
+        .args(["-c", r#"trap '' XFSZ; ulimit -f 16; exec "$0" "$@""#, DUET, "convert"])
+        .arg(&input)
+        .args(["-q", "-t", "f32", "-o"])
+        .arg(&target)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    full_disk_case("RLIMIT_FSIZE", out, &t.0, "File too large");
+
+    // A real full file system, where root may mount one.
+    let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| text(&o.stdout).trim() == "0");
+    let m = TempDir::new("tmpfs");
+    let mounted = is_root
+        && Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+            .arg(&m.0)
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !mounted {
+        eprintln!("note: no tmpfs (not root, or mounting is not permitted): RLIMIT_FSIZE covered the full disk");
+        return;
+    }
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(&m.0);
+    let out = duet([
+        OsStr::new("convert"),
+        input.as_os_str(),
+        OsStr::new("-q"),
+        OsStr::new("-t"),
+        OsStr::new("q8_0"),
+        OsStr::new("-o"),
+        m.join("out.gguf").as_os_str(),
+    ]);
+    full_disk_case("64 KiB tmpfs", out, &m.0, "No space left on device");
+}
+
+/// `duet convert --dry-run` output: (tensor name → type name, file size in bytes).
+fn dry_run(input: &Path, preset: &str, extra: &[&str], out_dir: &Path) -> (Vec<(String, String)>, u64) {
+    let mut args: Vec<&OsStr> =
+        vec![OsStr::new("convert"), input.as_os_str(), OsStr::new("--dry-run"), OsStr::new("-t"), OsStr::new(preset)];
+    args.extend(extra.iter().map(OsStr::new));
+    let target = out_dir.join("dry.gguf");
+    args.extend([OsStr::new("-o"), target.as_os_str()]);
+    let out = duet(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!target.exists() && listing(out_dir).is_empty(), "a dry run writes nothing");
+    let stdout = text(&out.stdout);
+    let size_line = stdout.lines().find(|l| l.starts_with("file size: ")).expect("a file size line");
+    let bytes: u64 = size_line.split('(').nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    let plan = stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (name, ty) = (w.next()?, w.next()?);
+            (name.contains('.') && name.ends_with("weight") || name.ends_with("bias"))
+                .then(|| (name.to_string(), ty.to_string()))
+        })
+        .collect();
+    (plan, bytes)
+}
+
+#[test]
+fn dry_run_prints_the_plan_and_the_exact_size() {
+    let t = TempDir::new("dry");
+    let smol = duet_test_support::asset(
+        "dry_run_prints_the_plan_and_the_exact_size",
+        "DUET_SMOLLM2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+    );
+    let mut cases: Vec<(PathBuf, &str, Vec<&str>)> = vec![
+        (fixture("diffllama-gqa"), "q4_k_m", vec![]),
+        (fixture("diffllama-gqa"), "q4_k_s", vec!["--tensor-type", r"attn_q=q8_0"]),
+        (fixture("diffllama-tied-llama3"), "q5_k_m", vec![]),
+        (fixture("llama-dex"), "q6_k", vec!["--keep-dex"]),
+        (fixture("llama-gqa"), "bf16", vec![]),
+    ];
+    if let Some(s) = &smol {
+        cases.push((s.clone(), "q4_k_m", vec![]));
+    }
+    for (input, preset, extra) in &cases {
+        let what = format!("{} {preset} {extra:?}", input.display());
+        let (plan, bytes) = dry_run(input, preset, extra, &t.0);
+        let target = t.join("real.gguf");
+        let mut args: Vec<&OsStr> =
+            vec![OsStr::new("convert"), input.as_os_str(), OsStr::new("-q"), OsStr::new("-t"), OsStr::new(preset)];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend([OsStr::new("-o"), target.as_os_str()]);
+        let out = duet(&args);
+        assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+        assert_eq!(std::fs::metadata(&target).unwrap().len(), bytes, "{what}: dry-run size");
+        let f = GgufFile::open(&target).unwrap();
+        assert_eq!(plan.len(), f.tensors().len(), "{what}: one plan line per tensor");
+        for (name, ty) in &plan {
+            assert_eq!(f.tensor(name).map(|i| i.ggml_type().name()), Some(ty.as_str()), "{what}: {name}");
+        }
+        std::fs::remove_file(&target).unwrap();
+    }
+}
+
+#[test]
+fn tensor_type_overrides_apply() {
+    let t = TempDir::new("overrides");
+    let target = t.join("o.gguf");
+    let out = duet([
+        OsStr::new("convert"),
+        fixture("diffllama-gqa").as_os_str(),
+        OsStr::new("-q"),
+        OsStr::new("-t"),
+        OsStr::new("q4_k_m"),
+        OsStr::new("--tensor-type"),
+        OsStr::new(r"attn_v\.weight=q8_0"),
+        OsStr::new("--tensor-type"),
+        OsStr::new(r"ffn_(up|gate)=q5_1"),
+        OsStr::new("--tensor-type"),
+        OsStr::new(r"ffn_up=q4_0"),
+        OsStr::new("-o"),
+        target.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let f = GgufFile::open(&target).unwrap();
+    let ty = |n: &str| f.tensor(n).unwrap().ggml_type().name();
+    for l in 0..2 {
+        assert_eq!(ty(&format!("blk.{l}.attn_v.weight")), "Q8_0");
+        assert_eq!(ty(&format!("blk.{l}.ffn_gate.weight")), "Q5_1");
+        assert_eq!(ty(&format!("blk.{l}.ffn_up.weight")), "Q5_1", "the first matching rule wins");
+        assert_eq!(ty(&format!("blk.{l}.attn_q.weight")), "Q4_K");
+    }
+    assert_eq!(ty("blk.1.ffn_down.weight"), "Q6_K", "unmatched tensors keep the preset's mix");
+    assert_eq!(ty("blk.0.attn_norm.weight"), "F32", "norms are never quantized");
+
+    // Malformed rules are usage errors (exit status 2), reported before anything is read.
+    for (rule, needle) in [
+        ("attn_v", "is not REGEX=TYPE"),
+        ("attn_v=q3_k", "'q3_k' is not a type duet can write"),
+        ("(=q8_0", "bad regex"),
+    ] {
+        let out = duet([
+            OsStr::new("convert"),
+            fixture("diffllama-gqa").as_os_str(),
+            OsStr::new("--tensor-type"),
+            OsStr::new(rule),
+            OsStr::new("-o"),
+            target.as_os_str(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{rule}");
+        assert!(text(&out.stderr).contains(needle), "{rule}: {}", text(&out.stderr));
+    }
+}
