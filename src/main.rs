@@ -23,17 +23,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Measure prompt-processing and decode speed (tokens/s), like llama-bench
+    Bench(cmd::bench::Args),
+    /// Chat with a model in the terminal (without -m: the bundled DIFF model)
+    Chat(cmd::chat::Args),
     /// Convert a Hugging Face DiffLlama/Llama/DEX checkpoint (or a GGUF) to GGUF at 4-8 bits
     Convert(cmd::convert::Args),
     /// Show a GGUF file's metadata and tensors (like gguf-dump, but readable)
     Info(cmd::info::Args),
+    /// Perplexity over a text file; save logits or compare against saved ones (KL divergence)
+    Perplexity(cmd::perplexity::Args),
+    /// Complete a prompt, streaming the text
+    Run(cmd::run::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => cmd::bench::run(args),
+        Command::Chat(args) => cmd::chat::run(args),
         Command::Convert(args) => cmd::convert::run(args),
         Command::Info(args) => cmd::info::run(args),
+        Command::Perplexity(args) => cmd::perplexity::run(args),
+        Command::Run(args) => cmd::run::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,10 +5,14 @@
 //! * [`kv_cache`], [`logits_file`]: shared formats.
 
 pub mod backend;
+pub mod chat;
 pub mod cpu;
+pub mod engine;
 pub mod error;
 pub mod kv_cache;
 pub mod logits_file;
 pub mod model;
+pub mod sampler;
+pub mod text;
 
 pub use error::RuntimeError;

@@ -1,4 +1,9 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod chat;
+pub mod common;
 pub mod convert;
 pub mod info;
+pub mod perplexity;
+pub mod run;

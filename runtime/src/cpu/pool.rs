@@ -1,60 +1,66 @@
-//! A small fork-join thread pool tuned for the CPU backend's many short parallel ops.
+//! A fork-join thread pool tuned for the CPU backend's many short parallel ops.
 //!
-//! Decoding one token runs a few hundred parallel ops of tens of microseconds each, so the
-//! cost of waking threads matters more than anything else here. Workers spin on an epoch
-//! counter for a while after each job (a new job starts within nanoseconds) and only then
-//! block on a condition variable, so an idle chat session does not burn CPU.
+//! Decoding one token runs a few hundred parallel ops of tens of microseconds each, so
+//! waking threads must be cheap, and the pool must degrade gracefully when the machine is
+//! busy with other work (a shared laptop, a CI box): a job is cut into chunks that threads
+//! claim one at a time, and the caller waits only for chunks to be done and for workers
+//! that are actually inside the job — never for a worker that has not woken up yet. An
+//! idle worker spins briefly (yielding its core if anything else wants it), then sleeps.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long an idle worker spins before it sleeps.
-const SPIN: Duration = Duration::from_millis(2);
+/// How long an idle worker keeps polling before it sleeps.
+const SPIN: Duration = Duration::from_micros(500);
 
-type Job = *const (dyn Fn(usize) + Sync);
+type Job = *const (dyn Fn(usize, Range<usize>) + Sync);
 
 struct Shared {
-    /// Incremented once per job; workers run each epoch exactly once.
-    epoch: AtomicUsize,
-    /// The current job. Written by the caller before `epoch` is bumped (Release) and read by
-    /// workers after they observe the new epoch (Acquire).
-    job: UnsafeCell<Option<Job>>,
-    /// Workers that have not finished the current job.
-    remaining: AtomicUsize,
+    /// `2·epoch + finished`: a new job bumps the epoch with `finished` clear; the caller sets
+    /// `finished` once every chunk is done.
+    state: AtomicU64,
+    /// The current job. Written only while no worker is inside a job (`active == 0`) and
+    /// before the epoch is published.
+    job: UnsafeCell<Option<(Job, usize, usize)>>, // (closure, n items, chunk size)
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// Workers inside the current job.
+    active: AtomicUsize,
     stop: AtomicBool,
     sleep_lock: Mutex<()>,
     wake: Condvar,
 }
 
-// SAFETY: `job` is only written while no worker can read it (all workers finished the previous
-// epoch, `remaining == 0`), and only read between an epoch bump and the worker's decrement of
-// `remaining`; the atomics order those accesses.
+// SAFETY: `job` is written by the caller only when no worker is active (see `run`) and read
+// by workers only between `active += 1` and `active -= 1` after checking the state; the
+// SeqCst atomics order these accesses (see `worker`).
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
-    /// Serialises `run` calls from different threads.
     caller: Mutex<()>,
 }
 
 impl ThreadPool {
     /// A pool of `n_threads` threads in all: the calling thread plus `n_threads − 1` workers.
     pub fn new(n_threads: usize) -> ThreadPool {
-        let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            epoch: AtomicUsize::new(0),
+            state: AtomicU64::new(1), // epoch 0, finished
             job: UnsafeCell::new(None),
-            remaining: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let workers = (1..n_threads)
+        let workers = (1..n_threads.max(1))
             .map(|idx| {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
@@ -70,74 +76,81 @@ impl ThreadPool {
         self.workers.len() + 1
     }
 
-    /// Runs `f(thread_index)` on every thread of the pool (index 0 is the caller) and returns
-    /// when all have finished. A panic in `f` on a worker aborts the process (the job's
-    /// borrowed data must not outlive this call), so `f` must not panic.
-    pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
-        if self.workers.is_empty() {
-            f(0);
+    /// Splits `0..n` into chunks of `chunk` items, claimed dynamically by the caller and any
+    /// worker that is awake, and calls `f(thread_index, range)` for each. Returns when all
+    /// are done. A panic in `f` on a worker aborts the process (the job borrows the caller's
+    /// stack), so `f` must not panic.
+    pub fn for_chunks_tid(&self, n: usize, chunk: usize, f: &(dyn Fn(usize, Range<usize>) + Sync)) {
+        let chunk = chunk.max(1);
+        if n == 0 {
+            return;
+        }
+        if n <= chunk || self.workers.is_empty() {
+            f(0, 0..n);
             return;
         }
         let _guard = self.caller.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY: the previous job is over (remaining == 0, see the wait below), so no worker
-        // reads `job` now. The transmute only erases the borrow's lifetime: this function does
-        // not return before every worker is done with `f`.
+        let n_chunks = n.div_ceil(chunk);
+        // SAFETY: the previous job ended with `active == 0`, so no worker reads `job` now.
+        // The transmute only erases the borrow's lifetime: we do not return before every
+        // worker that entered the job has left it.
         unsafe {
-            let ptr: Job = std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f);
-            *s.job.get() = Some(ptr);
+            let ptr: Job = std::mem::transmute::<&(dyn Fn(usize, Range<usize>) + Sync), Job>(f);
+            *s.job.get() = Some((ptr, n, chunk));
         }
-        s.remaining.store(self.workers.len(), Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::Release);
+        s.next.store(0, Ordering::SeqCst);
+        s.done.store(0, Ordering::SeqCst);
+        let epoch = s.state.load(Ordering::SeqCst) / 2 + 1;
+        s.state.store(2 * epoch, Ordering::SeqCst);
         {
-            // Wake sleepers. Taking the lock orders this after any worker's check-then-wait.
+            // Wake sleepers; the lock orders this after a worker's check-then-wait.
             let _l = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        f(0);
+        run_chunks(s, 0, f, n, chunk);
         let mut spins = 0u32;
-        while s.remaining.load(Ordering::Acquire) != 0 {
-            spins = spins.wrapping_add(1);
-            if spins % 64 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+        while s.done.load(Ordering::SeqCst) < n_chunks {
+            backoff(&mut spins);
+        }
+        s.state.store(2 * epoch + 1, Ordering::SeqCst);
+        while s.active.load(Ordering::SeqCst) != 0 {
+            backoff(&mut spins);
         }
     }
 
-    /// Splits `0..n` into chunks of `chunk` items handed out dynamically, calling
-    /// `f(start..end)` for each: balanced even when some threads are slower.
-    pub fn for_chunks(&self, n: usize, chunk: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    /// [`ThreadPool::for_chunks_tid`] without the thread index.
+    pub fn for_chunks(&self, n: usize, chunk: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
         self.for_chunks_tid(n, chunk, &|_, r| f(r));
     }
+}
 
-    /// [`ThreadPool::for_chunks`] that also passes the thread index (for per-thread scratch).
-    pub fn for_chunks_tid(&self, n: usize, chunk: usize, f: &(dyn Fn(usize, std::ops::Range<usize>) + Sync)) {
-        let chunk = chunk.max(1);
-        if n <= chunk || self.workers.is_empty() {
-            if n > 0 {
-                f(0, 0..n);
-            }
-            return;
+/// Claims and runs chunks until none are left.
+fn run_chunks(s: &Shared, tid: usize, f: &(dyn Fn(usize, Range<usize>) + Sync), n: usize, chunk: usize) {
+    loop {
+        let start = s.next.fetch_add(chunk, Ordering::SeqCst);
+        if start >= n {
+            break;
         }
-        let next = AtomicUsize::new(0);
-        self.run(&|tid| {
-            loop {
-                let start = next.fetch_add(chunk, Ordering::Relaxed);
-                if start >= n {
-                    break;
-                }
-                f(tid, start..(start + chunk).min(n));
-            }
-        });
+        f(tid, start..(start + chunk).min(n));
+        s.done.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Spin a little, then give the core to anyone who wants it.
+#[inline]
+fn backoff(spins: &mut u32) {
+    *spins = spins.wrapping_add(1);
+    if *spins % 16 == 0 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.shared.epoch.fetch_add(1, Ordering::Release);
+        self.shared.stop.store(true, Ordering::SeqCst);
         {
             let _l = self.shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
@@ -148,41 +161,45 @@ impl Drop for ThreadPool {
     }
 }
 
-fn worker(s: Arc<Shared>, idx: usize) {
-    let mut seen = 0usize;
+fn worker(s: Arc<Shared>, tid: usize) {
+    let mut seen_epoch = 0u64;
     loop {
-        // Spin, then sleep, until a new epoch starts.
+        // Wait for a job with a new epoch that is not finished.
         let start = Instant::now();
         let mut spins = 0u32;
-        loop {
-            let e = s.epoch.load(Ordering::Acquire);
-            if e != seen {
-                seen = e;
-                break;
+        let epoch = loop {
+            if s.stop.load(Ordering::SeqCst) {
+                return;
             }
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && start.elapsed() > SPIN {
+            let st = s.state.load(Ordering::SeqCst);
+            if st / 2 != seen_epoch && st % 2 == 0 {
+                break st / 2;
+            }
+            if spins % 64 == 63 && start.elapsed() > SPIN {
                 let guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
-                if s.epoch.load(Ordering::Acquire) == seen {
-                    let _g = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+                let st = s.state.load(Ordering::SeqCst);
+                if !s.stop.load(Ordering::SeqCst) && (st / 2 == seen_epoch || st % 2 == 1) {
+                    let _g = s.wake.wait_timeout(guard, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner());
                 }
-            } else {
-                std::hint::spin_loop();
+            }
+            backoff(&mut spins);
+        };
+        seen_epoch = epoch;
+        // Enter the job, then re-check it is still running: if the caller finished it (or
+        // moved on) in between, it may already have returned and the job is gone.
+        s.active.fetch_add(1, Ordering::SeqCst);
+        if s.state.load(Ordering::SeqCst) == 2 * epoch {
+            // SAFETY: the job of this epoch is alive until `active` drops back to zero.
+            let (job, n, chunk) = unsafe { (*s.job.get()).expect("a job is set for every epoch") };
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                run_chunks(&s, tid, &*job, n, chunk)
+            }));
+            if run.is_err() {
+                eprintln!("duet: a CPU worker thread panicked; aborting");
+                std::process::abort();
             }
         }
-        if s.stop.load(Ordering::Acquire) {
-            return;
-        }
-        // SAFETY: the caller stored the job before bumping the epoch we just observed and
-        // keeps it alive until `remaining` reaches zero.
-        let job = unsafe { (*s.job.get()).expect("a job is set for every epoch") };
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job)(idx) }));
-        if run.is_err() {
-            // The job borrows the caller's stack; unwinding past it is unsound.
-            eprintln!("duet: a CPU worker thread panicked; aborting");
-            std::process::abort();
-        }
-        s.remaining.fetch_sub(1, Ordering::Release);
+        s.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -191,40 +208,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_thread_runs_each_job_once() {
+    fn chunks_cover_the_range_exactly_once() {
         let pool = ThreadPool::new(3);
-        for round in 0..200 {
-            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
-            pool.run(&|i| {
-                hits[i].fetch_add(1, Ordering::Relaxed);
+        for round in 0..300 {
+            let n = 1 + round * 7 % 1001;
+            let seen: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.for_chunks(n, 1 + round % 9, &|r| {
+                for i in r {
+                    seen[i].fetch_add(1, Ordering::Relaxed);
+                }
             });
-            for h in &hits {
-                assert_eq!(h.load(Ordering::Relaxed), 1, "round {round}");
-            }
+            assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1), "round {round}");
         }
     }
 
     #[test]
-    fn chunks_cover_the_range_exactly_once() {
+    fn sleeping_workers_wake_up_and_help() {
         let pool = ThreadPool::new(2);
-        let n = 1001;
-        let seen: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
-        pool.for_chunks(n, 7, &|r| {
-            for i in r {
-                seen[i].fetch_add(1, Ordering::Relaxed);
-            }
-        });
-        assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 1));
-    }
-
-    #[test]
-    fn sleeping_workers_wake_up() {
-        let pool = ThreadPool::new(2);
-        std::thread::sleep(SPIN * 5);
-        let count = AtomicUsize::new(0);
-        pool.run(&|_| {
-            count.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(count.load(Ordering::Relaxed), 2);
+        std::thread::sleep(SPIN * 20);
+        let threads_used: Vec<AtomicUsize> = (0..2).map(|_| AtomicUsize::new(0)).collect();
+        for _ in 0..50 {
+            pool.for_chunks_tid(64, 1, &|tid, _| {
+                threads_used[tid].fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_micros(50));
+            });
+        }
+        assert_eq!(threads_used.iter().map(|c| c.load(Ordering::Relaxed)).sum::<usize>(), 50 * 64);
+        assert!(threads_used[1].load(Ordering::Relaxed) > 0, "the worker never took a chunk");
     }
 }

@@ -1,0 +1,182 @@
+//! A loaded model ready to generate: backend, weights, tokenizer, chat template and one
+//! session whose K/V cache is reused across calls (a new prompt that starts with the
+//! cached tokens only evaluates the rest).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use duet_quant::gguf::GgufFile;
+
+use crate::backend::Backend;
+use crate::error::RuntimeError;
+use crate::kv_cache::CacheType;
+use crate::model::{Logits, Model, Session};
+use crate::sampler::Sampler;
+use crate::text::{ChatTemplate, TextStream, Tokenizer};
+
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Context length (0: the model's training context, capped at 4096).
+    pub n_ctx: usize,
+    /// Largest batch of prompt tokens evaluated at once.
+    pub batch: usize,
+    pub k_type: CacheType,
+    pub v_type: CacheType,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { n_ctx: 0, batch: 512, k_type: CacheType::F16, v_type: CacheType::F16 }
+    }
+}
+
+/// What one generation did.
+#[derive(Clone, Debug, Default)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the cache (not evaluated again).
+    pub reused_tokens: usize,
+    pub prompt_time: Duration,
+    pub generated: usize,
+    pub gen_time: Duration,
+    pub stop: StopReason,
+}
+
+impl GenStats {
+    pub fn prompt_tok_per_s(&self) -> f64 {
+        let n = self.prompt_tokens - self.reused_tokens;
+        if self.prompt_time.is_zero() { 0.0 } else { n as f64 / self.prompt_time.as_secs_f64() }
+    }
+    pub fn gen_tok_per_s(&self) -> f64 {
+        if self.gen_time.is_zero() { 0.0 } else { self.generated as f64 / self.gen_time.as_secs_f64() }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StopReason {
+    #[default]
+    Limit,
+    EndOfGeneration,
+    ContextFull,
+    Interrupted,
+}
+
+pub struct Engine<B: Backend> {
+    pub backend: B,
+    pub model: Model<B>,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub session: Session<B>,
+    /// Tokens whose K/V are in the session's cache, in order.
+    cached: Vec<u32>,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn load(mut backend: B, path: &Path, opts: &EngineOptions) -> Result<Engine<B>, RuntimeError> {
+        let file = Arc::new(GgufFile::open(path)?);
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let model = Model::load(&mut backend, Arc::clone(&file))?;
+        let has_chatml =
+            tokenizer.token_to_id("<|im_start|>").is_some() && tokenizer.token_to_id("<|im_end|>").is_some();
+        let text_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
+        let template = ChatTemplate::new(
+            file.get_str_opt("tokenizer.chat_template")?,
+            has_chatml,
+            &text_of(tokenizer.bos),
+            &text_of(tokenizer.eos),
+        )?;
+        let n_ctx = if opts.n_ctx == 0 { model.config.n_ctx_train.min(4096) } else { opts.n_ctx };
+        let session = model.new_session(&mut backend, n_ctx, opts.batch.min(n_ctx), opts.k_type, opts.v_type)?;
+        Ok(Engine { backend, model, tokenizer, template, session, cached: Vec::new() })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.session.n_ctx
+    }
+
+    /// Forgets the cache.
+    pub fn reset(&mut self) {
+        self.session.reset();
+        self.cached.clear();
+    }
+
+    /// Evaluates `tokens` as the whole context, reusing the longest cached prefix, and
+    /// returns the last position's logits.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, usize), RuntimeError> {
+        if tokens.is_empty() {
+            return Err(RuntimeError::Usage("the prompt is empty".into()));
+        }
+        if tokens.len() > self.n_ctx() {
+            return Err(RuntimeError::ContextFull { n_ctx: self.n_ctx(), needed: tokens.len() });
+        }
+        let mut common = self.cached.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        // At least one token must be evaluated to get logits.
+        if common == tokens.len() {
+            common -= 1;
+        }
+        self.session.truncate(common);
+        self.cached.truncate(common);
+        let logits = self.model.forward(&mut self.backend, &mut self.session, &tokens[common..], Logits::Last)?;
+        self.cached.extend_from_slice(&tokens[common..]);
+        Ok((logits, common))
+    }
+
+    /// Evaluates one more token after the cached ones.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>, RuntimeError> {
+        let logits = self.model.forward(&mut self.backend, &mut self.session, &[token], Logits::Last)?;
+        self.cached.push(token);
+        Ok(logits)
+    }
+
+    /// Generates after `prompt` until an end-of-generation token, `max_new` tokens, a full
+    /// context, or `on_text` returning false. `on_text` receives text as soon as it is
+    /// complete UTF-8. The generated tokens end up in the cache (an end token too).
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        sampler: &mut Sampler,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<(Vec<u32>, GenStats), RuntimeError> {
+        let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+        let t0 = Instant::now();
+        let (mut logits, reused) = self.prefill(prompt)?;
+        stats.reused_tokens = reused;
+        stats.prompt_time = t0.elapsed();
+        let t1 = Instant::now();
+        let mut history: Vec<u32> = prompt.to_vec();
+        let mut out = Vec::new();
+        let mut stream = TextStream::new();
+        loop {
+            if out.len() >= max_new {
+                stats.stop = StopReason::Limit;
+                break;
+            }
+            let tok = sampler.sample(&mut logits, &history);
+            if self.tokenizer.is_eog(tok) {
+                stats.stop = StopReason::EndOfGeneration;
+                break;
+            }
+            out.push(tok);
+            history.push(tok);
+            let text = stream.push(&self.tokenizer, tok)?;
+            if !text.is_empty() && !on_text(&text) {
+                stats.stop = StopReason::Interrupted;
+                break;
+            }
+            if self.cached.len() >= self.n_ctx() {
+                stats.stop = StopReason::ContextFull;
+                break;
+            }
+            logits = self.step(tok)?;
+        }
+        let rest = stream.flush(&self.tokenizer)?;
+        if !rest.is_empty() {
+            on_text(&rest);
+        }
+        stats.generated = out.len();
+        stats.gen_time = t1.elapsed();
+        Ok((out, stats))
+    }
+}

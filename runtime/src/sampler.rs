@@ -1,0 +1,204 @@
+//! Token sampling: greedy, or repetition penalty → top-k → top-p → min-p → temperature →
+//! a draw, in llama.cpp's order. The random stream is seeded, so the same seed gives the
+//! same output.
+
+#[derive(Clone, Debug)]
+pub struct SamplerConfig {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0: off).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches p (1: off).
+    pub top_p: f32,
+    /// Drop tokens below min_p × the top probability (0: off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recent tokens by this (1: off).
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    /// llama.cpp's defaults.
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0x5eed,
+        }
+    }
+}
+
+impl SamplerConfig {
+    pub fn greedy() -> SamplerConfig {
+        SamplerConfig { temperature: 0.0, ..SamplerConfig::default() }
+    }
+}
+
+/// PCG-XSH-RR 64/32: small, fast and reproducible across platforms.
+#[derive(Clone, Debug)]
+struct Pcg32 {
+    state: u64,
+}
+
+impl Pcg32 {
+    fn new(seed: u64) -> Pcg32 {
+        let mut r = Pcg32 { state: 0 };
+        r.next_u32();
+        r.state = r.state.wrapping_add(seed);
+        r.next_u32();
+        r
+    }
+    fn next_u32(&mut self) -> u32 {
+        let old = self.state;
+        self.state = old.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let xorshifted = (((old >> 18) ^ old) >> 27) as u32;
+        xorshifted.rotate_right((old >> 59) as u32)
+    }
+    /// Uniform in [0, 1).
+    fn next_f64(&mut self) -> f64 {
+        let hi = (self.next_u32() as u64) << 21;
+        let lo = (self.next_u32() >> 11) as u64;
+        (hi | lo) as f64 / (1u64 << 53) as f64
+    }
+}
+
+pub struct Sampler {
+    pub cfg: SamplerConfig,
+    rng: Pcg32,
+}
+
+impl Sampler {
+    pub fn new(cfg: SamplerConfig) -> Sampler {
+        let rng = Pcg32::new(cfg.seed);
+        Sampler { cfg, rng }
+    }
+
+    /// Picks the next token from `logits` (modified in place by the penalty); `recent` are
+    /// the tokens seen so far (prompt and output).
+    pub fn sample(&mut self, logits: &mut [f32], recent: &[u32]) -> u32 {
+        let c = &self.cfg;
+        if c.repeat_penalty != 1.0 && c.repeat_last_n > 0 {
+            let start = recent.len().saturating_sub(c.repeat_last_n);
+            let mut seen = std::collections::HashSet::new();
+            for &t in &recent[start..] {
+                if let Some(l) = logits.get_mut(t as usize)
+                    && seen.insert(t)
+                {
+                    *l = if *l > 0.0 { *l / c.repeat_penalty } else { *l * c.repeat_penalty };
+                }
+            }
+        }
+        if c.temperature <= 0.0 {
+            return crate::logits_file::argmax(logits) as u32;
+        }
+        // Candidates sorted by logit, best first (ties by id for determinism).
+        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let k = if c.top_k > 0 { c.top_k.min(cand.len()) } else { cand.len() };
+        let cmp = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, cmp);
+            cand.truncate(k);
+        }
+        cand.sort_unstable_by(cmp);
+        let probs = softmax(cand.iter().map(|c| c.1), 1.0);
+        if c.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut keep = cand.len();
+            for (i, p) in probs.iter().enumerate() {
+                acc += p;
+                if acc >= c.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+        }
+        if c.min_p > 0.0 {
+            let threshold = probs[0] * c.min_p as f64;
+            let keep = probs.iter().take(cand.len()).take_while(|&&p| p >= threshold).count();
+            cand.truncate(keep.max(1));
+        }
+        let probs = softmax(cand.iter().map(|c| c.1), c.temperature);
+        let r = self.rng.next_f64();
+        let mut acc = 0.0;
+        for (cand, p) in cand.iter().zip(&probs) {
+            acc += p;
+            if r < acc {
+                return cand.0;
+            }
+        }
+        cand.last().map_or(0, |c| c.0)
+    }
+}
+
+fn softmax(logits: impl Iterator<Item = f32> + Clone, temperature: f32) -> Vec<f64> {
+    let t = temperature as f64;
+    let max = logits.clone().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let e: Vec<f64> = logits.map(|l| ((l as f64 - max) / t).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        (0..100).map(|i| ((i * 37 % 101) as f32) * 0.05).collect()
+    }
+
+    #[test]
+    fn greedy_is_argmax() {
+        let mut l = logits();
+        let want = crate::logits_file::argmax(&l) as u32;
+        assert_eq!(Sampler::new(SamplerConfig::greedy()).sample(&mut l, &[]), want);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_different_seeds_differ() {
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplerConfig {
+                seed,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                temperature: 1.5,
+                ..Default::default()
+            });
+            (0..50).map(|_| s.sample(&mut logits(), &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(1), draw(1));
+        assert_ne!(draw(1), draw(2));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_min_p_prunes() {
+        let want = crate::logits_file::argmax(&logits()) as u32;
+        let mut s = Sampler::new(SamplerConfig { top_k: 1, ..Default::default() });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut logits(), &[]), want);
+        }
+        // A huge gap: min-p keeps only the top token.
+        let mut l = vec![0.0f32; 10];
+        l[3] = 20.0;
+        let mut s =
+            Sampler::new(SamplerConfig { top_k: 0, top_p: 1.0, min_p: 0.1, temperature: 1.0, ..Default::default() });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&mut l.clone(), &[]), 3);
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_lowers_recent_tokens() {
+        let mut l = vec![1.0f32, 2.0, -1.0];
+        let mut s = Sampler::new(SamplerConfig { repeat_penalty: 2.0, temperature: 0.0, ..Default::default() });
+        assert_eq!(s.sample(&mut l, &[1, 2]), 0);
+        assert_eq!(l, vec![1.0, 1.0, -2.0]);
+    }
+}

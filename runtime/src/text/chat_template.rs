@@ -1,0 +1,171 @@
+//! Chat templates: the model's `tokenizer.chat_template` (Hugging Face Jinja) rendered with
+//! minijinja plus the Python string methods HF templates use, `raise_exception`, and
+//! `strftime_now`.
+//!
+//! Files without a template get duet's fallback: ChatML when the vocabulary has
+//! `<|im_start|>`/`<|im_end|>`, else plain `User:` / `Assistant:` lines.
+
+use minijinja::{Environment, Error, ErrorKind, context};
+
+use crate::error::RuntimeError;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Message {
+        Message { role: role.to_string(), content: content.to_string() }
+    }
+}
+
+/// ChatML, used when a model has no template but knows the ChatML markers.
+pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// Plain text, for models with no template and no chat markers.
+pub const PLAIN: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] + '\\n\\n' }}{% elif message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\\n' }}{% else %}{{ 'Assistant: ' + message['content'] + '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    pub source: TemplateSource,
+    bos: String,
+    eos: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TemplateSource {
+    Model,
+    FallbackChatml,
+    FallbackPlain,
+}
+
+impl ChatTemplate {
+    /// `template`: the model's, if any; `has_chatml`: whether the vocabulary has the ChatML
+    /// markers (for the fallback).
+    pub fn new(template: Option<&str>, has_chatml: bool, bos: &str, eos: &str) -> Result<ChatTemplate, RuntimeError> {
+        let (text, source) = match template {
+            Some(t) => (t.to_string(), TemplateSource::Model),
+            None if has_chatml => (CHATML.to_string(), TemplateSource::FallbackChatml),
+            None => (PLAIN.to_string(), TemplateSource::FallbackPlain),
+        };
+        let mut env = Environment::new();
+        // HF templates are written for Python Jinja: keep whitespace as written.
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| RuntimeError::Template(e.to_string()))?;
+        env.set_syntax(syntax);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
+        env.add_template_owned("chat", text).map_err(|e| RuntimeError::Template(e.to_string()))?;
+        Ok(ChatTemplate { env, source, bos: bos.to_string(), eos: eos.to_string() })
+    }
+
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, RuntimeError> {
+        let msgs: Vec<minijinja::Value> = messages
+            .iter()
+            .map(|m| {
+                let mut map = std::collections::BTreeMap::new();
+                map.insert("role", minijinja::Value::from(m.role.clone()));
+                map.insert("content", minijinja::Value::from(m.content.clone()));
+                minijinja::Value::from(map)
+            })
+            .collect();
+        let tmpl = self.env.get_template("chat").map_err(|e| RuntimeError::Template(e.to_string()))?;
+        tmpl.render(context! {
+            messages => msgs,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos.clone(),
+            eos_token => self.eos.clone(),
+        })
+        .map_err(|e| RuntimeError::Template(describe(&e)))
+    }
+}
+
+fn describe(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(&format!(": {inner}"));
+        src = inner.source();
+    }
+    s
+}
+
+/// The date formats templates ask for (Llama 3's "%d %b %Y"), in UTC.
+fn strftime_now(fmt: &str) -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    fmt.replace("%d", &format!("{d:02}"))
+        .replace("%b", MONTHS[(m - 1) as usize])
+        .replace("%m", &format!("{m:02}"))
+        .replace("%Y", &y.to_string())
+}
+
+/// Days since 1970-01-01 → (year, month, day) (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_hf_style_templates() {
+        // SmolLM2's template: loop.first, indexing, conditionals.
+        let t = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        let ct = ChatTemplate::new(Some(t), true, "", "").unwrap();
+        let out = ct.render(&[Message::new("user", "Hi")], true).unwrap();
+        assert_eq!(
+            out,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn namespace_strip_and_raise_exception() {
+        let t = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% if m.role == 'bad' %}{{ raise_exception('no bad roles') }}{% endif %}[{{ m.content.strip() }}]{% endfor %}{{ ns.n }}";
+        let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
+        assert_eq!(
+            ct.render(&[Message::new("user", "  a "), Message::new("assistant", "b")], false).unwrap(),
+            "[a][b]2"
+        );
+        let e = ct.render(&[Message::new("bad", "x")], false).unwrap_err().to_string();
+        assert!(e.contains("no bad roles"), "{e}");
+    }
+
+    #[test]
+    fn fallbacks() {
+        let chatml = ChatTemplate::new(None, true, "", "").unwrap();
+        assert_eq!(chatml.source, TemplateSource::FallbackChatml);
+        assert_eq!(
+            chatml.render(&[Message::new("user", "x")], true).unwrap(),
+            "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let plain = ChatTemplate::new(None, false, "", "").unwrap();
+        assert_eq!(plain.render(&[Message::new("user", "x")], true).unwrap(), "User: x\nAssistant:");
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+    }
+}

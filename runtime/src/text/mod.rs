@@ -1,0 +1,9 @@
+//! Text: tokenizers, chat templates and streaming detokenization.
+
+pub mod chat_template;
+pub mod stream;
+pub mod tokenizer;
+
+pub use chat_template::{ChatTemplate, Message};
+pub use stream::TextStream;
+pub use tokenizer::Tokenizer;

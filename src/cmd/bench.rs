@@ -1,0 +1,112 @@
+//! `duet bench`: prompt-processing and decode speed, like llama-bench.
+//!
+//! ppN evaluates N tokens in one batch from an empty cache; tgN decodes N tokens one at a
+//! time from an empty cache. Each test runs once to warm up, then -r times; the table shows
+//! the median and the spread (min–max) of tokens per second.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use duet_quant::gguf::GgufFile;
+use duet_runtime::model::Logits;
+
+use super::common::{ModelArgs, load_engine, require_model};
+use super::info::human_bytes;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt-processing test sizes (comma-separated; 0 skips)
+    #[arg(short = 'p', long = "n-prompt", default_value = "128", value_delimiter = ',')]
+    pub n_prompt: Vec<usize>,
+    /// Decode test sizes (comma-separated; 0 skips)
+    #[arg(short = 'n', long = "n-gen", default_value = "32", value_delimiter = ',')]
+    pub n_gen: Vec<usize>,
+    /// Timed repetitions of each test
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Decode after this many prompt tokens already in the cache (decode at depth)
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let path = require_model(&args.model)?;
+    let mut model_args = args.model.clone();
+    let longest = args.n_prompt.iter().chain(&args.n_gen).max().copied().unwrap_or(0) + args.depth;
+    if model_args.ctx_size == 0 {
+        model_args.ctx_size = longest.max(16);
+    }
+    model_args.batch_size = model_args.batch_size.max(args.n_prompt.iter().copied().max().unwrap_or(1));
+    let mut engine = load_engine(&model_args, &path, false)?;
+    let file = GgufFile::open(&path)?;
+    let model_bytes: u64 = file.tensors().iter().map(|t| t.n_bytes()).sum();
+    let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let device = duet_runtime::backend::Backend::describe(&engine.backend);
+    let n_vocab = engine.model.config.n_vocab as u32;
+    // Deterministic pseudo-random tokens (llama-bench uses random tokens too).
+    let tokens: Vec<u32> = (0..longest as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % n_vocab).collect();
+    let kv = duet_runtime::kv_cache::KvCacheSpec {
+        n_layers: engine.model.config.n_layers,
+        n_ctx: engine.n_ctx(),
+        kv_dim: engine.model.config.kv_dim(),
+        head_dim: engine.model.config.head_dim,
+        k_type: args.model.cache_type_k,
+        v_type: args.model.cache_type_v,
+    };
+    println!(
+        "| model | size | params | backend | KV cache ({}/{}, {} ctx) | test | t/s (median) | spread (min–max) |",
+        args.model.cache_type_k,
+        args.model.cache_type_v,
+        engine.n_ctx()
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut tests: Vec<(String, usize, bool)> = Vec::new();
+    tests.extend(args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true)));
+    tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}"), n, false)));
+    for (label, n, prompt) in tests {
+        let label = if args.depth > 0 { format!("{label} @ d{}", args.depth) } else { label };
+        let mut rates = Vec::with_capacity(args.reps);
+        for rep in 0..=args.reps {
+            engine.reset();
+            if args.depth > 0 {
+                engine.model.forward(&mut engine.backend, &mut engine.session, &tokens[..args.depth], Logits::Last)?;
+            }
+            let t0 = Instant::now();
+            if prompt {
+                engine.model.forward(
+                    &mut engine.backend,
+                    &mut engine.session,
+                    &tokens[args.depth..args.depth + n],
+                    Logits::Last,
+                )?;
+            } else {
+                for i in 0..n {
+                    let t = tokens[args.depth + i];
+                    engine.model.forward(&mut engine.backend, &mut engine.session, &[t], Logits::Last)?;
+                }
+            }
+            let dt = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                rates.push(n as f64 / dt);
+            }
+        }
+        let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
+        let med = median(&mut rates);
+        println!(
+            "| {name} | {} | {:.2} M | {device} | {} | {label} | {med:.2} | {lo:.2}–{hi:.2} |",
+            human_bytes(model_bytes),
+            params as f64 / 1e6,
+            human_bytes(kv.bytes() as u64)
+        );
+    }
+    Ok(())
+}

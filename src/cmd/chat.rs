@@ -1,0 +1,144 @@
+//! `duet chat`: an interactive chat in the terminal.
+//!
+//! Streams replies, keeps the conversation within the context window (dropping the oldest
+//! turns with a notice), `/reset` and `/exit` commands, Ctrl-C stops the current reply (and
+//! exits when pressed at the prompt). With stdin not a terminal, each input line is one
+//! user message and the program ends at end of input.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Result;
+use duet_runtime::chat::Conversation;
+use duet_runtime::engine::StopReason;
+use duet_runtime::sampler::Sampler;
+
+use super::common::{ModelArgs, SamplingArgs, load_engine};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// System prompt
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Longest reply in tokens
+    #[arg(short = 'n', long = "n-predict", default_value_t = 512)]
+    pub n_predict: usize,
+    /// No loading message or per-reply speed
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// Set while a reply is being generated; Ctrl-C then only stops the reply.
+static GENERATING: AtomicBool = AtomicBool::new(false);
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// The bundled default model (the trained DIFF reference model, see models/README.md).
+pub fn bundled_model() -> PathBuf {
+    if let Some(p) = std::env::var_os("DUET_DEFAULT_MODEL") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(BUNDLED_FILE)
+}
+
+pub const BUNDLED_FILE: &str = "duet-diff-ref.q8_0.gguf";
+
+pub fn run(args: Args) -> Result<()> {
+    let path = match &args.model.model {
+        Some(p) => p.clone(),
+        None => {
+            let p = bundled_model();
+            if !p.exists() {
+                anyhow::bail!(
+                    "no -m given and the bundled model {} is missing (regenerate it with models/make_models.sh, or pass -m MODEL.gguf)",
+                    p.display()
+                );
+            }
+            eprintln!("no -m given: using duet's bundled DIFF reference model {} (see models/README.md)", p.display());
+            p
+        }
+    };
+    let mut engine = load_engine(&args.model, &path, args.quiet)?;
+    let mut sampler = Sampler::new(args.sampling.config());
+    let mut conv = Conversation::new(args.system.clone());
+    let interactive = std::io::stdin().is_terminal();
+
+    // A failure to install the handler only means Ctrl-C keeps its default meaning.
+    let _ = ctrlc::set_handler(|| {
+        if GENERATING.load(Ordering::SeqCst) {
+            STOP.store(true, Ordering::SeqCst);
+        } else {
+            eprintln!();
+            std::process::exit(130);
+        }
+    });
+    if interactive && !args.quiet {
+        eprintln!("type a message; /reset forgets the conversation, /exit quits, Ctrl-C stops a reply");
+    }
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let mut out = std::io::stdout();
+    loop {
+        if interactive {
+            print!("> ");
+            out.flush()?;
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let msg = line.trim();
+        match msg {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                conv.reset();
+                engine.reset();
+                eprintln!("(conversation reset)");
+                continue;
+            }
+            _ => {}
+        }
+        STOP.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
+        let result = conv.turn(&mut engine, msg, args.n_predict, &mut sampler, &mut |text| {
+            print!("{text}");
+            let _ = std::io::stdout().flush();
+            !STOP.load(Ordering::SeqCst)
+        });
+        GENERATING.store(false, Ordering::SeqCst);
+        println!();
+        match result {
+            Ok(reply) => {
+                if reply.dropped_turns > 0 {
+                    eprintln!(
+                        "(dropped the {} oldest turn(s) to fit the {}-token context)",
+                        reply.dropped_turns,
+                        engine.n_ctx()
+                    );
+                }
+                if reply.stats.stop == StopReason::Interrupted {
+                    eprintln!("(stopped)");
+                }
+                if !args.quiet {
+                    eprintln!(
+                        "[{} tokens, {:.1} tok/s; prompt {} tokens, {:.1} tok/s]",
+                        reply.stats.generated,
+                        reply.stats.gen_tok_per_s(),
+                        reply.stats.prompt_tokens - reply.stats.reused_tokens,
+                        reply.stats.prompt_tok_per_s()
+                    );
+                }
+            }
+            Err(duet_runtime::RuntimeError::ContextFull { n_ctx, needed }) => {
+                eprintln!(
+                    "(that message needs {needed} tokens with room for a reply, but the context holds {n_ctx}; try a shorter one or a larger -c)"
+                );
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
