@@ -75,8 +75,9 @@ pub struct Engine<B: Backend> {
 impl<B: Backend> Engine<B> {
     pub fn load(mut backend: B, path: &Path, opts: &EngineOptions) -> Result<Engine<B>, RuntimeError> {
         let file = Arc::new(GgufFile::open(path)?);
-        let tokenizer = Tokenizer::from_gguf(&file)?;
+        // The model first: an unsupported architecture is the more useful error.
         let model = Model::load(&mut backend, Arc::clone(&file))?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
         let has_chatml =
             tokenizer.token_to_id("<|im_start|>").is_some() && tokenizer.token_to_id("<|im_end|>").is_some();
         let text_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();

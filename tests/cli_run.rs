@@ -1,0 +1,74 @@
+//! `duet run` / `chat` / `perplexity` / `bench` on bad input: a clear message naming the
+//! problem, a non-zero exit, and never a panic or a backtrace.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use duet_quant::GgmlType;
+use duet_quant::gguf::GgufWriter;
+
+fn duet(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_duet")).args(args).env("RUST_BACKTRACE", "1").output().unwrap()
+}
+
+fn fixture_gguf() -> PathBuf {
+    // Converted once per test binary run from the committed tiny Llama fixture.
+    let out = std::env::temp_dir().join(format!("duet-cli-run-{}.gguf", std::process::id()));
+    if !out.exists() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama-gqa");
+        let o = duet(&["convert", src.to_str().unwrap(), "-t", "q8_0", "-q", "-o", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    out
+}
+
+/// Fails with a message containing every needle, without panicking.
+fn assert_clean_failure(o: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE") && !err.contains("stack backtrace"), "panic: {err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}: {err}");
+    }
+}
+
+#[test]
+fn missing_model() {
+    assert_clean_failure(&duet(&["run", "-m", "/nonexistent/model.gguf", "-p", "hi"]), &["/nonexistent/model.gguf", "no such"]);
+    assert_clean_failure(&duet(&["chat", "-m", "/nonexistent/model.gguf"]), &["/nonexistent/model.gguf"]);
+    assert_clean_failure(&duet(&["bench", "-m", "/nonexistent/model.gguf"]), &["/nonexistent/model.gguf"]);
+}
+
+#[test]
+fn not_a_gguf_file() {
+    let p = std::env::temp_dir().join(format!("duet-not-gguf-{}.gguf", std::process::id()));
+    std::fs::write(&p, b"this is plain text, not a model").unwrap();
+    assert_clean_failure(&duet(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]), &[p.to_str().unwrap(), "magic"]);
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn unknown_architecture() {
+    let p = std::env::temp_dir().join(format!("duet-mamba-{}.gguf", std::process::id()));
+    let mut w = GgufWriter::new(&p);
+    w.add("general.architecture", "mamba").unwrap();
+    w.add_tensor("token_embd.weight", &[32, 4], GgmlType::F32).unwrap();
+    let mut d = w.start().unwrap();
+    d.write_tensor("token_embd.weight", &[0u8; 512]).unwrap();
+    d.finish().unwrap();
+    let o = duet(&["run", "-m", p.to_str().unwrap(), "-p", "hi"]);
+    assert_clean_failure(&o, &[p.to_str().unwrap(), "architecture 'mamba' is not supported"]);
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn empty_prompt_and_prompt_longer_than_context() {
+    let m = fixture_gguf();
+    let m = m.to_str().unwrap();
+    assert_clean_failure(&duet(&["run", "-m", m, "-p", ""]), &["prompt is empty"]);
+    let long = "the watery part of the world ".repeat(40);
+    assert_clean_failure(&duet(&["run", "-m", m, "-c", "32", "-p", &long]), &["context holds 32"]);
+    // A normal run of the same model works.
+    let ok = duet(&["run", "-m", m, "-p", "Call me", "-n", "4", "--temp", "0", "-q"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+}
