@@ -71,7 +71,10 @@ enum Source {
 
 enum Input {
     Hf { ckpt: Checkpoint },
-    Gguf { file: GgufFile },
+    /// `data` maps the same file as `file`: tensors are read through it so that their pages
+    /// can be released after use (as [`Checkpoint::release`] does), which `GgufFile`'s own
+    /// map does not offer. Without it a re-quantization keeps the whole source resident.
+    Gguf { file: GgufFile, data: memmap2::Mmap },
 }
 
 /// A fully planned conversion: nothing has been written yet.
@@ -190,11 +193,22 @@ impl Conversion {
                     threads,
                 )
             }
-            (Source::Gguf { index, copy }, Input::Gguf { file }) => {
+            (Source::Gguf { index, copy }, Input::Gguf { file, data }) => {
                 let info = &file.tensors()[*index];
-                let raw = file.tensor_data(info);
+                let (start, len) = (info.file_offset() as usize, info.n_bytes() as usize);
+                let raw = &data[start..start + len];
+                let release = || {
+                    // SAFETY: DontNeed on a read-only file mapping only drops clean pages;
+                    // later reads fault them back in from the file. Best effort.
+                    #[cfg(unix)]
+                    let _ = unsafe {
+                        data.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
+                    };
+                };
                 if *copy {
-                    return Ok(raw.to_vec());
+                    let bytes = raw.to_vec();
+                    release();
+                    return Ok(bytes);
                 }
                 let mut values = vec![0f32; t.dims.iter().product()];
                 duet_quant::dequantize(info.ggml_type(), raw, &mut values).map_err(|source| {
@@ -203,6 +217,7 @@ impl Conversion {
                         source,
                     }
                 })?;
+                release();
                 quantize_tensor(
                     &t.name,
                     &values,
@@ -412,6 +427,14 @@ fn bits_per_weight(t: GgmlType) -> f64 {
 
 fn prepare_gguf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, ConvertError> {
     let file = GgufFile::open(&opts.input)?;
+    let data = {
+        let f = std::fs::File::open(&opts.input).map_err(|e| ConvertError::io(&opts.input, e))?;
+        // SAFETY: read-only, like GgufFile's own map of the same file.
+        unsafe { memmap2::Mmap::map(&f) }.map_err(|e| ConvertError::io(&opts.input, e))?
+    };
+    if (data.len() as u64) < file.file_size() {
+        return Err(ConvertError::corrupt(&opts.input, "the file changed while it was being read"));
+    }
     let arch = file.get_str("general.architecture")?.to_string();
     let n_layers = file.get_u32(&format!("{arch}.block_count"))? as usize;
     let tied = file.tensor("output.weight").is_none();
@@ -487,7 +510,7 @@ fn prepare_gguf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, 
     }
     Ok(Conversion {
         input_files: vec![opts.input.clone()],
-        input: Input::Gguf { file },
+        input: Input::Gguf { file, data },
         metadata: md,
         tensors,
         imatrix,
