@@ -461,6 +461,124 @@ fn dry_run_prints_the_plan_and_the_exact_size() {
     }
 }
 
+/// Runs `duet args…` and samples its peak resident memory (VmHWM) until it exits: KiB.
+#[cfg(target_os = "linux")]
+fn peak_rss_kib(args: &[&OsStr]) -> u64 {
+    let mut child = Command::new(DUET).args(args).spawn().unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let mut peak = 0;
+    loop {
+        // VmHWM is the high-water mark: the last reading before exit is (nearly) the peak.
+        if let Ok(s) = std::fs::read_to_string(&status)
+            && let Some(kb) = s.lines().find_map(|l| l.strip_prefix("VmHWM:"))
+        {
+            peak = peak.max(kb.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0));
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            assert!(st.success(), "duet {args:?} failed");
+            return peak;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// The converter streams: peak memory follows the largest tensor, not the model, for
+/// safetensors and for GGUF inputs alike (each source tensor's pages are released after use).
+#[cfg(target_os = "linux")]
+#[test]
+fn memory_stays_bounded_by_the_largest_tensor() {
+    let t = TempDir::new("rss");
+    let d = t.join("wide-llama");
+    std::fs::create_dir_all(&d).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture("llama-gqa").join(f), d.join(f)).unwrap();
+    }
+    let (hidden, layers, vocab) = (1024usize, 5usize, 1024usize);
+    std::fs::write(
+        d.join("config.json"),
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": {hidden}, "intermediate_size": {hidden},
+                "num_hidden_layers": {layers}, "num_attention_heads": 8, "num_key_value_heads": 8,
+                "vocab_size": {vocab}, "rms_norm_eps": 1e-5, "tie_word_embeddings": false}}"#
+        ),
+    )
+    .unwrap();
+    // 37 F32 matrices of 4 MiB (148 MiB): every one far smaller than the file.
+    let mut names: Vec<(String, Vec<usize>)> = vec![("model.embed_tokens.weight".into(), vec![vocab, hidden])];
+    for l in 0..layers {
+        for m in [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        ] {
+            names.push((format!("model.layers.{l}.{m}.weight"), vec![hidden, hidden]));
+        }
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            names.push((format!("model.layers.{l}.{n}.weight"), vec![hidden]));
+        }
+    }
+    names.push(("model.norm.weight".into(), vec![hidden]));
+    names.push(("lm_head.weight".into(), vec![vocab, hidden]));
+    let mut header = String::from("{");
+    let mut offset = 0usize;
+    for (i, (n, shape)) in names.iter().enumerate() {
+        let len = shape.iter().product::<usize>() * 4;
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        header += &format!(
+            r#"{}"{n}":{{"dtype":"F32","shape":[{}],"data_offsets":[{offset},{}]}}"#,
+            if i > 0 { "," } else { "" },
+            dims.join(","),
+            offset + len
+        );
+        offset += len;
+    }
+    header.push('}');
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(d.join("model.safetensors")).unwrap());
+        f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+        f.write_all(header.as_bytes()).unwrap();
+        let mut x = 0x2545_F491u32;
+        for _ in 0..offset / 4 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            f.write_all(&((x >> 8) as f32 / (1 << 24) as f32 - 0.5).to_le_bytes()).unwrap();
+        }
+    }
+    let file_mib = offset as u64 >> 20;
+    assert!(file_mib >= 140);
+    let limit_kib = 64 * 1024;
+
+    let gguf = t.join("wide-f32.gguf");
+    let hf = peak_rss_kib(&[
+        OsStr::new("convert"),
+        d.as_os_str(),
+        OsStr::new("-q"),
+        OsStr::new("-t"),
+        OsStr::new("f32"),
+        OsStr::new("-o"),
+        gguf.as_os_str(),
+    ]);
+    assert!(hf < limit_kib, "safetensors input: peak RSS {hf} KiB for a {file_mib} MiB checkpoint of 4 MiB tensors");
+    let q = t.join("wide-q8_0.gguf");
+    let gg = peak_rss_kib(&[
+        OsStr::new("convert"),
+        gguf.as_os_str(),
+        OsStr::new("-q"),
+        OsStr::new("-t"),
+        OsStr::new("q8_0"),
+        OsStr::new("-o"),
+        q.as_os_str(),
+    ]);
+    assert!(gg < limit_kib, "GGUF input: peak RSS {gg} KiB for a {file_mib} MiB GGUF of 4 MiB tensors");
+    eprintln!("peak RSS: {hf} KiB from safetensors, {gg} KiB from GGUF ({file_mib} MiB inputs)");
+}
+
 #[test]
 fn tensor_type_overrides_apply() {
     let t = TempDir::new("overrides");
