@@ -14,6 +14,7 @@ compile_error!("duet-quant reads and writes little-endian block bytes in place; 
 pub mod blocks;
 pub mod dot;
 pub mod fp;
+pub mod gemm;
 mod ggml_type;
 pub mod gguf;
 pub mod kquants;

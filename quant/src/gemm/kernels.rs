@@ -1,0 +1,763 @@
+//! The packed kernels, written once over [`Arch`], a small set of vector operations on
+//! `LANES` rows at a time (16 for AVX-512, 8 for AVX2, 16 for the portable set). Each
+//! instruction set implements [`Arch`] with `#[inline(always)]` methods and instantiates
+//! [`drive`] inside a `#[target_feature]` entry point, so everything below compiles to straight
+//! SIMD code for that set.
+//!
+//! A *tile* is one 16-row group × N tokens (N ≤ 8). The group is processed `LANES` rows (one
+//! *slice*) at a time; for each block, the weight quants are unpacked once into registers and
+//! multiplied against every token of the tile.
+
+// Accumulator arrays, token pointers and results are parallel arrays indexed by token.
+#![allow(clippy::needless_range_loop)]
+
+use super::{GROUP, PackedMatrix, QActs};
+
+/// Vector operations on `LANES` rows. `V` holds one i32 lane (4 bytes) per row, `F` one f32.
+///
+/// # Safety
+/// Pointer arguments must be valid for the bytes the method reads (documented per method);
+/// no alignment is required.
+pub(super) trait Arch {
+    const LANES: usize;
+    /// Largest token tile worth using (register budget).
+    const NMAX: usize;
+    /// Whether [`Arch::dot_q8`] multiplies Q8_0's stored bytes (q + 128) as they are, so that
+    /// the caller must subtract 128·Σa; otherwise it computes the signed product itself.
+    const Q8_BIASED: bool;
+    type V: Copy;
+    type F: Copy;
+    type W8: Copy;
+
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat8(x: u8) -> Self::V;
+    unsafe fn splat32(x: u32) -> Self::V;
+    /// 4·LANES bytes.
+    unsafe fn load(p: *const u8) -> Self::V;
+    unsafe fn and(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn or(a: Self::V, b: Self::V) -> Self::V;
+    /// Shifts of every 16-bit / 32-bit lane.
+    unsafe fn srli16<const S: u32>(a: Self::V) -> Self::V;
+    unsafe fn slli16<const S: u32>(a: Self::V) -> Self::V;
+    unsafe fn srli32<const S: u32>(a: Self::V) -> Self::V;
+    unsafe fn add32(a: Self::V, b: Self::V) -> Self::V;
+    /// Byte `j` of every 32-bit lane, zero-extended.
+    unsafe fn byte_lane(a: Self::V, j: u32) -> Self::V;
+    /// The i32 at `p` (4 bytes) in every lane.
+    unsafe fn bcast_i32(p: *const u8) -> Self::V;
+    /// `acc + Σ_{j<4} w.byte[j] (u8) · a[j] (i8)` per lane, `a` = 4 bytes broadcast. The
+    /// caller guarantees that `w` bytes are below 64 (no i16 saturation on AVX2).
+    unsafe fn dot(acc: Self::V, w: Self::V, a: *const u8) -> Self::V;
+    /// Prepares Q8_0's stored bytes (q + 128) for [`Arch::dot_q8`].
+    unsafe fn prep_q8(w: Self::V) -> Self::W8;
+    /// `acc + Σ (q+128)·a` if `Q8_BIASED`, else `acc + Σ q·a`.
+    unsafe fn dot_q8(acc: Self::V, w: Self::W8, a: *const u8) -> Self::V;
+    /// `acc + w.lo16·a.lo16 + w.hi16·a.hi16` per lane (i16 × i16), `a` = 4 bytes broadcast.
+    unsafe fn dot16(acc: Self::V, w: Self::V, a: *const u8) -> Self::V;
+    /// Adds 16 to byte i of `w` where bit i of the 4·LANES bits at `bits` is set (w's bytes
+    /// are below 16).
+    unsafe fn set_bit4(w: Self::V, bits: *const u8) -> Self::V;
+
+    unsafe fn zero_f() -> Self::F;
+    unsafe fn cvt(a: Self::V) -> Self::F;
+    /// a·b + c.
+    unsafe fn fmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    /// c − a·b.
+    unsafe fn fnmadd(a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
+    unsafe fn add_f(a: Self::F, b: Self::F) -> Self::F;
+    /// The f32 at `p` in every lane.
+    unsafe fn bcast_f32(p: *const u8) -> Self::F;
+    /// LANES little-endian f16 / bf16 (2·LANES bytes) / i8 (LANES bytes) as f32.
+    unsafe fn load_f16(p: *const u8) -> Self::F;
+    unsafe fn load_bf16(p: *const u8) -> Self::F;
+    unsafe fn load_i8f(p: *const u8) -> Self::F;
+    /// Stores LANES f32.
+    unsafe fn store(a: Self::F, p: *mut f32);
+}
+
+/// One weight type's tile kernel.
+pub(super) trait Kern {
+    /// Largest token tile (register budget of this kernel).
+    const MAX_N: usize;
+    /// Rows of group `g` × tokens `t0..t0+N` into `out[t·ld + r]`.
+    unsafe fn tile<A: Arch, const N: usize>(w: &PackedMatrix, a: &QActs, g: usize, t0: usize, out: *mut f32, ld: usize);
+}
+
+/// All tokens of `a` for the groups in `groups`, in tiles of up to 8 tokens.
+///
+/// # Safety
+/// Shapes checked by the caller ([`super::GemmKernels`]); `out` valid as documented there;
+/// the CPU has the features `A` uses.
+#[inline(always)]
+pub(super) unsafe fn drive<A: Arch, K: Kern>(
+    w: &PackedMatrix,
+    a: &QActs,
+    groups: std::ops::Range<usize>,
+    out: *mut f32,
+    ld: usize,
+) {
+    let n = a.n_tok;
+    let nmax = A::NMAX.min(K::MAX_N);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        for g in groups {
+            let mut t = 0;
+            if nmax >= 8 {
+                while n - t >= 8 {
+                    K::tile::<A, 8>(w, a, g, t, out, ld);
+                    t += 8;
+                }
+            }
+            if nmax >= 4 {
+                while n - t >= 4 {
+                    K::tile::<A, 4>(w, a, g, t, out, ld);
+                    t += 4;
+                }
+            }
+            while n - t >= 2 {
+                if n - t >= 3 && nmax >= 3 {
+                    K::tile::<A, 3>(w, a, g, t, out, ld);
+                    t += 3;
+                } else {
+                    K::tile::<A, 2>(w, a, g, t, out, ld);
+                    t += 2;
+                }
+            }
+            if n - t == 1 {
+                K::tile::<A, 1>(w, a, g, t, out, ld);
+            }
+        }
+    }
+}
+
+/// Runs `f(r0)` for each LANES-row slice of group `g` that holds rows of the matrix and
+/// stores the N result vectors (tokens t0..t0+N).
+#[inline(always)]
+unsafe fn slices<A: Arch, const N: usize>(
+    w: &PackedMatrix,
+    g: usize,
+    t0: usize,
+    out: *mut f32,
+    ld: usize,
+    mut f: impl FnMut(usize) -> [A::F; N],
+) {
+    let here = (w.rows - g * GROUP).min(GROUP);
+    let mut r0 = 0;
+    while r0 < here {
+        let acc = f(r0);
+        let valid = here - r0;
+        for (t, v) in acc.into_iter().enumerate() {
+            // SAFETY: the caller of `drive` guarantees out[(t0+t)·ld + row] for the rows of
+            // this group; only `valid` rows are written.
+            unsafe {
+                let p = out.add((t0 + t) * ld + g * GROUP + r0);
+                if valid >= A::LANES {
+                    A::store(v, p);
+                } else {
+                    let mut tmp = [0f32; 16];
+                    A::store(v, tmp.as_mut_ptr());
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), p, valid);
+                }
+            }
+        }
+        r0 += A::LANES;
+    }
+}
+
+#[inline(always)]
+fn toks<const N: usize>(a: &QActs, t0: usize) -> [*const u8; N] {
+    std::array::from_fn(|t| a.tok(t0 + t))
+}
+
+/// Pointer `p + off` (no dereference).
+#[inline(always)]
+fn at(p: *const u8, off: usize) -> *const u8 {
+    p.wrapping_add(off)
+}
+
+/// Independent accumulation chains per token: with few tokens in a tile, one chain of
+/// `vpdpbusd` (latency 5) or FMA (latency 4) per token would leave the machine waiting.
+const fn chains(n: usize) -> usize {
+    match n {
+        1 => 4,
+        2 => 2,
+        _ => 1,
+    }
+}
+
+/// Integer accumulators of N tokens in `chains(N)` chains; step k goes to chain k % chains.
+struct IAcc<A: Arch, const N: usize>([[A::V; N]; 4]);
+
+impl<A: Arch, const N: usize> IAcc<A, N> {
+    #[inline(always)]
+    unsafe fn new(init: [A::V; N]) -> Self {
+        // SAFETY: no memory access.
+        let z = unsafe { A::zero() };
+        IAcc([init, [z; N], [z; N], [z; N]])
+    }
+    #[inline(always)]
+    unsafe fn dot(&mut self, k: usize, t: usize, w: A::V, a: *const u8) {
+        let c = &mut self.0[k % chains(N)][t];
+        // SAFETY: forwarded.
+        *c = unsafe { A::dot(*c, w, a) };
+    }
+    #[inline(always)]
+    unsafe fn dot_q8(&mut self, k: usize, t: usize, w: A::W8, a: *const u8) {
+        let c = &mut self.0[k % chains(N)][t];
+        // SAFETY: forwarded.
+        *c = unsafe { A::dot_q8(*c, w, a) };
+    }
+    #[inline(always)]
+    unsafe fn sum(self) -> [A::V; N] {
+        std::array::from_fn(|t| {
+            let mut s = self.0[0][t];
+            for c in 1..chains(N) {
+                // SAFETY: no memory access.
+                s = unsafe { A::add32(s, self.0[c][t]) };
+            }
+            s
+        })
+    }
+}
+
+/// Float accumulators of N tokens in `chains(N)` chains.
+struct FAcc<A: Arch, const N: usize>([[A::F; N]; 4]);
+
+impl<A: Arch, const N: usize> FAcc<A, N> {
+    #[inline(always)]
+    unsafe fn new() -> Self {
+        // SAFETY: no memory access.
+        let z = unsafe { A::zero_f() };
+        FAcc([[z; N]; 4])
+    }
+    /// chain(k % chains)[t] += a·b.
+    #[inline(always)]
+    unsafe fn fmadd(&mut self, k: usize, t: usize, a: A::F, b: A::F) {
+        let c = &mut self.0[k % chains(N)][t];
+        // SAFETY: no memory access.
+        *c = unsafe { A::fmadd(a, b, *c) };
+    }
+    #[inline(always)]
+    unsafe fn sum(self) -> [A::F; N] {
+        std::array::from_fn(|t| {
+            let mut s = self.0[0][t];
+            for c in 1..chains(N) {
+                // SAFETY: no memory access.
+                s = unsafe { A::add_f(s, self.0[c][t]) };
+            }
+            s
+        })
+    }
+}
+
+// --- 32-element formats -----------------------------------------------------------------------
+
+/// Q4_0, Q4_1, Q5_0, Q5_1: `FIVE` adds the fifth bit; `MIN` uses d·q + m (Q8_1 activations)
+/// instead of d·(q − offset).
+#[inline(always)]
+unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: bool>(
+    w: &PackedMatrix,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    let (bulk, meta) = w.group(g);
+    let (nb, bb, mb) = (w.nb, w.layout.bulk, w.layout.meta);
+    let tk = toks::<N>(a, t0);
+    let (d_off, x_off) = (a.d_off, a.x_off);
+    // −8·Σq for Q4_0, −16·Σq for Q5_0 (see QActs).
+    let off_off = x_off + if FIVE { 4 * nb } else { 0 };
+    let qs_at = if FIVE { 64 } else { 0 };
+    // SAFETY: all pointers stay inside the group (nb blocks) and the token segments.
+    unsafe {
+        slices::<A, N>(w, g, t0, out, ld, |r0| {
+            let mask = A::splat8(0x0f);
+            let mut acc = [A::zero_f(); N];
+            for b in 0..nb {
+                let wb = at(bulk, b * bb);
+                let mut is = IAcc::<A, N>::new(std::array::from_fn(|t| {
+                    if MIN { A::zero() } else { A::bcast_i32(at(tk[t], off_off + 4 * b)) }
+                }));
+                for s in 0..4 {
+                    let x = A::load(at(wb, qs_at + 64 * s + 4 * r0));
+                    let mut lo = A::and(x, mask);
+                    let mut hi = A::and(A::srli16::<4>(x), mask);
+                    if FIVE {
+                        lo = A::set_bit4(lo, at(wb, 8 * (2 * s) + r0 / 2));
+                        hi = A::set_bit4(hi, at(wb, 8 * (2 * s + 1) + r0 / 2));
+                    }
+                    for t in 0..N {
+                        let q = at(tk[t], 32 * b + 4 * s);
+                        is.dot(2 * s, t, lo, q);
+                        is.dot(2 * s + 1, t, hi, at(q, 16));
+                    }
+                }
+                let is = is.sum();
+                let dw = A::load_f16(at(meta, b * mb + 2 * r0));
+                if MIN {
+                    let mw = A::load_f16(at(meta, b * mb + 32 + 2 * r0));
+                    for t in 0..N {
+                        let da = A::bcast_f32(at(tk[t], d_off + 4 * b));
+                        acc[t] = A::fmadd(A::cvt(is[t]), A::mul(dw, da), acc[t]);
+                        acc[t] = A::fmadd(mw, A::bcast_f32(at(tk[t], x_off + 4 * b)), acc[t]);
+                    }
+                } else {
+                    for t in 0..N {
+                        let da = A::bcast_f32(at(tk[t], d_off + 4 * b));
+                        acc[t] = A::fmadd(A::cvt(is[t]), A::mul(dw, da), acc[t]);
+                    }
+                }
+            }
+            acc
+        })
+    }
+}
+
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+pub(super) struct Q5_0;
+pub(super) struct Q5_1;
+impl Kern for Q4_0 {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        unsafe { tile_legacy4::<A, N, false, false>(w, a, g, t0, out, ld) }
+    }
+}
+impl Kern for Q4_1 {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        unsafe { tile_legacy4::<A, N, false, true>(w, a, g, t0, out, ld) }
+    }
+}
+impl Kern for Q5_0 {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        unsafe { tile_legacy4::<A, N, true, false>(w, a, g, t0, out, ld) }
+    }
+}
+impl Kern for Q5_1 {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        unsafe { tile_legacy4::<A, N, true, true>(w, a, g, t0, out, ld) }
+    }
+}
+
+pub(super) struct Q8_0;
+impl Kern for Q8_0 {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let (bulk, meta) = w.group(g);
+        let nb = w.nb;
+        let tk = toks::<N>(a, t0);
+        let (d_off, off_off) = (a.d_off, a.x_off + 8 * nb); // −128·Σq
+        // SAFETY: as in tile_legacy4.
+        unsafe {
+            slices::<A, N>(w, g, t0, out, ld, |r0| {
+                let mut acc = [A::zero_f(); N];
+                for b in 0..nb {
+                    let wb = at(bulk, b * 512 + 4 * r0);
+                    let mut is = IAcc::<A, N>::new(std::array::from_fn(|t| {
+                        if A::Q8_BIASED { A::bcast_i32(at(tk[t], off_off + 4 * b)) } else { A::zero() }
+                    }));
+                    for s in 0..8 {
+                        let x = A::prep_q8(A::load(at(wb, 64 * s)));
+                        for t in 0..N {
+                            is.dot_q8(s, t, x, at(tk[t], 32 * b + 4 * s));
+                        }
+                    }
+                    let is = is.sum();
+                    let dw = A::load_f16(at(meta, b * 32 + 2 * r0));
+                    for t in 0..N {
+                        let da = A::bcast_f32(at(tk[t], d_off + 4 * b));
+                        acc[t] = A::fmadd(A::cvt(is[t]), A::mul(dw, da), acc[t]);
+                    }
+                }
+                acc
+            })
+        }
+    }
+}
+
+// --- K-quants --------------------------------------------------------------------------------
+
+/// Q4_K and Q5_K (`FIVE`).
+#[inline(always)]
+unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool>(
+    w: &PackedMatrix,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    let (bulk, meta) = w.group(g);
+    let (nb, bb) = (w.nb, w.layout.bulk);
+    let tk = toks::<N>(a, t0);
+    let (d_off, x_off) = (a.d_off, a.x_off);
+    let qs_at = if FIVE { 512 } else { 0 };
+    // SAFETY: pointers stay inside the group and the token segments.
+    unsafe {
+        slices::<A, N>(w, g, t0, out, ld, |r0| {
+            let m0f = A::splat8(0x0f);
+            let mut acc = [A::zero_f(); N];
+            for sb in 0..nb {
+                let mt = at(meta, sb * 256);
+                let bk = at(bulk, sb * bb);
+                // get_scale_min_k4 for 8 sub-blocks of LANES rows: each lane holds the bytes
+                // sc[0..4] (p0 & 63), m[0..4] (p1 & 63), sc[4..8], m[4..8].
+                let m3f = A::splat8(0x3f);
+                let m30 = A::splat8(0x30);
+                let p0 = at(mt, 64 + 4 * r0);
+                let p1 = A::load(at(mt, 128 + 4 * r0));
+                let p2 = at(mt, 192 + 4 * r0);
+                // The minimum's part first: Σ_j m_j·(Σ of sub-block j's activations), with the
+                // i16 pairs (m0,m2), (m1,m3), (m4,m6), (m5,m7).
+                {
+                    let m_lo = A::and(p1, m3f);
+                    let m_hi = A::or(A::and(A::srli32::<4>(A::load(p2)), m0f), A::and(A::srli32::<2>(p1), m30));
+                    let ff = A::splat32(0x00ff_00ff);
+                    let mw = [
+                        A::and(m_lo, ff),
+                        A::and(A::srli32::<8>(m_lo), ff),
+                        A::and(m_hi, ff),
+                        A::and(A::srli32::<8>(m_hi), ff),
+                    ];
+                    let dmw = A::load_f16(at(mt, 32 + 2 * r0));
+                    for t in 0..N {
+                        let e = at(tk[t], x_off + 80 * sb);
+                        let mut mi = A::zero();
+                        for (i, m) in mw.iter().enumerate() {
+                            mi = A::dot16(mi, *m, at(e, 4 * i));
+                        }
+                        let da = A::bcast_f32(at(tk[t], d_off + 4 * sb));
+                        acc[t] = A::fnmadd(A::cvt(mi), A::mul(dmw, da), acc[t]);
+                    }
+                }
+                let mut sacc = FAcc::<A, N>::new();
+                for c in 0..4 {
+                    let scv = if c < 2 {
+                        A::and(A::load(p0), m3f)
+                    } else {
+                        A::or(A::and(A::load(p2), m0f), A::and(A::srli32::<2>(A::load(p0)), m30))
+                    };
+                    for h in 0..2 {
+                        let j = (2 * c + h) as u32 % 4;
+                        let scf = A::cvt(A::byte_lane(scv, j));
+                        let mut is = IAcc::<A, N>::new([A::zero(); N]);
+                        for s in 0..8 {
+                            let x = A::load(at(bk, qs_at + 64 * (8 * c + s) + 4 * r0));
+                            let mut q = if h == 0 { A::and(x, m0f) } else { A::and(A::srli16::<4>(x), m0f) };
+                            if FIVE {
+                                q = A::set_bit4(q, at(bk, 8 * (2 * (8 * c + s) + h) + r0 / 2));
+                            }
+                            for t in 0..N {
+                                is.dot(s, t, q, at(tk[t], 256 * sb + 64 * c + 32 * h + 4 * s));
+                            }
+                        }
+                        let is = is.sum();
+                        for t in 0..N {
+                            sacc.fmadd(2 * c + h, t, A::cvt(is[t]), scf);
+                        }
+                    }
+                }
+                let sacc = sacc.sum();
+                let dw = A::load_f16(at(mt, 2 * r0));
+                for t in 0..N {
+                    let da = A::bcast_f32(at(tk[t], d_off + 4 * sb));
+                    acc[t] = A::fmadd(sacc[t], A::mul(dw, da), acc[t]);
+                }
+            }
+            acc
+        })
+    }
+}
+
+pub(super) struct Q4K;
+pub(super) struct Q5K;
+impl Kern for Q4K {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        unsafe { tile_k45::<A, N, false>(w, a, g, t0, out, ld) }
+    }
+}
+impl Kern for Q5K {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        unsafe { tile_k45::<A, N, true>(w, a, g, t0, out, ld) }
+    }
+}
+
+/// One Q6_K sub-block of 16 (quarter `K` of half `h`, l-half `q`) for N tokens.
+#[inline(always)]
+unsafe fn q6_sub<A: Arch, const N: usize, const K: usize>(
+    bk: *const u8,
+    tk: &[*const u8; N],
+    qoff: usize,
+    off_at: usize,
+    h: usize,
+    q: usize,
+) -> [A::V; N] {
+    // SAFETY: forwarded from tile_q6k.
+    unsafe {
+        let m0f = A::splat8(0x0f);
+        let m30 = A::splat8(0x30);
+        let mut is = IAcc::<A, N>::new(std::array::from_fn(|t| A::bcast_i32(at(tk[t], off_at))));
+        for s in 4 * q..4 * q + 4 {
+            let line = at(bk, 64 * 3 * (8 * h + s));
+            let src = A::load(at(line, 64 * (K & 1)));
+            let qh = A::load(at(line, 128));
+            let lo = if K < 2 { A::and(src, m0f) } else { A::and(A::srli16::<4>(src), m0f) };
+            let hi = match K {
+                0 => A::slli16::<4>(qh),
+                1 => A::slli16::<2>(qh),
+                2 => qh,
+                _ => A::srli16::<2>(qh),
+            };
+            let wq = A::or(lo, A::and(hi, m30));
+            for t in 0..N {
+                is.dot(s, t, wq, at(tk[t], qoff + 128 * h + 32 * K + 4 * s));
+            }
+        }
+        is.sum()
+    }
+}
+
+pub(super) struct Q6K;
+impl Kern for Q6K {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let (bulk, meta) = w.group(g);
+        let nb = w.nb;
+        let tk = toks::<N>(a, t0);
+        let (d_off, x_off) = (a.d_off, a.x_off);
+        // SAFETY: pointers stay inside the group and the token segments.
+        unsafe {
+            slices::<A, N>(w, g, t0, out, ld, |r0| {
+                let mut acc = [A::zero_f(); N];
+                for sb in 0..nb {
+                    let mt = at(meta, sb * 288);
+                    let bk = at(bulk, sb * 3072 + 4 * r0);
+                    let qoff = 256 * sb;
+                    let mut sacc = FAcc::<A, N>::new();
+                    for h in 0..2 {
+                        for q in 0..2 {
+                            // −32·bsums[j] of sub-block j = 8h + 2k + q.
+                            let off = |k: usize| x_off + 80 * sb + 16 + 4 * (8 * h + 2 * k + q);
+                            let scf = |k: usize| A::load_i8f(at(mt, 16 * (8 * h + 2 * k + q) + r0));
+                            let mut fold = |is: [A::V; N], k: usize| {
+                                let f = scf(k);
+                                for t in 0..N {
+                                    sacc.fmadd(k, t, A::cvt(is[t]), f);
+                                }
+                            };
+                            fold(q6_sub::<A, N, 0>(bk, &tk, qoff, off(0), h, q), 0);
+                            fold(q6_sub::<A, N, 1>(bk, &tk, qoff, off(1), h, q), 1);
+                            fold(q6_sub::<A, N, 2>(bk, &tk, qoff, off(2), h, q), 2);
+                            fold(q6_sub::<A, N, 3>(bk, &tk, qoff, off(3), h, q), 3);
+                        }
+                    }
+                    let sacc = sacc.sum();
+                    let dw = A::load_f16(at(mt, 256 + 2 * r0));
+                    for t in 0..N {
+                        let da = A::bcast_f32(at(tk[t], d_off + 4 * sb));
+                        acc[t] = A::fmadd(sacc[t], A::mul(dw, da), acc[t]);
+                    }
+                }
+                acc
+            })
+        }
+    }
+}
+
+// --- float weights ---------------------------------------------------------------------------
+
+#[inline(always)]
+unsafe fn tile_float<A: Arch, const N: usize, const BF: bool>(
+    w: &PackedMatrix,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    let (bulk, _) = w.group(g);
+    let nb = w.nb;
+    let tk = toks::<N>(a, t0);
+    // SAFETY: pointers stay inside the group and the token segments.
+    unsafe {
+        slices::<A, N>(w, g, t0, out, ld, |r0| {
+            let load = |p| if BF { A::load_bf16(p) } else { A::load_f16(p) };
+            if N == 1 {
+                // One token: four chains hide the FMA latency.
+                let mut acc = [A::zero_f(); 4];
+                for b in 0..nb {
+                    for k in 0..16 {
+                        let wv = load(at(bulk, 512 * b + 32 * k + 2 * r0));
+                        acc[k % 4] = A::fmadd(wv, A::bcast_f32(at(tk[0], 4 * (16 * b + k))), acc[k % 4]);
+                    }
+                }
+                let s = A::add_f(A::add_f(acc[0], acc[1]), A::add_f(acc[2], acc[3]));
+                std::array::from_fn(|_| s)
+            } else {
+                let mut acc = [A::zero_f(); N];
+                for b in 0..nb {
+                    for k in 0..16 {
+                        let wv = load(at(bulk, 512 * b + 32 * k + 2 * r0));
+                        for t in 0..N {
+                            acc[t] = A::fmadd(wv, A::bcast_f32(at(tk[t], 4 * (16 * b + k))), acc[t]);
+                        }
+                    }
+                }
+                acc
+            }
+        })
+    }
+}
+
+pub(super) struct F16;
+pub(super) struct BF16;
+impl Kern for F16 {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        unsafe { tile_float::<A, N, false>(w, a, g, t0, out, ld) }
+    }
+}
+impl Kern for BF16 {
+    const MAX_N: usize = 8;
+    #[inline(always)]
+    unsafe fn tile<A: Arch, const N: usize>(
+        w: &PackedMatrix,
+        a: &QActs,
+        g: usize,
+        t0: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        unsafe { tile_float::<A, N, true>(w, a, g, t0, out, ld) }
+    }
+}
+
+/// Builds a [`super::GemmKernels`] whose entries run [`drive`] for each type inside entry
+/// points carrying `attrs` (the `#[target_feature]` of the instruction set).
+macro_rules! kernel_set {
+    ($vis:vis $name:ident, $label:literal, $arch:ty, $fast:expr, [$(#[$attr:meta])*]) => {
+        $vis mod $name {
+            use super::*;
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q4_0, Q4_0);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q4_1, Q4_1);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q5_0, Q5_0);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q5_1, Q5_1);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q8_0, Q8_0);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q4_k, Q4K);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q5_k, Q5K);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q6_k, Q6K);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, f16, F16);
+            $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, bf16, BF16);
+            pub(crate) const KERNELS: $crate::gemm::GemmKernels = $crate::gemm::GemmKernels {
+                name: $label,
+                q4_0,
+                q4_1,
+                q5_0,
+                q5_1,
+                q8_0,
+                q4_k,
+                q5_k,
+                q6_k,
+                f16,
+                bf16,
+                fast: $fast,
+            };
+        }
+    };
+    (@entry [$(#[$attr:meta])*] $arch:ty, $fn_name:ident, $kern:ident) => {
+        /// # Safety
+        /// See `GemmKernels::gemm_groups`; the CPU must have this set's features.
+        $(#[$attr])*
+        pub(crate) unsafe fn $fn_name(
+            w: &$crate::gemm::PackedMatrix,
+            a: &$crate::gemm::QActs,
+            groups: std::ops::Range<usize>,
+            out: *mut f32,
+            ld: usize,
+        ) {
+            // SAFETY: forwarded.
+            unsafe { $crate::gemm::kernels::drive::<$arch, $crate::gemm::kernels::$kern>(w, a, groups, out, ld) }
+        }
+    };
+}
+pub(super) use kernel_set;

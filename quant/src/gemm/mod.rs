@@ -1,0 +1,682 @@
+//! Packed-weight matrix multiplication: `out[t][r] = Σ_k W[r][k] · x[t][k]` for many rows at
+//! once, the CPU backend's matmul for prompt processing (several tokens) and decoding (one).
+//!
+//! The per-row kernels in [`crate::dot`] read one weight row in its GGUF block layout at a
+//! time. Here a matrix is repacked once, at load, into groups of [`GROUP`] = 16 rows whose
+//! blocks are interleaved so that one 64-byte line holds 4 bytes of each of the 16 rows: one
+//! AVX-512 register (two AVX2 registers, four NEON registers) then carries 4 quant bytes of
+//! every row of the group, and a single `vpdpbusd` with a broadcast of 4 activation bytes
+//! advances 16 row dot products at once. The block scales of the 16 rows are stored together
+//! (16 f16 are converted by one `vcvtph2ps`). Several tokens share every unpacked weight
+//! register (tiles of 16 rows × up to 8 tokens).
+//!
+//! Integer arithmetic is exact, as in [`crate::dot::scalar`]: nibbles and 6-bit levels are
+//! multiplied unsigned (u8 × i8), and each format's offset (−8 for Q4_0, −16 for Q5_0, −32 for
+//! Q6_K, and −128 for Q8_0 whose bytes are stored with the sign bit flipped) is subtracted
+//! through per-block activation sums that [`QActs`] caches next to the activations. The
+//! activation quantization itself is the bit-exact reference ([`crate::legacy::quantize_row_q8_0`],
+//! [`crate::legacy::quantize_row_q8_1`], [`crate::kquants::quantize_row_q8_k`]). Only the
+//! order and grouping of float operations differ from the scalar reference; `tests.rs` states
+//! the bound for every type.
+//!
+//! Memory layout of a [`PackedMatrix`]: groups one after the other, each
+//! `[bulk: nb × BULK bytes][meta: nb × META bytes]` (padded to 64 bytes), where `nb` is the
+//! number of blocks per row. The bulk (quants) of a block is a sequence of 64-byte *lines*; in
+//! a line, bytes `4r..4r+4` belong to row `r` of the group. The meta part holds the scales,
+//! row `r`'s f16 at bytes `2r..2r+2` of each 32-byte scale array. Per type (s = step):
+//!
+//! | type | bulk per block | meta per block |
+//! |---|---|---|
+//! | Q4_0 | 4 lines: line s = `qs[4s..4s+4]` (low nibbles: elements 4s.., high: 16+4s..) | d[16] |
+//! | Q4_1 | as Q4_0 | d[16], m[16] |
+//! | Q5_0 | 8 × u64 fifth-bit masks (index 2s+h, bit 4r+j = bit 4 of element 16h+4s+j), then as Q4_0 | d[16] |
+//! | Q5_1 | as Q5_0 | d[16], m[16] |
+//! | Q8_0 | 8 lines: line s = `qs[4s..4s+4] ^ 0x80` (unsigned: q + 128) | d[16] |
+//! | Q4_K | 32 lines: line 8c+s = `qs[32c+4s..+4]` (low: elements 64c+4s.., high: 64c+32+4s..) | d[16], dmin[16], 3 lines of `scales[4p..4p+4]` |
+//! | Q5_K | 64 × u64 masks (index 2(8c+s)+h, bit 4r+j = bit 2c+h of `qh[4s+j]`), then as Q4_K | as Q4_K |
+//! | Q6_K | for half h, step s: 3 lines `ql[64h+4s..]`, `ql[64h+32+4s..]`, `qh[32h+4s..]` | scales as `[sub-block][row]` i8 (256 bytes), d[16] |
+//! | F16/BF16 | blocks of 16 columns: for column k, the 16 rows' values (32 bytes) | — |
+//!
+//! Rows past the end of the matrix (the last group) are zero and their results are dropped.
+
+mod kernels;
+mod portable;
+mod quantize;
+#[cfg(test)]
+mod tests;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use crate::GgmlType;
+use crate::blocks::{
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK, QK_K, WeightBlock,
+    as_blocks,
+};
+
+/// Rows per packed group.
+pub const GROUP: usize = 16;
+/// Bytes of one interleaved line (4 bytes of each of the 16 rows).
+const LINE: usize = 64;
+
+/// Geometry of one packed block (all 16 rows of a group, one block of columns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    /// Columns per block.
+    elems: usize,
+    /// Bytes of quants (a multiple of 64).
+    bulk: usize,
+    /// Bytes of scales.
+    meta: usize,
+}
+
+fn layout(ty: GgmlType) -> Option<Layout> {
+    let l = |elems, bulk, meta| Some(Layout { elems, bulk, meta });
+    match ty {
+        GgmlType::Q4_0 => l(QK, 256, 32),
+        GgmlType::Q4_1 => l(QK, 256, 64),
+        GgmlType::Q5_0 => l(QK, 320, 32),
+        GgmlType::Q5_1 => l(QK, 320, 64),
+        GgmlType::Q8_0 => l(QK, 512, 32),
+        GgmlType::Q4_K => l(QK_K, 2048, 256),
+        GgmlType::Q5_K => l(QK_K, 2560, 256),
+        GgmlType::Q6_K => l(QK_K, 3072, 288),
+        GgmlType::F16 | GgmlType::BF16 => l(16, 512, 0),
+        _ => None,
+    }
+}
+
+/// Weight types that have packed kernels (on some CPU). Others keep the per-row kernels.
+pub fn packable(ty: GgmlType) -> bool {
+    layout(ty).is_some()
+}
+
+/// 64-byte aligned, zero-initialised bytes.
+#[derive(Clone)]
+struct AlignedBytes {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; LINE]);
+
+impl AlignedBytes {
+    fn zeroed(len: usize) -> AlignedBytes {
+        AlignedBytes { lines: vec![Line([0; LINE]); len.div_ceil(LINE)], len }
+    }
+    fn as_ptr(&self) -> *const u8 {
+        self.lines.as_ptr() as *const u8
+    }
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.lines.as_mut_ptr() as *mut u8
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `lines` holds at least `len` initialised bytes (Line is plain bytes, size 64,
+        // no padding).
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+}
+
+/// A parallel for-loop the caller supplies (the runtime passes its thread pool): calls the
+/// closure over disjoint ranges covering `0..n`, possibly concurrently, and returns when all
+/// are done.
+pub type ParFor<'a> = &'a dyn Fn(usize, &(dyn Fn(Range<usize>) + Sync));
+
+/// Runs `f(0..n)` on the calling thread.
+pub fn serial(n: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+    if n > 0 {
+        f(0..n)
+    }
+}
+
+/// Errors from [`PackedMatrix::pack`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackError {
+    #[error("no packed layout for weight type {0}")]
+    Unsupported(GgmlType),
+    #[error("{ty} matrix of {rows}×{cols} does not fit {bytes} bytes (or its columns are not whole blocks)")]
+    Shape { ty: GgmlType, rows: usize, cols: usize, bytes: usize },
+}
+
+/// A weight matrix repacked into interleaved groups of 16 rows (see the module docs).
+#[derive(Clone)]
+pub struct PackedMatrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Blocks per row.
+    nb: usize,
+    layout: Layout,
+    group_bytes: usize,
+    data: AlignedBytes,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedMatrix({} {}×{})", self.ty, self.rows, self.cols)
+    }
+}
+
+impl PackedMatrix {
+    /// Repacks `rows` rows of `cols` elements of type `ty` (GGUF block bytes, row-major).
+    /// Groups are packed in parallel through `par`.
+    pub fn pack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize, par: ParFor) -> Result<PackedMatrix, PackError> {
+        let layout = layout(ty).ok_or(PackError::Unsupported(ty))?;
+        let shape = || PackError::Shape { ty, rows, cols, bytes: bytes.len() };
+        let row_bytes = crate::row_bytes(ty, cols).ok_or_else(shape)?;
+        if rows == 0
+            || cols == 0
+            || !cols.is_multiple_of(layout.elems)
+            || row_bytes.checked_mul(rows) != Some(bytes.len())
+        {
+            return Err(shape());
+        }
+        let nb = cols / layout.elems;
+        let group_bytes = (nb * (layout.bulk + layout.meta)).next_multiple_of(LINE);
+        let n_groups = rows.div_ceil(GROUP);
+        let mut data = AlignedBytes::zeroed(n_groups * group_bytes);
+        let base = SendPtr(data.as_mut_ptr());
+        par(n_groups, &|range| {
+            for g in range {
+                // SAFETY: each group index is handed out once, so the slices are disjoint and
+                // lie inside `data` (n_groups · group_bytes bytes).
+                let dst = unsafe { std::slice::from_raw_parts_mut(base.get().add(g * group_bytes), group_bytes) };
+                let r0 = g * GROUP;
+                let n = GROUP.min(rows - r0);
+                let src = &bytes[r0 * row_bytes..(r0 + n) * row_bytes];
+                pack_group(ty, nb, layout, src, row_bytes, dst);
+            }
+        });
+        Ok(PackedMatrix { ty, rows, cols, nb, layout, group_bytes, data })
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Number of 16-row groups.
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+    /// Bytes of packed data (weights streamed per token when decoding).
+    pub fn bytes(&self) -> usize {
+        self.data.len
+    }
+    /// The packed bytes (for tests and inspection).
+    pub fn as_bytes(&self) -> &[u8] {
+        self.data.as_slice()
+    }
+
+    /// Start of group `g`'s bulk (quants) and meta (scales).
+    #[inline(always)]
+    fn group(&self, g: usize) -> (*const u8, *const u8) {
+        debug_assert!(g < self.groups());
+        // SAFETY (pointer arithmetic only): g < groups, so both lie inside `data`.
+        unsafe {
+            let bulk = self.data.as_ptr().add(g * self.group_bytes);
+            (bulk, bulk.add(self.nb * self.layout.bulk))
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: used only to hand disjoint parts of one buffer to worker threads.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+fn put_f16(meta: &mut [u8], r: usize, v: [u8; 2]) {
+    meta[2 * r..2 * r + 2].copy_from_slice(&v);
+}
+
+/// Packs the rows of one group (`src` holds 1..=16 whole rows).
+fn pack_group(ty: GgmlType, nb: usize, l: Layout, src: &[u8], row_bytes: usize, dst: &mut [u8]) {
+    let (bulk_all, meta_all) = dst.split_at_mut(nb * l.bulk);
+    for (r, row) in src.chunks_exact(row_bytes).enumerate() {
+        for b in 0..nb {
+            let bulk = &mut bulk_all[b * l.bulk..(b + 1) * l.bulk];
+            let meta = &mut meta_all[b * l.meta..(b + 1) * l.meta];
+            // Byte j of row r's 4-byte lane in line `line`.
+            let lane = |line: usize, j: usize| LINE * line + 4 * r + j;
+            match ty {
+                GgmlType::Q4_0 => {
+                    let x: &BlockQ4_0 = &blocks::<BlockQ4_0>(row)[b];
+                    put_f16(meta, r, x.d.0);
+                    for s in 0..4 {
+                        for j in 0..4 {
+                            bulk[lane(s, j)] = x.qs[4 * s + j];
+                        }
+                    }
+                }
+                GgmlType::Q4_1 => {
+                    let x: &BlockQ4_1 = &blocks::<BlockQ4_1>(row)[b];
+                    put_f16(meta, r, x.d.0);
+                    put_f16(&mut meta[32..], r, x.m.0);
+                    for s in 0..4 {
+                        for j in 0..4 {
+                            bulk[lane(s, j)] = x.qs[4 * s + j];
+                        }
+                    }
+                }
+                GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                    let (qh, qs) = if ty == GgmlType::Q5_0 {
+                        let x: &BlockQ5_0 = &blocks::<BlockQ5_0>(row)[b];
+                        put_f16(meta, r, x.d.0);
+                        (u32::from_le_bytes(x.qh), x.qs)
+                    } else {
+                        let x: &BlockQ5_1 = &blocks::<BlockQ5_1>(row)[b];
+                        put_f16(meta, r, x.d.0);
+                        put_f16(&mut meta[32..], r, x.m.0);
+                        (u32::from_le_bytes(x.qh), x.qs)
+                    };
+                    for s in 0..4 {
+                        for h in 0..2 {
+                            for j in 0..4 {
+                                set_mask_bit(bulk, 2 * s + h, 4 * r + j, (qh >> (16 * h + 4 * s + j)) & 1 != 0);
+                            }
+                        }
+                        for j in 0..4 {
+                            bulk[LINE + lane(s, j)] = qs[4 * s + j];
+                        }
+                    }
+                }
+                GgmlType::Q8_0 => {
+                    let x: &BlockQ8_0 = &blocks::<BlockQ8_0>(row)[b];
+                    put_f16(meta, r, x.d.0);
+                    for s in 0..8 {
+                        for j in 0..4 {
+                            bulk[lane(s, j)] = (x.qs[4 * s + j] as u8) ^ 0x80;
+                        }
+                    }
+                }
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    let (d, dmin, scales, qs, qh) = if ty == GgmlType::Q4_K {
+                        let x: &BlockQ4K = &blocks::<BlockQ4K>(row)[b];
+                        (x.d, x.dmin, x.scales, x.qs, None)
+                    } else {
+                        let x: &BlockQ5K = &blocks::<BlockQ5K>(row)[b];
+                        (x.d, x.dmin, x.scales, x.qs, Some(x.qh))
+                    };
+                    put_f16(meta, r, d.0);
+                    put_f16(&mut meta[32..], r, dmin.0);
+                    for p in 0..3 {
+                        for j in 0..4 {
+                            meta[64 + lane(p, j)] = scales[4 * p + j];
+                        }
+                    }
+                    let qs_at = if let Some(qh) = qh {
+                        for c in 0..4 {
+                            for s in 0..8 {
+                                for h in 0..2 {
+                                    for j in 0..4 {
+                                        let bit = (qh[4 * s + j] >> (2 * c + h)) & 1 != 0;
+                                        set_mask_bit(bulk, 2 * (8 * c + s) + h, 4 * r + j, bit);
+                                    }
+                                }
+                            }
+                        }
+                        512
+                    } else {
+                        0
+                    };
+                    for c in 0..4 {
+                        for s in 0..8 {
+                            for j in 0..4 {
+                                bulk[qs_at + lane(8 * c + s, j)] = qs[32 * c + 4 * s + j];
+                            }
+                        }
+                    }
+                }
+                GgmlType::Q6_K => {
+                    let x: &BlockQ6K = &blocks::<BlockQ6K>(row)[b];
+                    for j in 0..16 {
+                        meta[16 * j + r] = x.scales[j] as u8;
+                    }
+                    put_f16(&mut meta[256..], r, x.d.0);
+                    for h in 0..2 {
+                        for s in 0..8 {
+                            let line = 3 * (8 * h + s);
+                            for j in 0..4 {
+                                bulk[lane(line, j)] = x.ql[64 * h + 4 * s + j];
+                                bulk[lane(line + 1, j)] = x.ql[64 * h + 32 + 4 * s + j];
+                                bulk[lane(line + 2, j)] = x.qh[32 * h + 4 * s + j];
+                            }
+                        }
+                    }
+                }
+                GgmlType::F16 | GgmlType::BF16 => {
+                    // Block b: columns 16b..16b+16; column k's 16 values are 32 bytes.
+                    for k in 0..16 {
+                        let at = 2 * (16 * b + k);
+                        bulk[32 * k + 2 * r..32 * k + 2 * r + 2].copy_from_slice(&row[at..at + 2]);
+                    }
+                }
+                _ => unreachable!("layout() admits only the types above"),
+            }
+        }
+    }
+}
+
+fn set_mask_bit(bulk: &mut [u8], word: usize, bit: usize, on: bool) {
+    if on {
+        bulk[8 * word + bit / 8] |= 1 << (bit % 8);
+    }
+}
+
+fn blocks<B: WeightBlock>(row: &[u8]) -> &[B] {
+    as_blocks(row).expect("rows are whole blocks (checked by pack)")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations
+// ---------------------------------------------------------------------------------------------
+
+/// The activation format a packed kernel reads (ggml's `vec_dot_type` of the weight type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActKind {
+    /// For Q4_0, Q5_0, Q8_0.
+    Q8_0,
+    /// For Q4_1, Q5_1.
+    Q8_1,
+    /// For the K-quants.
+    Q8K,
+    /// Plain f32, for F16/BF16 weights.
+    F32,
+}
+
+impl ActKind {
+    pub fn for_weight(ty: GgmlType) -> Option<ActKind> {
+        Some(match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => ActKind::Q8_0,
+            GgmlType::Q4_1 | GgmlType::Q5_1 => ActKind::Q8_1,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => ActKind::Q8K,
+            GgmlType::F16 | GgmlType::BF16 => ActKind::F32,
+            _ => return None,
+        })
+    }
+
+    fn block(self) -> usize {
+        match self {
+            ActKind::Q8_0 | ActKind::Q8_1 => QK,
+            ActKind::Q8K => QK_K,
+            ActKind::F32 => 16,
+        }
+    }
+}
+
+/// Activation rows quantized for the packed kernels: the reference quantization's bytes and
+/// scales, plus cached per-block sums. Token t's data is one 64-byte aligned segment:
+///
+/// * Q8_0: `qs[cols]`, `d[nb]` (f32), `−8·Σq`, `−16·Σq`, `−128·Σq` (`[i32; nb]` each);
+/// * Q8_1: `qs[cols]`, `d[nb]`, `s[nb]` (f32, Q8_1's f16 `d·Σq`);
+/// * Q8K: `qs[cols]`, `d[nb]`, then per super-block 4 i32 of i16 pairs of sub-block sums
+///   (Σ of 32: (b0,b2), (b1,b3), (b4,b6), (b5,b7)), then 16 i32 `−32·bsums[j]`;
+/// * F32: the values.
+#[derive(Clone)]
+pub struct QActs {
+    kind: ActKind,
+    n_tok: usize,
+    cols: usize,
+    nb: usize,
+    stride: usize,
+    d_off: usize,
+    x_off: usize,
+    buf: AlignedBytes,
+}
+
+impl std::fmt::Debug for QActs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QActs({:?} {}×{})", self.kind, self.n_tok, self.cols)
+    }
+}
+
+impl QActs {
+    /// An empty set of activations of `kind`.
+    pub fn new(kind: ActKind) -> QActs {
+        QActs { kind, n_tok: 0, cols: 0, nb: 0, stride: 0, d_off: 0, x_off: 0, buf: AlignedBytes::zeroed(0) }
+    }
+
+    pub fn kind(&self) -> ActKind {
+        self.kind
+    }
+    pub fn n_tok(&self) -> usize {
+        self.n_tok
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Quantizes `x` (`n_tok` rows of `cols`), reusing this allocation; tokens are spread
+    /// over `par`. `cols` must be a multiple of the format's block (32, 256, or 16 for F32).
+    pub fn quantize(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
+        let bs = self.kind.block();
+        assert!(cols.is_multiple_of(bs), "{:?} activations need a multiple of {bs} columns, got {cols}", self.kind);
+        assert_eq!(x.len(), n_tok * cols, "activation buffer is not n_tok × cols");
+        let nb = cols / bs;
+        let (d_off, x_off, end) = match self.kind {
+            ActKind::Q8_0 => (cols, cols + 4 * nb, cols + 16 * nb),
+            ActKind::Q8_1 => (cols, cols + 4 * nb, cols + 8 * nb),
+            ActKind::Q8K => (cols, cols + 4 * nb, cols + 4 * nb + 80 * nb),
+            ActKind::F32 => (0, 0, 4 * cols),
+        };
+        let stride = end.next_multiple_of(LINE);
+        if self.buf.len < n_tok * stride {
+            self.buf = AlignedBytes::zeroed(n_tok * stride);
+        }
+        (self.n_tok, self.cols, self.nb, self.stride, self.d_off, self.x_off) = (n_tok, cols, nb, stride, d_off, x_off);
+        let base = SendPtr(self.buf.as_mut_ptr());
+        let this = &*self;
+        par(n_tok, &|range| {
+            for t in range {
+                // SAFETY: token segments are disjoint and lie inside `buf`.
+                let seg = unsafe { std::slice::from_raw_parts_mut(base.get().add(t * stride), stride) };
+                this.quantize_token(&x[t * cols..(t + 1) * cols], seg);
+            }
+        });
+    }
+
+    fn quantize_token(&self, x: &[f32], seg: &mut [u8]) {
+        let (cols, nb) = (self.cols, self.nb);
+        let (qs, rest) = seg.split_at_mut(cols);
+        let (d, extra) = rest.split_at_mut(self.x_off - self.d_off);
+        let put_i32 = |dst: &mut [u8], i: usize, v: i32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        let put_f32 = |dst: &mut [u8], i: usize, v: f32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        match self.kind {
+            ActKind::Q8_0 | ActKind::Q8_1 => {
+                for b in 0..nb {
+                    let xb: &[f32; QK] = x[QK * b..QK * (b + 1)].try_into().expect("32 values");
+                    let y = quantize::q8_block(xb);
+                    qs[QK * b..QK * (b + 1)].copy_from_slice(bytemuck::cast_slice(&y.qs));
+                    put_f32(d, b, y.d.get());
+                    if self.kind == ActKind::Q8_0 {
+                        put_i32(extra, b, -8 * y.sum);
+                        put_i32(extra, nb + b, -16 * y.sum);
+                        put_i32(extra, 2 * nb + b, -128 * y.sum);
+                    } else {
+                        put_f32(extra, b, y.s.get());
+                    }
+                }
+            }
+            ActKind::Q8K => {
+                for b in 0..nb {
+                    let xb: &[f32; QK_K] = x[QK_K * b..QK_K * (b + 1)].try_into().expect("256 values");
+                    let y = quantize::q8_k_block(xb);
+                    qs[QK_K * b..QK_K * (b + 1)].copy_from_slice(bytemuck::cast_slice(&y.qs));
+                    put_f32(d, b, y.d);
+                    let e = &mut extra[80 * b..80 * (b + 1)];
+                    let bs = |j: usize| y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32;
+                    for (i, (lo, hi)) in [(0, 2), (1, 3), (4, 6), (5, 7)].into_iter().enumerate() {
+                        let pair = (bs(lo) as u16 as u32) | ((bs(hi) as u16 as u32) << 16);
+                        put_i32(e, i, pair as i32);
+                    }
+                    for j in 0..16 {
+                        put_i32(e, 4 + j, -32 * y.bsums[j] as i32);
+                    }
+                }
+            }
+            ActKind::F32 => {
+                for (i, &v) in x.iter().enumerate() {
+                    put_f32(seg, i, v);
+                }
+            }
+        }
+    }
+
+    /// Start of token t's segment.
+    #[inline(always)]
+    fn tok(&self, t: usize) -> *const u8 {
+        debug_assert!(t < self.n_tok);
+        // SAFETY (pointer arithmetic only): t < n_tok, inside `buf`.
+        unsafe { self.buf.as_ptr().add(t * self.stride) }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel sets
+// ---------------------------------------------------------------------------------------------
+
+/// Computes the rows of `groups` for every token of `acts`: `out[t·ld + r]`.
+type GemmFn = unsafe fn(&PackedMatrix, &QActs, Range<usize>, *mut f32, usize);
+
+/// One set of packed kernels (one instruction set), by weight type.
+#[derive(Clone, Copy)]
+pub struct GemmKernels {
+    /// "avx512vnni", "avx2+avxvnni", "avx2" or "portable".
+    pub name: &'static str,
+    q4_0: GemmFn,
+    q4_1: GemmFn,
+    q5_0: GemmFn,
+    q5_1: GemmFn,
+    q8_0: GemmFn,
+    q4_k: GemmFn,
+    q5_k: GemmFn,
+    q6_k: GemmFn,
+    f16: GemmFn,
+    bf16: GemmFn,
+    /// Whether this set is worth using over the per-row kernels (the portable one is a
+    /// reference, not a speed-up).
+    pub fast: bool,
+}
+
+impl std::fmt::Debug for GemmKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GemmKernels({})", self.name)
+    }
+}
+
+/// Errors from [`GemmKernels::gemm`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GemmError {
+    #[error("activations are {got:?}, {ty} weights need {want:?}")]
+    WrongActivation { ty: GgmlType, got: ActKind, want: ActKind },
+    #[error("activation rows have {got} columns, the weight rows {want}")]
+    Width { got: usize, want: usize },
+    #[error("groups {0:?} outside the matrix")]
+    Groups(Range<usize>),
+    #[error("output holds {got} values, {want} needed")]
+    Output { got: usize, want: usize },
+}
+
+impl GemmKernels {
+    fn get(&self, ty: GgmlType) -> GemmFn {
+        match ty {
+            GgmlType::Q4_0 => self.q4_0,
+            GgmlType::Q4_1 => self.q4_1,
+            GgmlType::Q5_0 => self.q5_0,
+            GgmlType::Q5_1 => self.q5_1,
+            GgmlType::Q8_0 => self.q8_0,
+            GgmlType::Q4_K => self.q4_k,
+            GgmlType::Q5_K => self.q5_k,
+            GgmlType::Q6_K => self.q6_k,
+            GgmlType::F16 => self.f16,
+            GgmlType::BF16 => self.bf16,
+            _ => unreachable!("a PackedMatrix has a packable type"),
+        }
+    }
+
+    fn check(&self, w: &PackedMatrix, acts: &QActs, groups: &Range<usize>) -> Result<(), GemmError> {
+        let want = ActKind::for_weight(w.ty).expect("packable types have an activation kind");
+        if acts.kind != want {
+            return Err(GemmError::WrongActivation { ty: w.ty, got: acts.kind, want });
+        }
+        if acts.cols != w.cols {
+            return Err(GemmError::Width { got: acts.cols, want: w.cols });
+        }
+        if groups.start > groups.end || groups.end > w.groups() {
+            return Err(GemmError::Groups(groups.clone()));
+        }
+        Ok(())
+    }
+
+    /// `out[t·rows + r] = Σ_k W[r][k]·x[t][k]` for all rows and tokens, on this thread.
+    pub fn gemm(&self, w: &PackedMatrix, acts: &QActs, out: &mut [f32]) -> Result<(), GemmError> {
+        self.check(w, acts, &(0..w.groups()))?;
+        let want = acts.n_tok * w.rows;
+        if out.len() < want {
+            return Err(GemmError::Output { got: out.len(), want });
+        }
+        // SAFETY: checked shapes; `out` holds n_tok·rows values and is borrowed mutably.
+        unsafe { (self.get(w.ty))(w, acts, 0..w.groups(), out.as_mut_ptr(), w.rows) };
+        Ok(())
+    }
+
+    /// The rows of `groups` (rows 16·g.., clipped to the matrix) for every token:
+    /// `out[t·ld + r]`. For splitting one matmul over threads.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of `out[t·ld + r]` for every token t < `acts.n_tok()`
+    /// and every row r of `groups`, and no other thread may access those elements during
+    /// the call. `ld` must be at least `w.rows()`.
+    pub unsafe fn gemm_groups(
+        &self,
+        w: &PackedMatrix,
+        acts: &QActs,
+        groups: Range<usize>,
+        out: *mut f32,
+        ld: usize,
+    ) -> Result<(), GemmError> {
+        self.check(w, acts, &groups)?;
+        assert!(ld >= w.rows, "output stride {ld} < rows {}", w.rows);
+        // SAFETY: shapes checked; the caller guarantees the output region.
+        unsafe { (self.get(w.ty))(w, acts, groups, out, ld) };
+        Ok(())
+    }
+}
+
+/// The fastest packed kernel set this CPU has, if any beats the per-row kernels.
+/// `DUET_GEMM=off` disables packing, `DUET_GEMM=<name>` (e.g. `avx2`) forces a set.
+pub fn gemm_kernels() -> Option<&'static GemmKernels> {
+    static BEST: OnceLock<Option<GemmKernels>> = OnceLock::new();
+    BEST.get_or_init(|| {
+        let all = available();
+        match std::env::var("DUET_GEMM") {
+            Ok(v) if v == "off" => None,
+            Ok(v) => all.into_iter().find(|k| k.name == v),
+            Err(_) => all.into_iter().find(|k| k.fast),
+        }
+    })
+    .as_ref()
+}
+
+/// Every packed kernel set this CPU can run, fastest first (the portable one last).
+pub fn available() -> Vec<GemmKernels> {
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    v.extend(x86::available());
+    v.push(portable::KERNELS);
+    v
+}

@@ -1,0 +1,447 @@
+//! Every packed kernel set against the scalar per-row reference ([`crate::dot::scalar`]).
+//!
+//! Bounds, for every type: the integer parts are exact, so the packed result differs from
+//! the scalar one only by float rounding of the per-block (per-sub-block for the K-quants)
+//! terms, summed in another order and grouping. With u = 2⁻²⁴, n = the number of block terms
+//! of a row (blocks × sub-blocks: 1 per block for the 32-element formats and F16/BF16 column
+//! blocks of 16, 8 for Q4_K/Q5_K, 16 for Q6_K) and S = Σᵢ (|scale part of wᵢ| + |min part of
+//! wᵢ|)·|xᵢ| over the dequantized operands, both results lie within (n + 4)·u·S of the exact
+//! sum, hence
+//!
+//!     |packed − scalar| ≤ 2·(n + 4)·u·S        (`bound` below)
+//!
+//! and `integer_parts_are_exact` checks the exactness directly: with all scales ±1 and small
+//! integer activations every float operation is exact, and packed == scalar bit for bit.
+
+use super::*;
+use crate::blocks::{BlockQ8_0, QK, QK_K};
+use crate::dot::{ActRow, scalar};
+use crate::legacy::test_util::normal;
+
+const TYPES: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+];
+
+fn par_threads(n: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+    // Exercise the parallel path: split into 3 ranges on scoped threads.
+    let step = n.div_ceil(3).max(1);
+    std::thread::scope(|s| {
+        for start in (0..n).step_by(step) {
+            s.spawn(move || f(start..(start + step).min(n)));
+        }
+    });
+}
+
+fn quantize_matrix(ty: GgmlType, w: &[f32], cols: usize) -> Vec<u8> {
+    let mut out = vec![0u8; crate::row_bytes(ty, cols).unwrap() * (w.len() / cols)];
+    crate::quantize(ty, w, cols, &mut out).unwrap();
+    out
+}
+
+/// Scalar per-row reference, `out[t·rows + r]`.
+fn reference(ty: GgmlType, wb: &[u8], rows: usize, cols: usize, x: &[f32], n_tok: usize) -> Vec<f32> {
+    let rb = crate::row_bytes(ty, cols).unwrap();
+    let acts: Vec<ActRow> = (0..n_tok).map(|t| ActRow::quantize_for(ty, &x[t * cols..(t + 1) * cols])).collect();
+    let mut out = vec![0f32; n_tok * rows];
+    for t in 0..n_tok {
+        for r in 0..rows {
+            out[t * rows + r] = scalar::KERNELS.vec_dot(ty, &wb[r * rb..(r + 1) * rb], &acts[t]).unwrap();
+        }
+    }
+    out
+}
+
+fn dequantized_act(ty: GgmlType, x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    match ActRow::quantize_for(ty, x) {
+        ActRow::Q8_0(b) => crate::legacy::dequantize_row_q8_0(&b, &mut out),
+        ActRow::Q8_1(b) => {
+            let b: Vec<BlockQ8_0> = b.iter().map(|b| BlockQ8_0 { d: b.d, qs: b.qs }).collect();
+            crate::legacy::dequantize_row_q8_0(&b, &mut out)
+        }
+        ActRow::Q8K(b) => crate::kquants::dequantize_row_q8_k(&b, &mut out),
+        ActRow::F32(v) => out.copy_from_slice(&v),
+    }
+    out
+}
+
+/// Byte ranges of (scale, min) fields in a block of the min formats.
+fn min_fields(ty: GgmlType) -> Option<(Range<usize>, Range<usize>)> {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => Some((0..2, 2..4)),
+        _ => None,
+    }
+}
+
+/// Σᵢ (|scale part| + |min part|)·|x̂ᵢ| per (token, row): the S of the module docs.
+fn magnitude(ty: GgmlType, wb: &[u8], rows: usize, cols: usize, x: &[f32], n_tok: usize) -> Vec<f64> {
+    let rb = crate::row_bytes(ty, cols).unwrap();
+    let ts = ty.type_size();
+    let dequant = |bytes: &[u8]| {
+        let mut v = vec![0f32; cols];
+        crate::dequantize(ty, bytes, &mut v).unwrap();
+        v
+    };
+    let parts: Vec<[Vec<f32>; 2]> = (0..rows)
+        .map(|r| {
+            let row = &wb[r * rb..(r + 1) * rb];
+            match min_fields(ty) {
+                None => [dequant(row), vec![0.0; cols]],
+                Some((scale, min)) => {
+                    let zeroed = |field: &Range<usize>| {
+                        let mut b = row.to_vec();
+                        for blk in b.chunks_exact_mut(ts) {
+                            blk[field.clone()].fill(0);
+                        }
+                        dequant(&b)
+                    };
+                    [zeroed(&min), zeroed(&scale)]
+                }
+            }
+        })
+        .collect();
+    let xd: Vec<Vec<f32>> = (0..n_tok).map(|t| dequantized_act(ty, &x[t * cols..(t + 1) * cols])).collect();
+    let mut out = vec![0f64; n_tok * rows];
+    for t in 0..n_tok {
+        for r in 0..rows {
+            out[t * rows + r] = (0..cols)
+                .map(|i| (parts[r][0][i].abs() as f64 + parts[r][1][i].abs() as f64) * xd[t][i].abs() as f64)
+                .sum();
+        }
+    }
+    out
+}
+
+/// Block terms per row (see the module docs).
+fn n_terms(ty: GgmlType, cols: usize) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => cols / 256 * 8,
+        GgmlType::Q6_K => cols / 256 * 16,
+        GgmlType::F16 | GgmlType::BF16 => cols,
+        _ => cols / 32,
+    }
+}
+
+fn run_packed(k: &GemmKernels, ty: GgmlType, wb: &[u8], rows: usize, cols: usize, x: &[f32], n_tok: usize) -> Vec<f32> {
+    let packed = PackedMatrix::pack(ty, wb, rows, cols, &par_threads).unwrap();
+    let mut acts = QActs::new(ActKind::for_weight(ty).unwrap());
+    acts.quantize(x, n_tok, cols, &par_threads);
+    let mut out = vec![f32::NAN; n_tok * rows];
+    k.gemm(&packed, &acts, &mut out).unwrap();
+    out
+}
+
+fn block_cols(ty: GgmlType) -> usize {
+    layout(ty).unwrap().elems
+}
+
+#[test]
+fn every_kernel_set_matches_the_scalar_reference() {
+    let sets = available();
+    eprintln!("packed kernel sets on this CPU: {:?}", sets.iter().map(|k| k.name).collect::<Vec<_>>());
+    // (rows, blocks per row, tokens): rows not a multiple of 16, 1, 2 and many blocks, and
+    // token counts that exercise every tile size and remainder.
+    let many = |ty: GgmlType| if block_cols(ty) == QK_K { 11 } else { 37 };
+    for ty in TYPES {
+        let shapes = [
+            (1, 1, 1),
+            (7, 1, 3),
+            (16, 2, 1),
+            (17, 2, 5),
+            (33, many(ty), 1),
+            (33, many(ty), 8),
+            (20, many(ty), 11),
+            (48, 2, 17),
+            (5, many(ty), 4),
+            (16, 1, 2),
+            (31, 2, 9),
+        ];
+        for (case, &(rows, nblk, n_tok)) in shapes.iter().enumerate() {
+            let cols = nblk * block_cols(ty);
+            let w = normal(rows * cols, 1000 + case as u64);
+            let x: Vec<f32> = normal(n_tok * cols, 2000 + case as u64).iter().map(|v| 3.0 * v).collect();
+            let wb = quantize_matrix(ty, &w, cols);
+            let want = reference(ty, &wb, rows, cols, &x, n_tok);
+            let mag = magnitude(ty, &wb, rows, cols, &x, n_tok);
+            let u = f64::from(f32::EPSILON) / 2.0;
+            let n = n_terms(ty, cols) as f64;
+            for k in &sets {
+                let got = run_packed(k, ty, &wb, rows, cols, &x, n_tok);
+                for i in 0..n_tok * rows {
+                    let bound = 2.0 * (n + 4.0) * u * mag[i] + 1e-30;
+                    let diff = (got[i] as f64 - want[i] as f64).abs();
+                    assert!(
+                        diff <= bound,
+                        "{} {ty} rows={rows} cols={cols} tokens={n_tok}: [t={} r={}] packed {} vs scalar {} \
+                         (diff {diff:e}, bound {bound:e})",
+                        k.name,
+                        i / rows,
+                        i % rows,
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Tiny deterministic generator for the exactness test.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 32) as u8
+    }
+}
+
+const ONE_F16: [u8; 2] = [0x00, 0x3c];
+
+/// Weight blocks with random quants, all f16 scales 1.0 and small sub-block scales/mins.
+fn exact_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut wb: Vec<u8> = (0..crate::row_bytes(ty, cols).unwrap() * rows).map(|_| rng.byte()).collect();
+    match ty {
+        GgmlType::F16 | GgmlType::BF16 => {
+            for (i, v) in wb.chunks_exact_mut(2).enumerate() {
+                let val = (rng.next() % 17) as f32 - 8.0 + (i % 2) as f32 * 0.0;
+                let bits = if ty == GgmlType::F16 {
+                    crate::fp::f32_to_f16_bits(val)
+                } else {
+                    crate::fp::f32_to_bf16_bits(val)
+                };
+                v.copy_from_slice(&bits.to_le_bytes());
+            }
+        }
+        _ => {
+            for blk in wb.chunks_exact_mut(ty.type_size()) {
+                match ty {
+                    GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => blk[0..2].copy_from_slice(&ONE_F16),
+                    GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                        blk[0..2].copy_from_slice(&ONE_F16);
+                        blk[2..4].copy_from_slice(&ONE_F16);
+                    }
+                    GgmlType::Q4_K | GgmlType::Q5_K => {
+                        blk[0..2].copy_from_slice(&ONE_F16);
+                        blk[2..4].copy_from_slice(&ONE_F16);
+                        // Scales and mins in 0..=3 (the top bits of bytes 0..8 feed sub-blocks 4..8).
+                        for b in &mut blk[4..12] {
+                            *b &= 0x03;
+                        }
+                        for b in &mut blk[12..16] {
+                            *b &= 0x33;
+                        }
+                    }
+                    GgmlType::Q6_K => {
+                        for b in &mut blk[192..208] {
+                            *b = ((*b % 7) as i8 - 3) as u8;
+                        }
+                        blk[208..210].copy_from_slice(&ONE_F16);
+                    }
+                    _ => unreachable!(),
+                }
+            }
+        }
+    }
+    wb
+}
+
+/// Integer activations in −127..=127 whose every 32- and 256-block reaches ±127, so every
+/// activation scale is exactly ±1.
+fn exact_acts(n: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n).map(|_| (rng.next() % 255) as f32 - 127.0).collect();
+    for b in x.chunks_exact_mut(32) {
+        b[(rng.next() % 32) as usize] = if rng.next().is_multiple_of(2) { 127.0 } else { -127.0 };
+    }
+    x
+}
+
+#[test]
+fn integer_parts_are_exact() {
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    for ty in TYPES {
+        // Column counts that keep every partial sum below 2^24 (see exact_weights).
+        let cols = match ty {
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 512,
+            GgmlType::F16 | GgmlType::BF16 => 512,
+            _ => 512,
+        };
+        for (rows, n_tok) in [(17, 1), (16, 4), (33, 9), (5, 3)] {
+            let wb = exact_weights(ty, rows, cols, &mut rng);
+            let x = exact_acts(n_tok * cols, &mut rng);
+            let want = reference(ty, &wb, rows, cols, &x, n_tok);
+            for k in &available() {
+                let got = run_packed(k, ty, &wb, rows, cols, &x, n_tok);
+                for i in 0..n_tok * rows {
+                    assert!(
+                        got[i] == want[i],
+                        "{} {ty} rows={rows} tokens={n_tok} [{i}]: packed {} != scalar {}",
+                        k.name,
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn activation_quantization_is_the_reference() {
+    let x = normal(4 * 512, 77);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K] {
+        let mut acts = QActs::new(ActKind::for_weight(ty).unwrap());
+        acts.quantize(&x, 4, 512, &serial);
+        for t in 0..4 {
+            let seg = acts.tok(t);
+            // SAFETY: 512 qs bytes and the d array lie inside the token segment.
+            let qs = unsafe { std::slice::from_raw_parts(seg as *const i8, 512) };
+            let d = |b: usize| unsafe { (seg.add(acts.d_off + 4 * b) as *const f32).read_unaligned() };
+            match ActRow::quantize_for(ty, &x[t * 512..(t + 1) * 512]) {
+                ActRow::Q8_0(b) => {
+                    for (i, blk) in b.iter().enumerate() {
+                        assert_eq!(&qs[32 * i..32 * i + 32], &blk.qs);
+                        assert_eq!(d(i).to_bits(), blk.d.get().to_bits());
+                    }
+                }
+                ActRow::Q8_1(b) => {
+                    for (i, blk) in b.iter().enumerate() {
+                        assert_eq!(&qs[32 * i..32 * i + 32], &blk.qs);
+                        assert_eq!(d(i).to_bits(), blk.d.get().to_bits());
+                    }
+                }
+                ActRow::Q8K(b) => {
+                    for (i, blk) in b.iter().enumerate() {
+                        assert_eq!(&qs[256 * i..256 * i + 256], &blk.qs);
+                        assert_eq!(d(i).to_bits(), blk.d.to_bits());
+                    }
+                }
+                ActRow::F32(_) => unreachable!(),
+            }
+        }
+    }
+}
+
+#[test]
+fn group_ranges_write_only_their_rows() {
+    let (ty, rows, cols, n_tok) = (GgmlType::Q4_0, 40, 64, 3);
+    let wb = quantize_matrix(ty, &normal(rows * cols, 5), cols);
+    let packed = PackedMatrix::pack(ty, &wb, rows, cols, &serial).unwrap();
+    let mut acts = QActs::new(ActKind::Q8_0);
+    acts.quantize(&normal(n_tok * cols, 6), n_tok, cols, &serial);
+    let ld = rows + 3;
+    for k in &available() {
+        let mut out = vec![f32::NAN; n_tok * ld];
+        // Group 1 only: rows 16..32.
+        // SAFETY: `out` holds n_tok·ld values and is exclusively ours.
+        unsafe { k.gemm_groups(&packed, &acts, 1..2, out.as_mut_ptr(), ld).unwrap() };
+        for t in 0..n_tok {
+            for r in 0..ld {
+                assert_eq!(!out[t * ld + r].is_nan(), (16..32).contains(&r), "{} t={t} r={r}", k.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn rejects_mismatched_inputs() {
+    let wb = quantize_matrix(GgmlType::Q4_0, &normal(16 * 64, 1), 64);
+    assert!(PackedMatrix::pack(GgmlType::Q4_0, &wb, 16, 32, &serial).is_err());
+    assert!(PackedMatrix::pack(GgmlType::Q4_0, &wb[1..], 16, 64, &serial).is_err());
+    assert!(matches!(PackedMatrix::pack(GgmlType::F32, &wb, 1, 1, &serial), Err(PackError::Unsupported(_))));
+    let packed = PackedMatrix::pack(GgmlType::Q4_0, &wb, 16, 64, &serial).unwrap();
+    let mut acts = QActs::new(ActKind::Q8K);
+    acts.quantize(&normal(256, 2), 1, 256, &serial);
+    let k = available().pop().unwrap();
+    let mut out = vec![0f32; 16];
+    assert!(matches!(k.gemm(&packed, &acts, &mut out), Err(GemmError::WrongActivation { .. })));
+    let mut acts = QActs::new(ActKind::Q8_0);
+    acts.quantize(&normal(32, 2), 1, 32, &serial);
+    assert!(matches!(k.gemm(&packed, &acts, &mut out), Err(GemmError::Width { .. })));
+    acts.quantize(&normal(128, 2), 2, 64, &serial);
+    assert!(matches!(k.gemm(&packed, &acts, &mut out), Err(GemmError::Output { .. })));
+}
+
+/// Inputs that stress the quantizers: ties after scaling, zeros, tiny and huge magnitudes,
+/// subnormals, infinities and NaNs.
+fn nasty_blocks(n: usize, rng: &mut Rng) -> Vec<Vec<f32>> {
+    let mut v = Vec::new();
+    for case in 0..40 {
+        let mut x: Vec<f32> = normal(n, 9000 + case).iter().map(|a| a * 10f32.powi((case % 9) as i32 - 4)).collect();
+        match case % 10 {
+            0 => x.fill(0.0),
+            1 => {
+                // Scale 2^k exactly (amax = 127·2^k) and values (m + ½)·2^k: exact ties.
+                let k = (case as i32 % 7) - 3;
+                for (i, e) in x.iter_mut().enumerate() {
+                    *e = ((i as i32 % 255) - 127) as f32 * 2f32.powi(k)
+                        + if i % 3 == 0 { 0.5 * 2f32.powi(k) } else { 0.0 };
+                }
+                x[0] = 127.0 * 2f32.powi(k);
+            }
+            2 => x[(rng.next() % n as u64) as usize] = f32::NAN,
+            3 => x[(rng.next() % n as u64) as usize] = f32::INFINITY,
+            4 => x[(rng.next() % n as u64) as usize] = f32::NEG_INFINITY,
+            5 => x.iter_mut().for_each(|e| *e *= 1e-40), // subnormal
+            6 => x.iter_mut().for_each(|e| *e *= 1e30),
+            7 => {
+                // Ties between +amax and −amax: the first one wins in Q8_K.
+                let a = 3.5;
+                x[(rng.next() % n as u64) as usize] = -a;
+                x[(rng.next() % n as u64) as usize] = a;
+            }
+            8 => x.iter_mut().for_each(|e| *e = -e.abs()),
+            _ => {}
+        }
+        v.push(x);
+    }
+    v
+}
+
+#[test]
+fn simd_activation_quantizers_are_bit_exact() {
+    let mut rng = Rng(0xfeed_5678_0000_0001);
+    for x in nasty_blocks(QK, &mut rng) {
+        let xb: &[f32; QK] = x.as_slice().try_into().unwrap();
+        let got = quantize::q8_block(xb);
+        let want = quantize::reference_q8(xb);
+        assert_eq!(got.qs, want.qs, "{x:?}");
+        assert_eq!(got.d, want.d, "{x:?}");
+        assert_eq!(got.s, want.s, "{x:?}");
+        assert_eq!(got.sum, want.sum, "{x:?}");
+    }
+    for x in nasty_blocks(QK_K, &mut rng) {
+        let xb: &[f32; QK_K] = x.as_slice().try_into().unwrap();
+        let got = quantize::q8_k_block(xb);
+        let want = quantize::reference_q8_k(xb);
+        assert_eq!(got.qs, want.qs, "{x:?}");
+        assert_eq!(got.d.to_bits(), want.d.to_bits(), "{x:?}");
+        assert_eq!(got.bsums, want.bsums, "{x:?}");
+    }
+    // And many random blocks at many scales.
+    for seed in 0..2000u64 {
+        let s = 2f32.powi((seed % 40) as i32 - 20);
+        let x: Vec<f32> = normal(QK_K, 50_000 + seed).iter().map(|v| v * s).collect();
+        let xk: &[f32; QK_K] = x.as_slice().try_into().unwrap();
+        let got = quantize::q8_k_block(xk);
+        let want = quantize::reference_q8_k(xk);
+        assert!(got.qs == want.qs && got.d.to_bits() == want.d.to_bits() && got.bsums == want.bsums, "seed {seed}");
+        for c in x.chunks_exact(QK) {
+            let xb: &[f32; QK] = c.try_into().unwrap();
+            assert_eq!(quantize::q8_block(xb), quantize::reference_q8(xb), "seed {seed}");
+        }
+    }
+}
