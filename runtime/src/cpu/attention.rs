@@ -25,11 +25,7 @@ impl CacheRows {
     fn write(&mut self, at: usize, values: &[f32]) {
         match self {
             CacheRows::F32(v) => v[at..at + values.len()].copy_from_slice(values),
-            CacheRows::F16(v) => {
-                for (d, &s) in v[at..at + values.len()].iter_mut().zip(values) {
-                    *d = f16::from_f32(s);
-                }
-            }
+            CacheRows::F16(v) => vec::f32_to_f16(values, &mut v[at..at + values.len()]),
         }
     }
 
@@ -37,8 +33,8 @@ impl CacheRows {
     #[inline]
     fn dot(&self, at: usize, q: &[f32]) -> f32 {
         match self {
-            CacheRows::F32(v) => v[at..at + q.len()].iter().zip(q).map(|(a, b)| a * b).sum(),
-            CacheRows::F16(v) => v[at..at + q.len()].iter().zip(q).map(|(a, b)| a.to_f32() * b).sum(),
+            CacheRows::F32(v) => vec::dot_f32(&v[at..at + q.len()], q),
+            CacheRows::F16(v) => vec::dot_f16(&v[at..at + q.len()], q),
         }
     }
 
@@ -47,15 +43,195 @@ impl CacheRows {
     fn axpy(&self, at: usize, w: f32, acc: &mut [f32]) {
         let n = acc.len();
         match self {
-            CacheRows::F32(v) => {
-                for (a, &x) in acc.iter_mut().zip(&v[at..at + n]) {
-                    *a += w * x;
+            CacheRows::F32(v) => vec::axpy_f32(w, &v[at..at + n], acc),
+            CacheRows::F16(v) => vec::axpy_f16(w, &v[at..at + n], acc),
+        }
+    }
+}
+
+/// Dot and axpy over cache rows: AVX2 + FMA + F16C on x86-64 when the CPU has them (8
+/// lanes, f16 converted by `vcvtph2ps`), plain loops otherwise. The SIMD forms sum in a
+/// different order (float rounding only); f32 → f16 rounds to nearest even either way.
+mod vec {
+    use half::f16;
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn simd() -> bool {
+        // std caches the CPUID results; this is a couple of loads.
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+
+    pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: the CPU has the features (checked above).
+            return unsafe { x86::f32_to_f16(src, dst) };
+        }
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f16::from_f32(s);
+        }
+    }
+
+    #[inline]
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: as above.
+            return unsafe { x86::dot_f32(a, b) };
+        }
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    #[inline]
+    pub fn dot_f16(a: &[f16], b: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: as above.
+            return unsafe { x86::dot_f16(a, b) };
+        }
+        a.iter().zip(b).map(|(x, y)| x.to_f32() * y).sum()
+    }
+
+    #[inline]
+    pub fn axpy_f32(w: f32, x: &[f32], acc: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: as above.
+            return unsafe { x86::axpy_f32(w, x, acc) };
+        }
+        for (a, &v) in acc.iter_mut().zip(x) {
+            *a += w * v;
+        }
+    }
+
+    #[inline]
+    pub fn axpy_f16(w: f32, x: &[f16], acc: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if simd() {
+            // SAFETY: as above.
+            return unsafe { x86::axpy_f16(w, x, acc) };
+        }
+        for (a, v) in acc.iter_mut().zip(x) {
+            *a += w * v.to_f32();
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        use half::f16;
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn hsum(v: __m256) -> f32 {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+
+        // SAFETY (all below): loads and stores stay inside the slices (i + 8 <= n, n = the
+        // shorter length); tails are scalar.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
+            let n = src.len().min(dst.len());
+            let mut i = 0;
+            unsafe {
+                while i + 8 <= n {
+                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+                    _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+                    i += 8;
                 }
             }
-            CacheRows::F16(v) => {
-                for (a, x) in acc.iter_mut().zip(&v[at..at + n]) {
-                    *a += w * x.to_f32();
+            for j in i..n {
+                dst[j] = f16::from_f32(src[j]);
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+            let n = a.len().min(b.len());
+            let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            unsafe {
+                while i + 16 <= n {
+                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
+                    s1 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                        _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                        s1,
+                    );
+                    i += 16;
                 }
+                while i + 8 <= n {
+                    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
+                    i += 8;
+                }
+            }
+            let mut s = hsum(_mm256_add_ps(s0, s1));
+            for j in i..n {
+                s += a[j] * b[j];
+            }
+            s
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn dot_f16(a: &[f16], b: &[f32]) -> f32 {
+            let n = a.len().min(b.len());
+            let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            unsafe {
+                let ld = |i: usize| _mm256_cvtph_ps(_mm_loadu_si128(a.as_ptr().add(i) as *const __m128i));
+                while i + 16 <= n {
+                    s0 = _mm256_fmadd_ps(ld(i), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
+                    s1 = _mm256_fmadd_ps(ld(i + 8), _mm256_loadu_ps(b.as_ptr().add(i + 8)), s1);
+                    i += 16;
+                }
+                while i + 8 <= n {
+                    s0 = _mm256_fmadd_ps(ld(i), _mm256_loadu_ps(b.as_ptr().add(i)), s0);
+                    i += 8;
+                }
+            }
+            let mut s = hsum(_mm256_add_ps(s0, s1));
+            for j in i..n {
+                s += a[j].to_f32() * b[j];
+            }
+            s
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn axpy_f32(w: f32, x: &[f32], acc: &mut [f32]) {
+            let n = x.len().min(acc.len());
+            let wv = _mm256_set1_ps(w);
+            let mut i = 0;
+            unsafe {
+                while i + 8 <= n {
+                    let p = acc.as_mut_ptr().add(i);
+                    _mm256_storeu_ps(p, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(p)));
+                    i += 8;
+                }
+            }
+            for j in i..n {
+                acc[j] += w * x[j];
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn axpy_f16(w: f32, x: &[f16], acc: &mut [f32]) {
+            let n = x.len().min(acc.len());
+            let wv = _mm256_set1_ps(w);
+            let mut i = 0;
+            unsafe {
+                while i + 8 <= n {
+                    let p = acc.as_mut_ptr().add(i);
+                    let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
+                    _mm256_storeu_ps(p, _mm256_fmadd_ps(wv, xv, _mm256_loadu_ps(p)));
+                    i += 8;
+                }
+            }
+            for j in i..n {
+                acc[j] += w * x[j].to_f32();
             }
         }
     }

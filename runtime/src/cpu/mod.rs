@@ -8,10 +8,11 @@ pub mod ops;
 pub mod pool;
 mod tensor;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use duet_quant::GgmlType;
 use duet_quant::dot::{Kernels, kernels};
+use duet_quant::gemm::{GemmKernels, gemm_kernels};
 
 pub use attention::CpuKvCache;
 pub use tensor::{CpuTensor, CpuWeight, Storage};
@@ -25,6 +26,8 @@ use pool::ThreadPool;
 pub struct CpuBackend {
     pool: ThreadPool,
     kernels: &'static Kernels,
+    /// Packed matmul kernels, when this CPU has a fast set (`DUET_GEMM=off` disables them).
+    gemm: Option<&'static GemmKernels>,
     acts: ActCache,
     /// Cached RoPE frequencies (they depend only on the spec).
     thetas: Option<(usize, f32, Vec<f32>)>,
@@ -34,7 +37,13 @@ impl CpuBackend {
     /// `threads` = 0 picks the number of physical-ish cores available.
     pub fn new(threads: usize) -> CpuBackend {
         let threads = if threads == 0 { default_threads() } else { threads };
-        CpuBackend { pool: ThreadPool::new(threads), kernels: kernels(), acts: ActCache::default(), thetas: None }
+        CpuBackend {
+            pool: ThreadPool::new(threads),
+            kernels: kernels(),
+            gemm: gemm_kernels(),
+            acts: ActCache::default(),
+            thetas: None,
+        }
     }
 
     pub fn threads(&self) -> usize {
@@ -61,7 +70,12 @@ impl Backend for CpuBackend {
     type KvCache = CpuKvCache;
 
     fn describe(&self) -> String {
-        format!("CPU, {} threads, {} kernels", self.pool.n_threads(), self.kernels.name)
+        match self.gemm {
+            Some(g) => {
+                format!("CPU, {} threads, {} packed / {} kernels", self.pool.n_threads(), g.name, self.kernels.name)
+            }
+            None => format!("CPU, {} threads, {} kernels", self.pool.n_threads(), self.kernels.name),
+        }
     }
 
     fn load_weight(&mut self, w: &WeightView<'_>) -> Result<CpuWeight, RuntimeError> {
@@ -82,13 +96,21 @@ impl Backend for CpuBackend {
         } else {
             None
         };
-        Ok(CpuWeight {
+        let weight = CpuWeight {
             ty: w.ty,
             rows: w.rows,
             cols: w.cols,
             storage: Storage::Mapped { file: Arc::clone(w.file), start, len: w.data.len() },
             f32_values,
-        })
+            packed: OnceLock::new(),
+        };
+        // Repack matrices once, now (in parallel). The token embedding is read by rows for
+        // the embedding lookup and is a matmul weight only when the output is tied to it: it
+        // is packed at its first matmul instead, if ever.
+        if self.gemm.is_some() && w.rows > 1 && w.name != "token_embd.weight" {
+            let _ = weight.packed.set(matmul::pack(&self.pool, &weight));
+        }
+        Ok(weight)
     }
 
     fn new_tensor(&mut self, rows: usize, cols: usize) -> CpuTensor {
@@ -133,7 +155,7 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&mut self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
-        matmul::matmul(&self.pool, self.kernels, w, x, out, &mut self.acts);
+        matmul::matmul(&self.pool, self.kernels, self.gemm, w, x, out, &mut self.acts);
     }
 
     fn add_bias(&mut self, x: &mut CpuTensor, bias: &CpuWeight) {

@@ -1,9 +1,10 @@
 //! CPU activations and weights.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use duet_quant::GgmlType;
+use duet_quant::gemm::PackedMatrix;
 use duet_quant::gguf::GgufFile;
 
 /// `rows × cols` f32 activations. `version` changes on every write, so quantized copies of
@@ -58,6 +59,11 @@ pub struct CpuWeight {
     pub storage: Storage,
     /// 1-D weights (norms, biases) as f32, ready to use.
     pub f32_values: Option<Vec<f32>>,
+    /// The matrix repacked for the packed matmul kernels ([`duet_quant::gemm`]): done at load
+    /// for every matrix but the token embedding, which is packed at its first matmul (only
+    /// when the output projection is tied to it). `None` inside: this matrix keeps the per-row
+    /// kernels.
+    pub packed: OnceLock<Option<PackedMatrix>>,
 }
 
 impl CpuWeight {
