@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Writes a random-weight Llama checkpoint in the TinyLlama-1.1B shape, for measuring the
+converter's memory and speed (converter/bench/measure_rss.sh). numpy only; nothing here is
+committed but this script.
+
+    python3 converter/bench/make_random_llama.py OUT_DIR [--dtype bf16|f16] [--shards N]
+
+Shape (TinyLlama-1.1B): hidden 2048, 22 layers, 32 heads, 4 KV heads, ffn 5632, vocab
+32000, untied embeddings: 1.1 B parameters, 2.2 GB of BF16. The weights are N(0, 0.02²)
+(norms 1 + N(0, 0.1²)), streamed to disk one tensor at a time so that making the file needs
+no more memory than its largest tensor. The tokenizer is the committed fixtures' byte-level
+BPE tokenizer.json (320 ids; the converter pads the vocabulary to 32000).
+"""
+
+import argparse
+import json
+import os
+import shutil
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE = os.path.join(HERE, "..", "..", "tests", "fixtures", "models", "llama-gqa")
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = 2048, 22, 32, 4, 5632, 32000
+HEAD_DIM = HIDDEN // HEADS
+
+
+def tensor_shapes():
+    yield "model.embed_tokens.weight", (VOCAB, HIDDEN)
+    for l in range(LAYERS):
+        p = f"model.layers.{l}"
+        yield f"{p}.input_layernorm.weight", (HIDDEN,)
+        yield f"{p}.self_attn.q_proj.weight", (HEADS * HEAD_DIM, HIDDEN)
+        yield f"{p}.self_attn.k_proj.weight", (KV_HEADS * HEAD_DIM, HIDDEN)
+        yield f"{p}.self_attn.v_proj.weight", (KV_HEADS * HEAD_DIM, HIDDEN)
+        yield f"{p}.self_attn.o_proj.weight", (HIDDEN, HEADS * HEAD_DIM)
+        yield f"{p}.post_attention_layernorm.weight", (HIDDEN,)
+        yield f"{p}.mlp.gate_proj.weight", (FFN, HIDDEN)
+        yield f"{p}.mlp.up_proj.weight", (FFN, HIDDEN)
+        yield f"{p}.mlp.down_proj.weight", (HIDDEN, FFN)
+    yield "model.norm.weight", (HIDDEN,)
+    yield "lm_head.weight", (VOCAB, HIDDEN)
+
+
+def to_bf16(x):
+    """float32 → bfloat16 bits, rounding to nearest even (as torch does)."""
+    u = x.view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+
+
+def write_shard(path, items, dtype, rng):
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in items:
+        n = int(np.prod(shape)) * 2
+        header[name] = {"dtype": dtype.upper(), "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-(8 + len(h)) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little"))
+        f.write(h)
+        for name, shape in items:
+            x = rng.standard_normal(shape, dtype=np.float32)
+            if name.endswith("norm.weight"):
+                x = 1 + 0.1 * x
+            else:
+                x *= 0.02
+            f.write(to_bf16(x).tobytes() if dtype == "bf16" else x.astype("<f2").tobytes())
+    return offset
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    items = list(tensor_shapes())
+    n_params = sum(int(np.prod(s)) for _, s in items)
+    if args.shards == 1:
+        write_shard(os.path.join(args.out, "model.safetensors"), items, args.dtype, rng)
+    else:
+        per = -(-len(items) // args.shards)
+        weight_map, total = {}, 0
+        for i in range(args.shards):
+            chunk = items[i * per:(i + 1) * per]
+            name = f"model-{i + 1:05}-of-{args.shards:05}.safetensors"
+            total += write_shard(os.path.join(args.out, name), chunk, args.dtype, rng)
+            weight_map.update({t: name for t, _ in chunk})
+        with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB,
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+        "torch_dtype": "bfloat16" if args.dtype == "bf16" else "float16",
+    }
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(FIXTURE, name), os.path.join(args.out, name))
+    print(f"{args.out}: {n_params / 1e9:.3f} B parameters, {args.dtype}, {args.shards} file(s)")
+
+
+if __name__ == "__main__":
+    main()
