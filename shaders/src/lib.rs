@@ -1,1 +1,298 @@
-//! WGSL compute shaders for duet's GPU backend, with naga validation
+//! WGSL compute shaders for duet's GPU backend, with naga validation.
+//!
+//! One WGSL file per op under `src/wgsl/`, a shared prelude, one weight decoder per GGUF
+//! type (`src/wgsl/weights/`, reading the block bytes exactly as stored, bound as
+//! `array<u32>`) and K/V-cache accessors (`src/wgsl/cache/`). [`source`] assembles the
+//! WGSL of one [`Variant`]: a header with the variant's constants and the `act` type (f16
+//! when the variant uses f16 arithmetic, else f32), the prelude, the snippets the op needs,
+//! then the op. The tests in `tests/naga.rs` validate every variant without an adapter.
+
+use std::fmt::{self, Write};
+
+/// Weight element types the matmul, matvec and embedding kernels read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WeightType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+impl WeightType {
+    pub const ALL: [WeightType; 11] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
+        WeightType::Q8_0,
+        WeightType::Q4K,
+        WeightType::Q5K,
+        WeightType::Q6K,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "F32",
+            WeightType::F16 => "F16",
+            WeightType::BF16 => "BF16",
+            WeightType::Q4_0 => "Q4_0",
+            WeightType::Q4_1 => "Q4_1",
+            WeightType::Q5_0 => "Q5_0",
+            WeightType::Q5_1 => "Q5_1",
+            WeightType::Q8_0 => "Q8_0",
+            WeightType::Q4K => "Q4_K",
+            WeightType::Q5K => "Q5_K",
+            WeightType::Q6K => "Q6_K",
+        }
+    }
+
+    fn decoder(self) -> &'static str {
+        match self {
+            WeightType::F32 => include_str!("wgsl/weights/f32.wgsl"),
+            WeightType::F16 => include_str!("wgsl/weights/f16.wgsl"),
+            WeightType::BF16 => include_str!("wgsl/weights/bf16.wgsl"),
+            WeightType::Q4_0 => include_str!("wgsl/weights/q4_0.wgsl"),
+            WeightType::Q4_1 => include_str!("wgsl/weights/q4_1.wgsl"),
+            WeightType::Q5_0 => include_str!("wgsl/weights/q5_0.wgsl"),
+            WeightType::Q5_1 => include_str!("wgsl/weights/q5_1.wgsl"),
+            WeightType::Q8_0 => include_str!("wgsl/weights/q8_0.wgsl"),
+            WeightType::Q4K => include_str!("wgsl/weights/q4_k.wgsl"),
+            WeightType::Q5K => include_str!("wgsl/weights/q5_k.wgsl"),
+            WeightType::Q6K => include_str!("wgsl/weights/q6_k.wgsl"),
+        }
+    }
+
+    fn is_k_quant(self) -> bool {
+        matches!(self, WeightType::Q4K | WeightType::Q5K)
+    }
+}
+
+impl fmt::Display for WeightType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Element type of a K or V cache on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CacheElem {
+    F32,
+    /// Two IEEE halves per u32.
+    F16,
+}
+
+/// Attention shape: one query row per workgroup (decode) or a tile of rows (prefill).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttnShape {
+    Decode,
+    Prefill,
+}
+
+/// A kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    MatVec(WeightType),
+    MatMul(WeightType),
+    Embed(WeightType),
+    RmsNorm,
+    Rope,
+    SwiGlu,
+    /// Residual add and bias broadcast.
+    Add,
+    CopyRow,
+    KvWrite(CacheElem),
+    Attention {
+        diff: bool,
+        shape: AttnShape,
+        k: CacheElem,
+        v: CacheElem,
+    },
+    Dex,
+}
+
+impl Op {
+    /// The ops whose arithmetic changes with f16: the matrix products.
+    pub fn uses_f16(self) -> bool {
+        matches!(self, Op::MatVec(_) | Op::MatMul(_))
+    }
+
+    /// Every op variant (the f16 flag aside).
+    pub fn all() -> Vec<Op> {
+        let mut v = Vec::new();
+        for t in WeightType::ALL {
+            v.extend([Op::MatVec(t), Op::MatMul(t), Op::Embed(t)]);
+        }
+        v.extend([Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow, Op::Dex]);
+        for c in [CacheElem::F32, CacheElem::F16] {
+            v.push(Op::KvWrite(c));
+        }
+        for diff in [false, true] {
+            for shape in [AttnShape::Decode, AttnShape::Prefill] {
+                for k in [CacheElem::F32, CacheElem::F16] {
+                    for vv in [CacheElem::F32, CacheElem::F16] {
+                        v.push(Op::Attention { diff, shape, k, v: vv });
+                    }
+                }
+            }
+        }
+        v
+    }
+}
+
+/// An op compiled with or without f16 arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Variant {
+    pub op: Op,
+    /// f16 products (needs the adapter's SHADER_F16). Only meaningful when
+    /// [`Op::uses_f16`]; ignored (treated as false) otherwise.
+    pub f16: bool,
+}
+
+impl Variant {
+    pub fn new(op: Op, f16: bool) -> Variant {
+        Variant { op, f16: f16 && op.uses_f16() }
+    }
+
+    /// Every distinct variant: each op in f32 and, for the matrix products, in f16.
+    pub fn all() -> Vec<Variant> {
+        let mut v = Vec::new();
+        for op in Op::all() {
+            v.push(Variant::new(op, false));
+            if op.uses_f16() {
+                v.push(Variant::new(op, true));
+            }
+        }
+        v
+    }
+
+    /// A short name for labels and error messages.
+    pub fn label(&self) -> String {
+        let f = if self.f16 { "-f16" } else { "" };
+        let c = |c: CacheElem| if c == CacheElem::F16 { "f16" } else { "f32" };
+        match self.op {
+            Op::MatVec(t) => format!("matvec-{t}{f}"),
+            Op::MatMul(t) => format!("matmul-{t}{f}"),
+            Op::Embed(t) => format!("embed-{t}"),
+            Op::RmsNorm => "rms_norm".into(),
+            Op::Rope => "rope".into(),
+            Op::SwiGlu => "swiglu".into(),
+            Op::Add => "add".into(),
+            Op::CopyRow => "copy_row".into(),
+            Op::Dex => "dex".into(),
+            Op::KvWrite(e) => format!("kv_write-{}", c(e)),
+            Op::Attention { diff, shape, k, v } => format!(
+                "attention-{}-{}-k{}-v{}",
+                if diff { "diff" } else { "std" },
+                if shape == AttnShape::Decode { "decode" } else { "prefill" },
+                c(k),
+                c(v)
+            ),
+        }
+    }
+}
+
+/// Threads per matvec workgroup and weight rows each computes.
+pub const MV_WG: u32 = 64;
+pub const MV_ROWS: u32 = 4;
+/// Tile of the prefill matmul: weight rows × tokens per workgroup (256 threads).
+pub const MM_TM: u32 = 64;
+pub const MM_TN: u32 = 64;
+/// Attention workgroup size and the largest head_dim the kernels accept.
+pub const ATT_WG: u32 = 64;
+pub const ATT_MAX_HEAD_DIM: u32 = 128;
+/// Query rows and keys per tile: (rows, keys) for each shape.
+pub const fn attn_tile(shape: AttnShape) -> (u32, u32) {
+    match shape {
+        AttnShape::Decode => (1, 64),
+        AttnShape::Prefill => (8, 32),
+    }
+}
+/// Largest head_dim of the DEX kernel.
+pub const DEX_MAX_HEAD_DIM: u32 = 256;
+/// Threads per workgroup of the element-wise kernels (rope, swiglu, add, copy_row, kv_write).
+pub const EW_WG: u32 = 256;
+
+const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
+const WEIGHTS_COMMON: &str = include_str!("wgsl/weights/common.wgsl");
+const KSCALE: &str = include_str!("wgsl/weights/kscale.wgsl");
+
+fn cache_snippet(which: char, e: CacheElem) -> &'static str {
+    match (which, e) {
+        ('k', CacheElem::F32) => include_str!("wgsl/cache/k_f32.wgsl"),
+        ('k', CacheElem::F16) => include_str!("wgsl/cache/k_f16.wgsl"),
+        ('v', CacheElem::F32) => include_str!("wgsl/cache/v_f32.wgsl"),
+        ('v', CacheElem::F16) => include_str!("wgsl/cache/v_f16.wgsl"),
+        ('s', CacheElem::F32) => include_str!("wgsl/cache/store_f32.wgsl"),
+        _ => include_str!("wgsl/cache/store_f16.wgsl"),
+    }
+}
+
+/// The complete WGSL of `v` (entry point `main`).
+pub fn source(v: &Variant) -> String {
+    let mut s = String::new();
+    let f16 = v.f16 && v.op.uses_f16();
+    let _ = writeln!(s, "// duet kernel {}", v.label());
+    if f16 {
+        s.push_str("enable f16;\nalias act = f16;\n");
+    } else {
+        s.push_str("alias act = f32;\n");
+    }
+    let _ = writeln!(s, "const MV_WG: u32 = {MV_WG}u;\nconst MV_ROWS: u32 = {MV_ROWS}u;");
+    let _ = writeln!(s, "const MM_TM: u32 = {MM_TM}u;\nconst MM_TN: u32 = {MM_TN}u;");
+    let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;");
+    s.push_str(PRELUDE);
+    let weights = |s: &mut String, t: WeightType| {
+        s.push_str(WEIGHTS_COMMON);
+        if t.is_k_quant() {
+            s.push_str(KSCALE);
+        }
+        s.push_str(t.decoder());
+    };
+    match v.op {
+        Op::MatVec(t) => {
+            weights(&mut s, t);
+            s.push_str(include_str!("wgsl/matvec.wgsl"));
+        }
+        Op::MatMul(t) => {
+            weights(&mut s, t);
+            s.push_str(include_str!("wgsl/matmul.wgsl"));
+        }
+        Op::Embed(t) => {
+            weights(&mut s, t);
+            s.push_str(include_str!("wgsl/embed.wgsl"));
+        }
+        Op::RmsNorm => s.push_str(include_str!("wgsl/rms_norm.wgsl")),
+        Op::Rope => s.push_str(include_str!("wgsl/rope.wgsl")),
+        Op::SwiGlu => s.push_str(include_str!("wgsl/swiglu.wgsl")),
+        Op::Add => s.push_str(include_str!("wgsl/add.wgsl")),
+        Op::CopyRow => s.push_str(include_str!("wgsl/copy_row.wgsl")),
+        Op::Dex => s.push_str(include_str!("wgsl/dex.wgsl")),
+        Op::KvWrite(e) => {
+            s.push_str(cache_snippet('s', e));
+            s.push_str(include_str!("wgsl/kv_write.wgsl"));
+        }
+        Op::Attention { diff, shape, k, v: ve } => {
+            let ns = if diff { 2 } else { 1 };
+            let (br, bc) = attn_tile(shape);
+            let acc = (br * ATT_MAX_HEAD_DIM * ns).div_ceil(ATT_WG);
+            let _ = writeln!(
+                s,
+                "const ATT_NS: u32 = {ns}u;\nconst ATT_BR: u32 = {br}u;\nconst ATT_BC: u32 = {bc}u;\nconst ATT_WG: u32 = {ATT_WG}u;\nconst ATT_ACC: u32 = {acc}u;"
+            );
+            s.push_str(cache_snippet('k', k));
+            s.push_str(cache_snippet('v', ve));
+            s.push_str(include_str!("wgsl/attention.wgsl"));
+        }
+    }
+    s
+}

@@ -1,0 +1,64 @@
+// Matrix-vector product for decode: O[out_off + r] = Σ_k W[r][k] · X[k] for one token.
+// A workgroup of MV_WG threads computes MV_ROWS consecutive weight rows, MV_WG / MV_ROWS
+// threads per row, each summing 4-element groups (decode4 of the weight type) and the
+// group sums reduced in workgroup memory. Products in `act` (f16 or f32), sums in f32.
+
+struct Params {
+    n_rows: u32,     // rows of this weight chunk
+    cols: u32,       // elements per row (K)
+    row_bytes: u32,  // bytes per row in W
+    out_off: u32,    // first output column written (the chunk's first row)
+    grid_x: u32,     // workgroups along x of the dispatch
+    x_off: u32,      // first element of the token in X
+    o_base: u32,     // first element of the token's output row in O
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> W: array<u32>;
+@group(0) @binding(2) var<storage, read> X: array<f32>;
+@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+
+const TPR: u32 = MV_WG / MV_ROWS; // threads per row
+
+var<workgroup> partial: array<f32, MV_WG>;
+
+fn load_x4(k: u32) -> vec4<f32> {
+    let b = P.x_off + k;
+    if (k + 4u <= P.cols) {
+        return vec4<f32>(X[b], X[b + 1u], X[b + 2u], X[b + 3u]);
+    }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        if (k + j < P.cols) {
+            v[j] = X[b + j];
+        }
+    }
+    return v;
+}
+
+@compute @workgroup_size(MV_WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wg_index(wid, P.grid_x) * MV_ROWS + lid / TPR;
+    let t = lid % TPR;
+    var acc = 0.0;
+    if (row < P.n_rows) {
+        let rb = row * P.row_bytes;
+        let groups = (P.cols + 3u) / 4u;
+        for (var g = t; g < groups; g += TPR) {
+            let w = vec4<act>(decode4(rb, 4u * g, P.cols));
+            let x = vec4<act>(load_x4(4u * g));
+            acc += f32(dot(w, x));
+        }
+    }
+    partial[lid] = acc;
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            partial[lid] += partial[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if (t == 0u && row < P.n_rows) {
+        O[P.o_base + P.out_off + row] = partial[lid];
+    }
+}

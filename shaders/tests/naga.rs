@@ -1,0 +1,62 @@
+//! Every shader variant parses and validates with naga, with the capabilities wgpu derives
+//! from the features the GPU backend requests (SHADER_F16 for the f16 variants) and the
+//! downlevel flags of a compliant Vulkan/Metal/DX12 adapter. Needs no adapter.
+
+use duet_shaders::{Variant, source};
+use naga::valid::{ValidationFlags, Validator};
+use wgpu_types::{DownlevelFlags, Features};
+
+fn validate(v: &Variant) -> Result<(), String> {
+    let src = source(v);
+    let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
+    let features = if v.f16 { Features::SHADER_F16 } else { Features::empty() };
+    let caps = wgpu_naga_bridge::features_to_naga_capabilities(features, DownlevelFlags::compliant());
+    let mut validator = Validator::new(ValidationFlags::all(), caps);
+    validator.validate(&module).map_err(|e| e.emit_to_string(&src))?;
+    let ep = module.entry_points.iter().find(|e| e.name == "main").ok_or("no entry point 'main'")?;
+    if ep.stage != naga::ShaderStage::Compute {
+        return Err("'main' is not a compute entry point".into());
+    }
+    Ok(())
+}
+
+#[test]
+fn every_variant_validates() {
+    let all = Variant::all();
+    let mut failures = Vec::new();
+    for v in &all {
+        if let Err(e) = validate(v) {
+            failures.push(format!("{}:\n{e}", v.label()));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} variants fail naga validation:\n{}",
+        failures.len(),
+        all.len(),
+        failures.join("\n")
+    );
+    // 11 weight types × 3 weight ops, 6 plain ops, 2 cache writes, 16 attention variants,
+    // plus the f16 forms of the 22 matrix products.
+    assert_eq!(all.len(), 33 + 6 + 2 + 16 + 22);
+}
+
+#[test]
+fn f16_variants_need_shader_f16() {
+    // Without the capability an f16 variant must be rejected: the backend only builds them
+    // when the adapter has SHADER_F16.
+    let v = Variant::new(duet_shaders::Op::MatVec(duet_shaders::WeightType::Q4_0), true);
+    let src = source(&v);
+    let module = naga::front::wgsl::parse_str(&src).unwrap();
+    let caps = wgpu_naga_bridge::features_to_naga_capabilities(Features::empty(), DownlevelFlags::compliant());
+    assert!(Validator::new(ValidationFlags::all(), caps).validate(&module).is_err());
+}
+
+#[test]
+fn labels_are_unique() {
+    let all = Variant::all();
+    let mut labels: Vec<String> = all.iter().map(|v| v.label()).collect();
+    labels.sort();
+    labels.dedup();
+    assert_eq!(labels.len(), all.len());
+}
