@@ -124,6 +124,8 @@ pub trait Backend {
     fn add(&mut self, x: &mut Self::Tensor, y: &Self::Tensor);
     /// Copies row `src_row` of `x` into row 0 of `out`.
     fn copy_row(&mut self, x: &Self::Tensor, src_row: usize, out: &mut Self::Tensor);
-    /// Rows `rows` of `t` on the host (for the GPU: submits pending work and waits).
-    fn read_rows(&mut self, t: &Self::Tensor, rows: std::ops::Range<usize>) -> Vec<f32>;
+    /// Rows `rows` of `t` on the host (for the GPU: submits all recorded work in one
+    /// submission and waits). Errors the device reported since the last read (device
+    /// lost, out of memory) come back here.
+    fn read_rows(&mut self, t: &Self::Tensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError>;
 }

@@ -16,6 +16,9 @@ pub enum RuntimeError {
     Tokenizer(String),
     #[error("chat template: {0}")]
     Template(String),
+    /// A GPU problem (no adapter, a missing limit or feature, device lost, out of memory).
+    #[error("{0}")]
+    Device(String),
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
 }

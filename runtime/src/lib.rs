@@ -2,6 +2,7 @@
 //!
 //! * [`model`]: the one forward pass, written against [`backend::Backend`].
 //! * [`cpu`]: the CPU backend (reference and fallback).
+//! * [`gpu`]: the GPU backend on wgpu (Vulkan, Metal, DX12).
 //! * [`kv_cache`], [`logits_file`]: shared formats.
 
 pub mod backend;
@@ -9,6 +10,7 @@ pub mod chat;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod gpu;
 pub mod kv_cache;
 pub mod logits_file;
 pub mod model;

@@ -214,7 +214,7 @@ impl Backend for CpuBackend {
         out.view_mut()[..cols].copy_from_slice(x.row(src_row));
     }
 
-    fn read_rows(&mut self, t: &CpuTensor, rows: std::ops::Range<usize>) -> Vec<f32> {
-        t.data[rows.start * t.cols..rows.end * t.cols].to_vec()
+    fn read_rows(&mut self, t: &CpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {
+        Ok(t.data[rows.start * t.cols..rows.end * t.cols].to_vec())
     }
 }

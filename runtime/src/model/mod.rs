@@ -218,7 +218,7 @@ impl<B: Backend> Model<B> {
                 }
                 b.set_rows(&mut s.logits, 1);
                 b.matmul(output, &s.xn, &mut s.logits);
-                Ok(b.read_rows(&s.logits, 0..1))
+                b.read_rows(&s.logits, 0..1)
             }
             Logits::All => {
                 b.rms_norm(&s.x, &self.output_norm, c.rms_eps, &mut s.xn);
@@ -228,7 +228,7 @@ impl<B: Backend> Model<B> {
                 }
                 b.set_rows(&mut s.logits, n);
                 b.matmul(output, &s.xn, &mut s.logits);
-                Ok(b.read_rows(&s.logits, 0..n))
+                b.read_rows(&s.logits, 0..n)
             }
         }
     }

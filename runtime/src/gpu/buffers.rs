@@ -1,0 +1,214 @@
+//! GPU buffers: activations, weights (kept in their GGUF block bytes, split into row ranges
+//! that fit one binding) and the K/V cache (one buffer per layer for K and for V, allocated
+//! once for the whole context).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use duet_quant::GgmlType;
+use duet_shaders::{CacheElem, WeightType};
+
+use super::device::GpuContext;
+use crate::error::RuntimeError;
+use crate::kv_cache::{CacheType, KvCacheSpec};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A buffer with an id (bind groups are cached by the ids of their buffers). When it is
+/// dropped its id goes to `dead`, so cached bind groups that hold it can be released.
+pub struct Buf {
+    pub id: u64,
+    pub buffer: wgpu::Buffer,
+    pub size: u64,
+    dead: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        if let Ok(mut d) = self.dead.lock() {
+            d.push(self.id);
+        }
+    }
+}
+
+/// Creates buffers and remembers which were dropped.
+pub struct Allocator {
+    pub dead: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Allocator {
+    pub fn new() -> Allocator {
+        Allocator { dead: Arc::new(Mutex::new(Vec::new())) }
+    }
+
+    /// A zeroed storage buffer of at least `size` bytes (rounded up to 4).
+    pub fn storage(&self, ctx: &GpuContext, size: u64, label: &str) -> Arc<Buf> {
+        let size = size.max(4).next_multiple_of(4);
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.wrap(buffer, size)
+    }
+
+    /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
+    pub fn init(&self, ctx: &GpuContext, bytes: &[u8], label: &str) -> Arc<Buf> {
+        let size = (bytes.len() as u64).max(4).next_multiple_of(4);
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = buffer.get_mapped_range_mut(..).expect("a buffer mapped at creation can be written");
+            let mut padded;
+            let src = if bytes.len() as u64 == size {
+                bytes
+            } else {
+                padded = vec![0u8; size as usize];
+                padded[..bytes.len()].copy_from_slice(bytes);
+                &padded[..]
+            };
+            view.copy_from_slice(src);
+        }
+        buffer.unmap();
+        self.wrap(buffer, size)
+    }
+
+    pub fn wrap(&self, buffer: wgpu::Buffer, size: u64) -> Arc<Buf> {
+        Arc::new(Buf { id: NEXT_ID.fetch_add(1, Ordering::Relaxed), buffer, size, dead: Arc::clone(&self.dead) })
+    }
+}
+
+/// `rows × cols` f32 activations (`cap_rows` allocated).
+pub struct GpuTensor {
+    pub buf: Arc<Buf>,
+    pub rows: usize,
+    pub cap_rows: usize,
+    pub cols: usize,
+}
+
+/// A row range of a weight, bound as one `array<u32>`.
+pub struct Chunk {
+    pub row0: usize,
+    pub rows: usize,
+    pub buf: Arc<Buf>,
+}
+
+pub struct GpuWeight {
+    /// The type the kernels read (vectors and DEX matrices are converted to F32 at load).
+    pub ty: WeightType,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub chunks: Vec<Chunk>,
+}
+
+impl GpuWeight {
+    /// The whole weight as one binding (vectors and small matrices are never split).
+    pub fn single(&self) -> &Arc<Buf> {
+        assert_eq!(self.chunks.len(), 1, "weight is split into {} chunks", self.chunks.len());
+        &self.chunks[0].buf
+    }
+}
+
+pub fn weight_type(t: GgmlType) -> Option<WeightType> {
+    Some(match t {
+        GgmlType::F32 => WeightType::F32,
+        GgmlType::F16 => WeightType::F16,
+        GgmlType::BF16 => WeightType::BF16,
+        GgmlType::Q4_0 => WeightType::Q4_0,
+        GgmlType::Q4_1 => WeightType::Q4_1,
+        GgmlType::Q5_0 => WeightType::Q5_0,
+        GgmlType::Q5_1 => WeightType::Q5_1,
+        GgmlType::Q8_0 => WeightType::Q8_0,
+        GgmlType::Q4_K => WeightType::Q4K,
+        GgmlType::Q5_K => WeightType::Q5K,
+        GgmlType::Q6_K => WeightType::Q6K,
+        _ => return None,
+    })
+}
+
+/// Uploads `rows` rows of `row_bytes` bytes each, in row ranges of at most
+/// `ctx.max_chunk_bytes`.
+pub fn upload_rows(
+    ctx: &GpuContext,
+    alloc: &Allocator,
+    name: &str,
+    data: &[u8],
+    rows: usize,
+    row_bytes: usize,
+) -> Result<Vec<Chunk>, RuntimeError> {
+    let per_chunk = (ctx.max_chunk_bytes as usize / row_bytes.max(1)).min(rows.max(1));
+    if per_chunk == 0 {
+        return Err(RuntimeError::Device(format!(
+            "tensor '{name}': one row is {row_bytes} bytes, more than the adapter binds at once ({} bytes)",
+            ctx.max_chunk_bytes
+        )));
+    }
+    let mut chunks = Vec::new();
+    let mut row0 = 0;
+    while row0 < rows.max(1) {
+        let n = per_chunk.min(rows.max(1) - row0);
+        let bytes = &data[row0 * row_bytes..((row0 + n) * row_bytes).min(data.len())];
+        let buf = ctx.checked(&format!("tensor '{name}'"), || alloc.init(ctx, bytes, name))?;
+        chunks.push(Chunk { row0, rows: n, buf });
+        row0 += n;
+    }
+    Ok(chunks)
+}
+
+/// Per layer, K and V for `n_ctx` positions.
+pub struct GpuKvCache {
+    pub k: Vec<Arc<Buf>>,
+    pub v: Vec<Arc<Buf>>,
+    pub k_elem: CacheElem,
+    pub v_elem: CacheElem,
+    pub n_ctx: usize,
+    pub kv_dim: usize,
+}
+
+pub fn cache_elem(t: CacheType) -> CacheElem {
+    match t {
+        CacheType::F32 => CacheElem::F32,
+        CacheType::F16 => CacheElem::F16,
+    }
+}
+
+impl GpuKvCache {
+    pub fn new(ctx: &GpuContext, alloc: &Allocator, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
+        let k_bytes = spec.k_type.bytes(spec.n_ctx * spec.kv_dim) as u64;
+        let v_bytes = spec.v_type.bytes(spec.n_ctx * spec.kv_dim) as u64;
+        let limit = ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size);
+        if k_bytes.max(v_bytes) > limit {
+            return Err(RuntimeError::Device(format!(
+                "one layer's K/V cache ({} bytes for {} positions) exceeds what the GPU binds at once ({limit} bytes): lower --ctx-size",
+                k_bytes.max(v_bytes),
+                spec.n_ctx
+            )));
+        }
+        if spec.kv_dim % 2 != 0 {
+            return Err(RuntimeError::Unsupported(format!(
+                "the GPU K/V cache needs an even row width, not {}",
+                spec.kv_dim
+            )));
+        }
+        let mut k = Vec::with_capacity(spec.n_layers);
+        let mut v = Vec::with_capacity(spec.n_layers);
+        for il in 0..spec.n_layers {
+            k.push(ctx.checked("the K/V cache", || alloc.storage(ctx, k_bytes, &format!("K cache {il}")))?);
+            v.push(ctx.checked("the K/V cache", || alloc.storage(ctx, v_bytes, &format!("V cache {il}")))?);
+        }
+        Ok(GpuKvCache {
+            k,
+            v,
+            k_elem: cache_elem(spec.k_type),
+            v_elem: cache_elem(spec.v_type),
+            n_ctx: spec.n_ctx,
+            kv_dim: spec.kv_dim,
+        })
+    }
+}

@@ -1,0 +1,257 @@
+//! Choosing an adapter, checking and requesting only the limits the kernels need, and
+//! turning wgpu's asynchronous errors (device lost, out of memory, validation) into
+//! [`RuntimeError`]s a user can act on.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::RuntimeError;
+
+/// Which adapters [`GpuContext::new`] may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdapterChoice {
+    /// Hardware only (discrete or integrated GPU; `--device auto`).
+    Hardware,
+    /// Any adapter, software ones (lavapipe) included (`--device gpu`).
+    Any,
+}
+
+/// Options of the GPU backend.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    pub adapter: AdapterChoice,
+    /// f16 products in the matrix kernels: None = where the adapter has SHADER_F16
+    /// (`DUET_GPU_F16=0` turns it off); Some(b) forces it (Some(true) fails without it).
+    pub f16: Option<bool>,
+    /// Caps the bytes bound per weight chunk (tests use it to exercise splitting).
+    pub max_binding: Option<u64>,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions { adapter: AdapterChoice::Any, f16: None, max_binding: None }
+    }
+}
+
+/// Errors wgpu reports asynchronously, collected until the next readback.
+#[derive(Default)]
+pub struct ErrorSink {
+    pub lost: Option<String>,
+    pub errors: Vec<String>,
+    pub out_of_memory: bool,
+}
+
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    /// Limits granted to the device.
+    pub limits: wgpu::Limits,
+    /// f16 products in the matrix kernels.
+    pub f16: bool,
+    /// Bytes of one weight chunk at most (a multiple of 4).
+    pub max_chunk_bytes: u64,
+    pub sink: Arc<Mutex<ErrorSink>>,
+}
+
+/// Bytes of one binding we ever ask for: keeps every byte offset inside a shader below 2³¹.
+const MAX_BINDING_WANTED: u64 = 1 << 31;
+
+/// The adapters wgpu finds on the primary backends (Vulkan, Metal, DX12), best first:
+/// discrete, integrated, virtual, then software (CPU) adapters.
+pub fn adapters() -> Vec<wgpu::Adapter> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::PRIMARY,
+        ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
+    });
+    let mut list = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+    list.sort_by_key(|a| rank(a.get_info().device_type));
+    list
+}
+
+fn rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+/// Whether `t` is real GPU hardware.
+pub fn is_hardware(t: wgpu::DeviceType) -> bool {
+    matches!(t, wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu)
+}
+
+/// "NAME (Vulkan, integrated GPU)".
+pub fn describe(info: &wgpu::AdapterInfo) -> String {
+    let ty = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => "discrete GPU",
+        wgpu::DeviceType::IntegratedGpu => "integrated GPU",
+        wgpu::DeviceType::VirtualGpu => "virtual GPU",
+        wgpu::DeviceType::Cpu => "software adapter on the CPU",
+        wgpu::DeviceType::Other => "other adapter",
+    };
+    format!("{} ({:?}, {ty})", info.name, info.backend)
+}
+
+/// The limits the kernels need (everything else stays at the downlevel defaults).
+fn required_limits(adapter: &wgpu::Limits) -> wgpu::Limits {
+    wgpu::Limits {
+        // Attention binds Q, K, V, the output and the sub-norm weight.
+        max_storage_buffers_per_shader_stage: 5,
+        max_dynamic_uniform_buffers_per_pipeline_layout: 1,
+        max_uniform_buffer_binding_size: 256,
+        max_compute_workgroup_storage_size: 8192,
+        max_compute_invocations_per_workgroup: 256,
+        max_compute_workgroup_size_x: 256,
+        max_compute_workgroups_per_dimension: 65535,
+        // Larger bindings mean fewer weight chunks: take what the adapter offers (big
+        // weights are split in row ranges to fit whatever this is).
+        max_storage_buffer_binding_size: adapter.max_storage_buffer_binding_size.clamp(1 << 20, MAX_BINDING_WANTED),
+        max_buffer_size: adapter.max_buffer_size.clamp(1 << 20, MAX_BINDING_WANTED),
+        min_uniform_buffer_offset_alignment: adapter.min_uniform_buffer_offset_alignment.max(32),
+        min_storage_buffer_offset_alignment: adapter.min_storage_buffer_offset_alignment.max(32),
+        ..wgpu::Limits::downlevel_defaults()
+    }
+}
+
+impl GpuContext {
+    /// Opens the best adapter allowed by `opts`, or says why none can be used.
+    pub fn new(opts: &GpuOptions) -> Result<GpuContext, RuntimeError> {
+        let list = adapters();
+        if list.is_empty() {
+            return Err(RuntimeError::Device(
+                "no Vulkan, Metal or DX12 adapter found (install a GPU driver, or mesa-vulkan-drivers for the lavapipe software adapter; --device cpu runs on the CPU)".into(),
+            ));
+        }
+        let mut reasons = Vec::new();
+        for adapter in list {
+            let info = adapter.get_info();
+            if opts.adapter == AdapterChoice::Hardware && !is_hardware(info.device_type) {
+                reasons.push(format!("{}: not a hardware GPU", describe(&info)));
+                continue;
+            }
+            match Self::open(adapter, opts) {
+                Ok(ctx) => return Ok(ctx),
+                Err(e) => reasons.push(e.to_string()),
+            }
+        }
+        Err(RuntimeError::Device(format!("no usable GPU adapter: {}", reasons.join("; "))))
+    }
+
+    fn open(adapter: wgpu::Adapter, opts: &GpuOptions) -> Result<GpuContext, RuntimeError> {
+        let info = adapter.get_info();
+        let name = describe(&info);
+        let have = adapter.limits();
+        let want = required_limits(&have);
+        let mut lacking = Vec::new();
+        want.check_limits_with_fail_fn(&have, false, |limit, wanted, has| {
+            lacking.push(format!("{limit} {wanted} (it has {has})"));
+        });
+        if !lacking.is_empty() {
+            return Err(RuntimeError::Device(format!("{name} lacks the limits duet needs: {}", lacking.join(", "))));
+        }
+        let down = adapter.get_downlevel_capabilities();
+        if !down.flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS) {
+            return Err(RuntimeError::Device(format!("{name} cannot run compute shaders")));
+        }
+        if !down.flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32) {
+            return Err(RuntimeError::Device(format!(
+                "{name} lacks the f16 packing built-ins (downlevel flag SHADER_F16_IN_F32) the kernels use to read f16 scales"
+            )));
+        }
+        let has_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
+        let env_off = std::env::var("DUET_GPU_F16").is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off"));
+        let f16 = match opts.f16 {
+            Some(true) if !has_f16 => {
+                return Err(RuntimeError::Device(format!("{name} lacks the SHADER_F16 feature (f16 arithmetic)")));
+            }
+            Some(b) => b,
+            None => has_f16 && !env_off,
+        };
+        let features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("duet"),
+            required_features: features,
+            required_limits: want.clone(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            ..Default::default()
+        }))
+        .map_err(|e| RuntimeError::Device(format!("{name}: cannot open the device: {e}")))?;
+        let sink = Arc::new(Mutex::new(ErrorSink::default()));
+        {
+            let sink = Arc::clone(&sink);
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                if matches!(e, wgpu::Error::OutOfMemory { .. }) {
+                    s.out_of_memory = true;
+                }
+                s.errors.push(e.to_string());
+            }));
+        }
+        {
+            let sink = Arc::clone(&sink);
+            device.set_device_lost_callback(move |reason, msg| {
+                let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+                s.lost = Some(format!("{reason:?}: {msg}"));
+            });
+        }
+        let mut max_chunk_bytes = want.max_storage_buffer_binding_size.min(want.max_buffer_size);
+        if let Some(cap) = opts.max_binding {
+            max_chunk_bytes = max_chunk_bytes.min(cap.max(4));
+        }
+        max_chunk_bytes &= !3;
+        Ok(GpuContext { device, queue, info, limits: want, f16, max_chunk_bytes, sink })
+    }
+
+    /// A one-line description: adapter, backend, type and the arithmetic used.
+    pub fn describe(&self) -> String {
+        format!(
+            "GPU {}, {} products, f32 attention",
+            describe(&self.info),
+            if self.f16 { "f16 (f32 sums)" } else { "f32" }
+        )
+    }
+
+    /// The first error wgpu reported since the last check, worded for users.
+    pub fn take_error(&self) -> Option<RuntimeError> {
+        let mut s = self.sink.lock().unwrap_or_else(|p| p.into_inner());
+        let name = describe(&self.info);
+        if let Some(l) = s.lost.take() {
+            return Some(RuntimeError::Device(format!(
+                "the GPU device {name} was lost ({l}); rerun with --device cpu, or update the GPU driver"
+            )));
+        }
+        if s.out_of_memory {
+            s.out_of_memory = false;
+            let detail = s.errors.drain(..).next().unwrap_or_default();
+            return Some(RuntimeError::Device(format!(
+                "the GPU {name} ran out of memory ({detail}); lower --ctx-size or --batch-size, use a smaller model, or --device cpu"
+            )));
+        }
+        if !s.errors.is_empty() {
+            let all: Vec<String> = s.errors.drain(..).collect();
+            return Some(RuntimeError::Device(format!("GPU error on {name}: {}", all.join("; "))));
+        }
+        None
+    }
+
+    /// Runs `f` (which creates resources) and reports an out-of-memory or validation error
+    /// it caused.
+    pub fn checked<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T, RuntimeError> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        let name = describe(&self.info);
+        if let Some(e) = o {
+            return Err(RuntimeError::Device(format!("the GPU {name} is out of memory for {what}: {e}")));
+        }
+        if let Some(e) = v {
+            return Err(RuntimeError::Device(format!("GPU error creating {what} on {name}: {e}")));
+        }
+        Ok(out)
+    }
+}

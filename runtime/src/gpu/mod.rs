@@ -1,0 +1,277 @@
+//! The GPU backend on wgpu (Vulkan, Metal, DX12): the same ops as the CPU backend, as WGSL
+//! kernels from `duet-shaders`.
+//!
+//! * [`device`]: adapter choice, limits, features (f16), error reporting.
+//! * [`pipelines`]: bind-group layouts (created with the backend) and the pipeline cache.
+//! * [`buffers`]: activations, weights in their GGUF bytes (split in row ranges that fit a
+//!   binding), the K/V cache.
+//! * [`record`]: all ops of a token go into one compute pass, submitted once at
+//!   [`Backend::read_rows`], which reads the logits back.
+//! * [`matmul`], [`attention`], [`ops`]: the ops.
+//!
+//! Weights for the matrix kernels stay in their GGUF blocks; vectors (norms, biases) and
+//! DEX matrices are converted to f32 at load.
+
+mod attention;
+pub mod buffers;
+pub mod device;
+mod matmul;
+mod ops;
+pub mod pipelines;
+mod record;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use duet_shaders::{Op, Variant};
+
+pub use buffers::{GpuKvCache, GpuTensor, GpuWeight};
+pub use device::{AdapterChoice, GpuOptions};
+
+use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
+use crate::error::RuntimeError;
+use crate::kv_cache::KvCacheSpec;
+use buffers::{Allocator, Buf};
+use device::GpuContext;
+use pipelines::{LayoutKind, Pipelines};
+use record::Recorder;
+
+pub struct GpuBackend {
+    ctx: GpuContext,
+    alloc: Allocator,
+    pipes: Pipelines,
+    rec: Recorder,
+    /// Token ids of the pending embedding lookup.
+    ids: Arc<Buf>,
+    ids_pending: bool,
+    /// (cos, sin) per (position, pair) for one RoPE spec: (key, positions, table).
+    rope: Option<((usize, u32, u32, u64), usize, Arc<Buf>)>,
+    /// DIFF sub-norm weights by content hash.
+    sub_norms: HashMap<u64, Arc<Buf>>,
+    /// Bound where a kernel's optional input is absent.
+    dummy: Arc<Buf>,
+}
+
+/// Workgroups for `n` items of `per_group` each, folded into 2-D past 65535.
+fn grid(n: usize, per_group: usize) -> (u32, u32) {
+    let groups = n.div_ceil(per_group.max(1)) as u64;
+    if groups <= 65535 { (groups as u32, 1) } else { (65535, groups.div_ceil(65535) as u32) }
+}
+
+fn f(v: f32) -> u32 {
+    v.to_bits()
+}
+
+impl GpuBackend {
+    /// Opens an adapter (see [`GpuOptions`]) and creates the layouts and the kernels every
+    /// model uses.
+    pub fn new(opts: &GpuOptions) -> Result<GpuBackend, RuntimeError> {
+        let ctx = GpuContext::new(opts)?;
+        let alloc = Allocator::new();
+        let pipes = Pipelines::new(&ctx.device);
+        let rec = Recorder::new(&ctx, &alloc);
+        let ids = alloc.storage(&ctx, 4 * 512, "token ids");
+        let dummy = alloc.storage(&ctx, 16, "unused binding");
+        let mut b = GpuBackend {
+            ctx,
+            alloc,
+            pipes,
+            rec,
+            ids,
+            ids_pending: false,
+            rope: None,
+            sub_norms: HashMap::new(),
+            dummy,
+        };
+        b.prepare(&[Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow])?;
+        Ok(b)
+    }
+
+    /// Compiles the kernels of `ops` now (so that none is created once tokens run).
+    pub fn prepare(&mut self, ops: &[Op]) -> Result<(), RuntimeError> {
+        for &op in ops {
+            let v = Variant::new(op, self.ctx.f16);
+            let (pipes, dev) = (&mut self.pipes, &self.ctx.device);
+            self.ctx.checked(&format!("kernel {}", v.label()), || {
+                pipes.get(dev, v);
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The adapter's name, backend and type.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.ctx.info
+    }
+
+    /// Whether the matrix kernels use f16 products.
+    pub fn uses_f16(&self) -> bool {
+        self.ctx.f16
+    }
+
+    /// Compute pipelines created so far.
+    pub fn pipelines_created(&self) -> usize {
+        self.pipes.pipelines_created
+    }
+
+    /// Bind-group and pipeline layouts created so far (all of them by [`GpuBackend::new`]).
+    pub fn layouts_created(&self) -> usize {
+        self.pipes.layouts_created
+    }
+
+    /// Bind groups created so far (cached, so a steady state creates none).
+    pub fn bind_groups_created(&self) -> usize {
+        self.rec.bind_groups_created
+    }
+
+    /// Command submissions so far.
+    pub fn submissions(&self) -> usize {
+        self.rec.submissions
+    }
+
+    /// Writes `data` into the first rows of `t` (tests and tools; the model itself only
+    /// writes activations through ops). Recorded work runs first, so it sees the old values.
+    pub fn upload(&mut self, t: &GpuTensor, data: &[f32]) {
+        assert!(data.len() <= t.cap_rows * t.cols);
+        self.rec.submit(&self.ctx, &self.alloc, None);
+        self.ids_pending = false;
+        self.ctx.queue.write_buffer(&t.buf.buffer, 0, bytemuck::cast_slice(data));
+    }
+
+    /// Records one dispatch of `op`.
+    fn run(&mut self, op: Op, params: &[u32], bufs: &[&Arc<Buf>], groups: (u32, u32)) {
+        let v = Variant::new(op, self.ctx.f16);
+        let pipeline = self.pipes.get(&self.ctx.device, v);
+        self.rec.dispatch(&self.ctx, &self.pipes, &self.alloc, pipeline, LayoutKind::of(op), params, bufs, groups);
+    }
+
+    /// The (cos, sin) table of `rope` covering positions `0..n_pos`.
+    fn rope_table(&mut self, rope: &RopeSpec, n_pos: usize) -> Arc<Buf> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        if let Some(ff) = &rope.freq_factors {
+            for v in ff {
+                v.to_bits().hash(&mut h);
+            }
+        }
+        let key = (rope.n_rot, rope.freq_base.to_bits(), rope.freq_scale.to_bits(), h.finish());
+        if let Some((k, n, buf)) = &self.rope
+            && *k == key
+            && *n >= n_pos
+        {
+            return Arc::clone(buf);
+        }
+        let n = n_pos.next_power_of_two().max(1024);
+        let thetas = crate::cpu::ops::rope_thetas(rope);
+        let mut cs = Vec::with_capacity(n * thetas.len() * 2);
+        for pos in 0..n {
+            // As the CPU backend: the angle in f32, then sin and cos.
+            let p = pos as f32 * rope.freq_scale;
+            for &th in &thetas {
+                let (s, c) = (p * th).sin_cos();
+                cs.extend([c, s]);
+            }
+        }
+        let buf = self.alloc.init(&self.ctx, bytemuck::cast_slice(&cs), "rope table");
+        self.rope = Some((key, n, Arc::clone(&buf)));
+        buf
+    }
+}
+
+impl Backend for GpuBackend {
+    type Tensor = GpuTensor;
+    type Weight = GpuWeight;
+    type KvCache = GpuKvCache;
+
+    fn describe(&self) -> String {
+        self.ctx.describe()
+    }
+
+    fn load_weight(&mut self, w: &WeightView<'_>) -> Result<GpuWeight, RuntimeError> {
+        matmul::load_weight(self, w)
+    }
+
+    fn new_tensor(&mut self, rows: usize, cols: usize) -> GpuTensor {
+        let bytes = (rows.max(1) * cols * 4) as u64;
+        let limit = self.ctx.limits.max_storage_buffer_binding_size.min(self.ctx.limits.max_buffer_size);
+        assert!(
+            bytes <= limit,
+            "an activation of {rows} × {cols} f32 ({bytes} bytes) exceeds what {} binds at once ({limit} bytes): lower --batch-size",
+            device::describe(&self.ctx.info)
+        );
+        let buf = self.alloc.storage(&self.ctx, bytes, "activations");
+        GpuTensor { buf, rows, cap_rows: rows, cols }
+    }
+
+    fn set_rows(&mut self, t: &mut GpuTensor, rows: usize) {
+        assert!(rows <= t.cap_rows, "tensor holds {} rows, {rows} requested", t.cap_rows);
+        t.rows = rows;
+    }
+
+    fn new_kv_cache(&mut self, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
+        attention::new_kv_cache(self, spec)
+    }
+
+    fn embed(&mut self, table: &GpuWeight, tokens: &[u32], out: &mut GpuTensor) {
+        matmul::embed(self, table, tokens, out)
+    }
+
+    fn rms_norm(&mut self, x: &GpuTensor, weight: &GpuWeight, eps: f32, out: &mut GpuTensor) {
+        ops::rms_norm(self, x, weight, eps, out)
+    }
+
+    fn matmul(&mut self, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor) {
+        matmul::matmul(self, w, x, out)
+    }
+
+    fn add_bias(&mut self, x: &mut GpuTensor, bias: &GpuWeight) {
+        ops::add(self, x, bias.single(), bias.cols)
+    }
+
+    fn rope(&mut self, x: &mut GpuTensor, n_heads: usize, head_dim: usize, pos0: usize, rope: &RopeSpec) {
+        ops::rope(self, x, n_heads, head_dim, pos0, rope)
+    }
+
+    fn attention(
+        &mut self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        cache: &mut GpuKvCache,
+        layer: usize,
+        pos0: usize,
+        spec: &AttentionSpec,
+        out: &mut GpuTensor,
+    ) {
+        attention::attention(self, q, k, v, cache, layer, pos0, spec, out)
+    }
+
+    fn dex(&mut self, x: &mut GpuTensor, w_d: &GpuWeight, lambda: f32, heads: &[usize], head_dim: usize) {
+        ops::dex(self, x, w_d, lambda, heads, head_dim)
+    }
+
+    fn swiglu(&mut self, gate: &mut GpuTensor, up: &GpuTensor) {
+        ops::swiglu(self, gate, up)
+    }
+
+    fn add(&mut self, x: &mut GpuTensor, y: &GpuTensor) {
+        let n = x.rows * x.cols;
+        ops::add(self, x, &Arc::clone(&y.buf), n)
+    }
+
+    fn copy_row(&mut self, x: &GpuTensor, src_row: usize, out: &mut GpuTensor) {
+        ops::copy_row(self, x, src_row, out)
+    }
+
+    fn read_rows(&mut self, t: &GpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        assert!(rows.end <= t.cap_rows, "read_rows past the tensor's rows");
+        let off = (rows.start * t.cols * 4) as u64;
+        let size = (rows.len() * t.cols * 4) as u64;
+        self.rec.submit(&self.ctx, &self.alloc, Some((&t.buf, off, size)));
+        self.ids_pending = false;
+        self.rec.read(&self.ctx, size)
+    }
+}

@@ -1,0 +1,127 @@
+//! Bind-group layouts (created once, with the backend) and compute pipelines (created once
+//! per variant, cached). Counters of both let a test check that nothing is created after
+//! the first token.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use duet_shaders::{Op, Variant};
+
+/// The binding shapes of the kernels: binding 0 is the per-dispatch parameters (a uniform
+/// with a dynamic offset), then storage buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayoutKind {
+    /// read, read, read_write (matvec, matmul, embed, rms_norm).
+    In2Out1,
+    /// read, read_write (rope, swiglu, add, copy_row, kv_write, dex).
+    In1Out1,
+    /// read Q, K, V, read_write O, read sub-norm (attention).
+    Attention,
+}
+
+impl LayoutKind {
+    pub fn of(op: Op) -> LayoutKind {
+        match op {
+            Op::MatVec(_) | Op::MatMul(_) | Op::Embed(_) | Op::RmsNorm => LayoutKind::In2Out1,
+            Op::Rope | Op::SwiGlu | Op::Add | Op::CopyRow | Op::KvWrite(_) | Op::Dex => LayoutKind::In1Out1,
+            Op::Attention { .. } => LayoutKind::Attention,
+        }
+    }
+
+    fn storage(self) -> &'static [bool] {
+        // true = read-only
+        match self {
+            LayoutKind::In2Out1 => &[true, true, false],
+            LayoutKind::In1Out1 => &[true, false],
+            LayoutKind::Attention => &[true, true, true, false, true],
+        }
+    }
+
+    pub fn n_storage(self) -> usize {
+        self.storage().len()
+    }
+
+    const ALL: [LayoutKind; 3] = [LayoutKind::In2Out1, LayoutKind::In1Out1, LayoutKind::Attention];
+}
+
+/// Bytes of one dispatch's parameter slot (every Params struct fits).
+pub const PARAMS_SLOT: u64 = 256;
+
+pub struct Pipelines {
+    layouts: HashMap<LayoutKind, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
+    pipelines: HashMap<Variant, Arc<wgpu::ComputePipeline>>,
+    /// Bind-group and pipeline layouts created (all at construction).
+    pub layouts_created: usize,
+    pub pipelines_created: usize,
+}
+
+impl Pipelines {
+    pub fn new(device: &wgpu::Device) -> Pipelines {
+        let mut layouts = HashMap::new();
+        let mut created = 0;
+        for kind in LayoutKind::ALL {
+            let mut entries = vec![wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: true,
+                    min_binding_size: wgpu::BufferSize::new(PARAMS_SLOT),
+                },
+                count: None,
+            }];
+            for (i, &read_only) in kind.storage().iter().enumerate() {
+                entries.push(wgpu::BindGroupLayoutEntry {
+                    binding: 1 + i as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                });
+            }
+            let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("duet bind group layout"),
+                entries: &entries,
+            });
+            let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some("duet pipeline layout"),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+            created += 2;
+            layouts.insert(kind, (bgl, pl));
+        }
+        Pipelines { layouts, pipelines: HashMap::new(), layouts_created: created, pipelines_created: 0 }
+    }
+
+    pub fn bind_group_layout(&self, kind: LayoutKind) -> &wgpu::BindGroupLayout {
+        &self.layouts[&kind].0
+    }
+
+    /// The pipeline of `v`, compiled on first use.
+    pub fn get(&mut self, device: &wgpu::Device, v: Variant) -> Arc<wgpu::ComputePipeline> {
+        if let Some(p) = self.pipelines.get(&v) {
+            return Arc::clone(p);
+        }
+        let label = v.label();
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(duet_shaders::source(&v).into()),
+        });
+        let layout = &self.layouts[&LayoutKind::of(v.op)].1;
+        let p = Arc::new(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(layout),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        }));
+        self.pipelines_created += 1;
+        self.pipelines.insert(v, Arc::clone(&p));
+        p
+    }
+}

@@ -1,0 +1,187 @@
+//! Recording: every op of a token appends a dispatch (pipeline, bind group, parameter
+//! offset, workgroup counts) to a list; [`Recorder::submit`] writes all the parameters in
+//! one buffer write, records every dispatch into one compute pass of one command encoder,
+//! adds the readback copy and submits once. Bind groups are cached by the ids of the
+//! buffers they bind (the parameters go through a dynamic offset), so after the first token
+//! no bind group is created either.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::buffers::{Allocator, Buf};
+use super::device::GpuContext;
+use super::pipelines::{LayoutKind, PARAMS_SLOT, Pipelines};
+use crate::error::RuntimeError;
+
+struct Dispatch {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind_group: Arc<wgpu::BindGroup>,
+    offset: u32,
+    groups: (u32, u32),
+}
+
+/// Parameter slots per submission before a mid-token flush is needed.
+const PARAM_SLOTS: u64 = 4096;
+
+pub struct Recorder {
+    params: Arc<Buf>,
+    staging: Vec<u8>,
+    pending: Vec<Dispatch>,
+    bind_groups: HashMap<(LayoutKind, Vec<u64>), Arc<wgpu::BindGroup>>,
+    readback: Option<wgpu::Buffer>,
+    readback_size: u64,
+    /// Submissions so far (tests check one per token).
+    pub submissions: usize,
+    pub bind_groups_created: usize,
+}
+
+impl Recorder {
+    pub fn new(ctx: &GpuContext, alloc: &Allocator) -> Recorder {
+        let size = PARAM_SLOTS * PARAMS_SLOT;
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("duet params"),
+            size,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Recorder {
+            params: alloc.wrap(buffer, size),
+            staging: Vec::new(),
+            pending: Vec::new(),
+            bind_groups: HashMap::new(),
+            readback: None,
+            readback_size: 0,
+            submissions: 0,
+            bind_groups_created: 0,
+        }
+    }
+
+    /// Records one dispatch of `pipeline` over `groups` workgroups with parameters `params`
+    /// (a `#[repr(C)]` struct of 4-byte fields) and the storage buffers `bufs` in binding
+    /// order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch(
+        &mut self,
+        ctx: &GpuContext,
+        pipes: &Pipelines,
+        alloc: &Allocator,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        kind: LayoutKind,
+        params: &[u32],
+        bufs: &[&Arc<Buf>],
+        groups: (u32, u32),
+    ) {
+        assert_eq!(bufs.len(), kind.n_storage(), "binding count of {kind:?}");
+        assert!(params.len() * 4 <= PARAMS_SLOT as usize);
+        if groups.0 == 0 || groups.1 == 0 {
+            return;
+        }
+        if self.staging.len() as u64 + PARAMS_SLOT > self.params.size {
+            // More dispatches than parameter slots: run what is recorded so far.
+            self.submit(ctx, alloc, None);
+        }
+        let offset = self.staging.len() as u32;
+        self.staging.extend(params.iter().flat_map(|v| v.to_le_bytes()));
+        self.staging.resize(offset as usize + PARAMS_SLOT as usize, 0);
+        let key = (kind, bufs.iter().map(|b| b.id).chain([self.params.id]).collect::<Vec<u64>>());
+        let bind_group = match self.bind_groups.get(&key) {
+            Some(bg) => Arc::clone(bg),
+            None => {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &self.params.buffer,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(PARAMS_SLOT),
+                    }),
+                }];
+                for (i, b) in bufs.iter().enumerate() {
+                    entries
+                        .push(wgpu::BindGroupEntry { binding: 1 + i as u32, resource: b.buffer.as_entire_binding() });
+                }
+                let bg = Arc::new(ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: pipes.bind_group_layout(kind),
+                    entries: &entries,
+                }));
+                self.bind_groups_created += 1;
+                self.bind_groups.insert(key, Arc::clone(&bg));
+                bg
+            }
+        };
+        self.pending.push(Dispatch { pipeline, bind_group, offset, groups });
+    }
+
+    /// Submits everything recorded, then copies `readback` = (buffer, byte offset, bytes)
+    /// into the readback buffer in the same submission.
+    pub fn submit(&mut self, ctx: &GpuContext, alloc: &Allocator, readback: Option<(&Buf, u64, u64)>) {
+        // Release bind groups that hold buffers dropped since the last submission.
+        let dead: Vec<u64> = std::mem::take(&mut *alloc.dead.lock().unwrap_or_else(|p| p.into_inner()));
+        if !dead.is_empty() {
+            self.bind_groups.retain(|(_, ids), _| !ids.iter().any(|i| dead.contains(i)));
+        }
+        if !self.staging.is_empty() {
+            ctx.queue.write_buffer(&self.params.buffer, 0, &self.staging);
+        }
+        let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("duet token") });
+        if !self.pending.is_empty() {
+            let mut pass = enc
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("duet ops"), timestamp_writes: None });
+            for d in &self.pending {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, Some(d.bind_group.as_ref()), &[d.offset]);
+                pass.dispatch_workgroups(d.groups.0, d.groups.1, 1);
+            }
+        }
+        if let Some((src, off, size)) = readback {
+            if self.readback_size < size {
+                let cap = size.next_multiple_of(1 << 16);
+                self.readback = Some(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("duet readback"),
+                    size: cap,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }));
+                self.readback_size = cap;
+            }
+            enc.copy_buffer_to_buffer(&src.buffer, off, self.readback.as_ref().expect("just created"), 0, size);
+        }
+        ctx.queue.submit([enc.finish()]);
+        self.submissions += 1;
+        self.pending.clear();
+        self.staging.clear();
+    }
+
+    /// Waits for the last submission and returns the first `size` bytes of the readback
+    /// buffer as f32.
+    pub fn read(&mut self, ctx: &GpuContext, size: u64) -> Result<Vec<f32>, RuntimeError> {
+        let rb = self.readback.as_ref().expect("submit with a readback first");
+        let slot = Arc::new(std::sync::Mutex::new(None));
+        {
+            let slot = Arc::clone(&slot);
+            rb.map_async(wgpu::MapMode::Read, 0..size, move |r| {
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            });
+        }
+        let poll = ctx.device.poll(wgpu::PollType::wait_indefinitely());
+        if let Some(e) = ctx.take_error() {
+            return Err(e);
+        }
+        if let Err(e) = poll {
+            return Err(RuntimeError::Device(format!("waiting for the GPU failed: {e}")));
+        }
+        match slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(RuntimeError::Device(format!("reading results back from the GPU failed: {e}"))),
+            None => return Err(RuntimeError::Device("the GPU did not finish the readback".into())),
+        }
+        let out = {
+            let view = rb
+                .get_mapped_range(0..size)
+                .map_err(|e| RuntimeError::Device(format!("reading results back from the GPU failed: {e}")))?;
+            bytemuck::cast_slice::<u8, f32>(&view).to_vec()
+        };
+        rb.unmap();
+        Ok(out)
+    }
+}

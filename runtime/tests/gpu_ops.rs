@@ -1,0 +1,357 @@
+//! Every GPU op against the CPU backend (the reference), on random data and odd shapes:
+//! row counts, token counts and (for the float types) row lengths that are not multiples
+//! of the workgroup, tile or block sizes. Normalised MSE = Σ(gpu − cpu)² / Σ cpu².
+//!
+//! The matrix products are checked twice: against exact arithmetic on the CPU backend's
+//! own dequantized weights (what the GPU computes: dequantized weights × f32 activations),
+//! and against the CPU backend's matmul, which rounds activations to 8 bits for its
+//! integer dot products, so that comparison has per-type bounds. Runs on any adapter,
+//! lavapipe included; without one every test skips with the reason.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use duet_quant::GgmlType;
+use duet_quant::gguf::{GgufFile, GgufWriter};
+use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightView};
+use duet_runtime::cpu::{CpuBackend, CpuTensor};
+use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor};
+use duet_runtime::kv_cache::{CacheType, KvCacheSpec};
+use duet_test_support::{Rng, skip};
+
+fn gpu(test: &str, f16: bool, max_binding: Option<u64>) -> Option<GpuBackend> {
+    match GpuBackend::new(&GpuOptions { f16: Some(f16), max_binding, ..Default::default() }) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            skip(test, &format!("no usable GPU adapter ({e})"));
+            None
+        }
+    }
+}
+
+fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite GPU value {g}");
+        num += (g as f64 - w as f64).powi(2);
+        den += (w as f64).powi(2);
+    }
+    if den == 0.0 { num } else { num / den }
+}
+
+static FILE_NO: AtomicUsize = AtomicUsize::new(0);
+
+/// A GGUF file holding `tensors` (name, type, rows, cols, f32 values quantized to type).
+fn weights_file(tensors: &[(&str, GgmlType, usize, usize, Vec<f32>)]) -> Arc<GgufFile> {
+    let path = std::env::temp_dir().join(format!(
+        "duet-gpu-ops-{}-{}.gguf",
+        std::process::id(),
+        FILE_NO.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut w = GgufWriter::new(&path);
+    let mut bytes = Vec::new();
+    for (name, ty, rows, cols, vals) in tensors {
+        let dims: Vec<u64> = if *rows == 1 { vec![*cols as u64] } else { vec![*cols as u64, *rows as u64] };
+        w.add_tensor(*name, &dims, *ty).unwrap();
+        let mut b = vec![0u8; duet_quant::row_bytes(*ty, *cols).unwrap() * rows];
+        duet_quant::quantize(*ty, vals, *cols, &mut b).unwrap();
+        bytes.push(b);
+    }
+    let mut dw = w.start().unwrap();
+    for ((name, ..), b) in tensors.iter().zip(&bytes) {
+        dw.write_tensor(name, b).unwrap();
+    }
+    dw.finish().unwrap();
+    let file = Arc::new(GgufFile::from_bytes(std::fs::read(&path).unwrap()).unwrap());
+    let _ = std::fs::remove_file(&path);
+    file
+}
+
+fn view<'a>(file: &'a Arc<GgufFile>, name: &'a str) -> WeightView<'a> {
+    let info = file.tensor(name).unwrap();
+    let d = info.dims();
+    let (cols, rows) = (d[0] as usize, if d.len() > 1 { d[1] as usize } else { 1 });
+    WeightView { name, ty: info.ggml_type(), cols, rows, data: file.tensor_data(info), file }
+}
+
+/// The same activations on both backends.
+struct Pair {
+    cpu: CpuBackend,
+    gpu: GpuBackend,
+}
+
+impl Pair {
+    fn tensor(&mut self, rows: usize, cols: usize, data: &[f32]) -> (CpuTensor, GpuTensor) {
+        let mut c = self.cpu.new_tensor(rows, cols);
+        c.data[..data.len()].copy_from_slice(data);
+        let g = self.gpu.new_tensor(rows, cols);
+        self.gpu.upload(&g, data);
+        (c, g)
+    }
+
+    fn read(&mut self, c: &CpuTensor, g: &GpuTensor) -> (Vec<f32>, Vec<f32>) {
+        let cv = self.cpu.read_rows(c, 0..c.rows).unwrap();
+        let gv = self.gpu.read_rows(g, 0..g.rows).unwrap();
+        (gv, cv)
+    }
+}
+
+const TYPES: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Bound of GPU vs CPU-backend matmul: the CPU rounds activations to Q8 (Q8_K for the
+/// K-quants), so this is the CPU's activation rounding, not a GPU error.
+fn cpu_matmul_bound(t: GgmlType) -> f64 {
+    match t {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-7,
+        _ => 1e-4,
+    }
+}
+
+fn matmul_checks(test: &str, f16: bool, exact_bound: f64) {
+    let Some(gpu) = gpu(test, f16, None) else { return };
+    let mut p = Pair { cpu: CpuBackend::new(2), gpu };
+    eprintln!("{test}: {}", p.gpu.describe());
+    let mut rng = Rng::new(7);
+    for ty in TYPES {
+        let bs = ty.block_size();
+        // Row lengths: whole blocks, an odd number of them; float types: not a multiple of 4.
+        let cols = match bs {
+            1 => 203,
+            32 => 32 * 11,
+            _ => 256 * 3,
+        };
+        let rows = 133;
+        let wv = rng.normals(rows * cols);
+        let file = weights_file(&[("w", ty, rows, cols, wv)]);
+        let wc = p.cpu.load_weight(&view(&file, "w")).unwrap();
+        let wg = p.gpu.load_weight(&view(&file, "w")).unwrap();
+        // What both backends multiply by: the weights as the CPU backend dequantizes them.
+        let mut deq = vec![0f32; rows * cols];
+        duet_quant::dequantize(ty, file.tensor_bytes("w").unwrap(), &mut deq).unwrap();
+        for t in [1usize, 3, 70] {
+            let xv = rng.normals(t * cols);
+            let (xc, xg) = p.tensor(t, cols, &xv);
+            let (mut oc, mut og) = p.tensor(t, rows, &[]);
+            p.cpu.matmul(&wc, &xc, &mut oc);
+            p.gpu.matmul(&wg, &xg, &mut og);
+            let (g, c) = p.read(&oc, &og);
+            let exact: Vec<f32> = (0..t * rows)
+                .map(|i| {
+                    let (tt, r) = (i / rows, i % rows);
+                    (0..cols).map(|k| deq[r * cols + k] as f64 * xv[tt * cols + k] as f64).sum::<f64>() as f32
+                })
+                .collect();
+            let e_exact = nmse(&g, &exact);
+            let e_cpu = nmse(&g, &c);
+            eprintln!(
+                "matmul {ty:>5} {rows}x{cols} tokens {t:>2} f16={f16}: nmse vs exact {e_exact:.2e}, vs CPU backend {e_cpu:.2e}"
+            );
+            assert!(e_exact <= exact_bound, "{ty} t={t}: nmse vs exact {e_exact:.3e} > {exact_bound:.0e}");
+            let cb = if f16 { cpu_matmul_bound(ty).max(exact_bound) } else { cpu_matmul_bound(ty) };
+            assert!(e_cpu <= cb, "{ty} t={t}: nmse vs CPU backend {e_cpu:.3e} > {cb:.0e}");
+        }
+        // Embedding lookup: exact (both dequantize the same bytes).
+        let ids: Vec<u32> = (0..9).map(|_| rng.below(rows) as u32).collect();
+        let (mut ec, mut eg) = p.tensor(ids.len(), cols, &[]);
+        p.cpu.embed(&wc, &ids, &mut ec);
+        p.gpu.embed(&wg, &ids, &mut eg);
+        let (g, c) = p.read(&ec, &eg);
+        let e = nmse(&g, &c);
+        eprintln!("embed  {ty:>5}: nmse {e:.2e}");
+        assert!(e <= 1e-12, "embed {ty}: nmse {e:.3e}");
+    }
+}
+
+#[test]
+fn matmul_and_embed_every_type_f32() {
+    matmul_checks("matmul_and_embed_every_type_f32", false, 1e-10);
+}
+
+#[test]
+fn matmul_and_embed_every_type_f16() {
+    // f16 products: weights and activations rounded to f16 (2⁻¹¹ relative), sums in f32.
+    matmul_checks("matmul_and_embed_every_type_f16", true, 2e-6);
+}
+
+/// Weights larger than one binding are split into row ranges: the result is the same.
+#[test]
+fn split_weights_match() {
+    let test = "split_weights_match";
+    let Some(gpu) = gpu(test, false, Some(4096)) else { return };
+    let mut p = Pair { cpu: CpuBackend::new(2), gpu };
+    let mut rng = Rng::new(11);
+    let (rows, cols) = (301, 64);
+    let file = weights_file(&[("w", GgmlType::Q8_0, rows, cols, rng.normals(rows * cols))]);
+    let wg = p.gpu.load_weight(&view(&file, "w")).unwrap();
+    let wc = p.cpu.load_weight(&view(&file, "w")).unwrap();
+    // 68 bytes a row, 4096 bytes a binding: 60 rows a chunk, 6 chunks.
+    for t in [1usize, 5] {
+        let xv = rng.normals(t * cols);
+        let (xc, xg) = p.tensor(t, cols, &xv);
+        let (mut oc, mut og) = p.tensor(t, rows, &[]);
+        p.cpu.matmul(&wc, &xc, &mut oc);
+        p.gpu.matmul(&wg, &xg, &mut og);
+        let (g, c) = p.read(&oc, &og);
+        let e = nmse(&g, &c);
+        assert!(e <= 1e-4, "split matmul t={t}: {e:.3e}");
+    }
+    let ids = [0u32, 59, 60, 300, 150];
+    let (mut ec, mut eg) = p.tensor(ids.len(), cols, &[]);
+    p.cpu.embed(&wc, &ids, &mut ec);
+    p.gpu.embed(&wg, &ids, &mut eg);
+    let (g, c) = p.read(&ec, &eg);
+    assert_eq!(g, c, "split embedding rows");
+}
+
+#[test]
+fn row_and_element_ops() {
+    let test = "row_and_element_ops";
+    let Some(gpu) = gpu(test, false, None) else { return };
+    let mut p = Pair { cpu: CpuBackend::new(2), gpu };
+    let mut rng = Rng::new(3);
+    let (rows, cols) = (37, 300);
+    let nw = rng.normals(cols);
+    let bias = rng.normals(cols);
+    let (n_heads, hd) = (6, 50); // cols = 300
+    let wd: Vec<f32> = rng.normals(hd * hd).iter().map(|v| v * 0.1).collect();
+    let file = weights_file(&[
+        ("norm", GgmlType::F32, 1, cols, nw),
+        ("bias", GgmlType::F32, 1, cols, bias),
+        ("blk.0.attn_dex.weight", GgmlType::F32, hd, hd, wd),
+    ]);
+    let (nc, ng) = (p.cpu.load_weight(&view(&file, "norm")).unwrap(), p.gpu.load_weight(&view(&file, "norm")).unwrap());
+    let (bc, bg) = (p.cpu.load_weight(&view(&file, "bias")).unwrap(), p.gpu.load_weight(&view(&file, "bias")).unwrap());
+    let dname = "blk.0.attn_dex.weight";
+    let (dc, dg) = (p.cpu.load_weight(&view(&file, dname)).unwrap(), p.gpu.load_weight(&view(&file, dname)).unwrap());
+    let check = |name: &str, g: &[f32], c: &[f32]| {
+        let e = nmse(g, c);
+        eprintln!("{name}: nmse {e:.2e}");
+        assert!(e <= 1e-7, "{name}: nmse {e:.3e} > 1e-7");
+    };
+    let xv: Vec<f32> = rng.normals(rows * cols).iter().map(|v| v * 3.0).collect();
+    let yv = rng.normals(rows * cols);
+
+    let (xc, xg) = p.tensor(rows, cols, &xv);
+    let (mut oc, mut og) = p.tensor(rows, cols, &[]);
+    p.cpu.rms_norm(&xc, &nc, 1e-5, &mut oc);
+    p.gpu.rms_norm(&xg, &ng, 1e-5, &mut og);
+    let (g, c) = p.read(&oc, &og);
+    check("rms_norm", &g, &c);
+
+    let (mut xc, mut xg) = p.tensor(rows, cols, &xv);
+    let (yc, yg) = p.tensor(rows, cols, &yv);
+    p.cpu.add(&mut xc, &yc);
+    p.gpu.add(&mut xg, &yg);
+    p.cpu.add_bias(&mut xc, &bc);
+    p.gpu.add_bias(&mut xg, &bg);
+    let (g, c) = p.read(&xc, &xg);
+    check("add + add_bias", &g, &c);
+
+    let (mut xc, mut xg) = p.tensor(rows, cols, &xv);
+    p.cpu.swiglu(&mut xc, &yc);
+    p.gpu.swiglu(&mut xg, &yg);
+    let (g, c) = p.read(&xc, &xg);
+    check("swiglu", &g, &c);
+
+    let (xc, xg) = p.tensor(rows, cols, &xv);
+    let (mut lc, mut lg) = p.tensor(1, cols, &[]);
+    p.cpu.copy_row(&xc, rows - 2, &mut lc);
+    p.gpu.copy_row(&xg, rows - 2, &mut lg);
+    let (g, c) = p.read(&lc, &lg);
+    assert_eq!(g, c, "copy_row");
+
+    for (rope, pos0) in [
+        (RopeSpec { n_rot: hd, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None }, 0),
+        (RopeSpec { n_rot: 32, freq_base: 500000.0, freq_scale: 0.5, freq_factors: Some(vec![1.5; 16]) }, 1500),
+    ] {
+        let (mut xc, mut xg) = p.tensor(rows, cols, &xv);
+        p.cpu.rope(&mut xc, n_heads, hd, pos0, &rope);
+        p.gpu.rope(&mut xg, n_heads, hd, pos0, &rope);
+        let (g, c) = p.read(&xc, &xg);
+        check(&format!("rope n_rot {} pos0 {pos0}", rope.n_rot), &g, &c);
+    }
+
+    let (mut xc, mut xg) = p.tensor(rows, cols, &xv);
+    p.cpu.dex(&mut xc, &dc, 0.37, &[0, 3, 5], hd);
+    p.gpu.dex(&mut xg, &dg, 0.37, &[0, 3, 5], hd);
+    let (g, c) = p.read(&xc, &xg);
+    check("dex", &g, &c);
+}
+
+fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheType, vt: CacheType, steps: &[usize]) {
+    let (h, hkv, hd) = (spec.n_heads, spec.n_kv_heads, spec.head_dim);
+    let n_ctx = steps.iter().sum::<usize>() + 3;
+    let kv = KvCacheSpec { n_layers: 2, n_ctx, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
+    let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
+    let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
+    let mut pos0 = 0;
+    let bound = if kt == CacheType::F32 && vt == CacheType::F32 { 1e-7 } else { 1e-6 };
+    for &n in steps {
+        let qv: Vec<f32> = rng.normals(n * h * hd).iter().map(|v| v * 2.0).collect();
+        let kvv = rng.normals(n * hkv * hd);
+        let vv = rng.normals(n * hkv * hd);
+        let (qc, qg) = p.tensor(n, h * hd, &qv);
+        let (kc, kg) = p.tensor(n, hkv * hd, &kvv);
+        let (vc, vg) = p.tensor(n, hkv * hd, &vv);
+        let (mut oc, mut og) = p.tensor(n, h * hd, &[]);
+        p.cpu.attention(&qc, &kc, &vc, &mut cc, 1, pos0, spec, &mut oc);
+        p.gpu.attention(&qg, &kg, &vg, &mut cg, 1, pos0, spec, &mut og);
+        let (g, c) = p.read(&oc, &og);
+        let e = nmse(&g, &c);
+        let kind = match &spec.kind {
+            AttentionKind::Standard => "standard".to_string(),
+            AttentionKind::Differential { sub_norm, .. } => format!("differential(sub-norm {})", sub_norm.is_some()),
+        };
+        eprintln!("attention {kind} H={h} Hkv={hkv} hd={hd} K {kt} V {vt} rows {n} at {pos0}: nmse {e:.2e}");
+        assert!(e <= bound, "attention {kind} rows {n} at {pos0}: nmse {e:.3e} > {bound:.0e}");
+        pos0 += n;
+    }
+}
+
+#[test]
+fn attention_standard_and_differential() {
+    let test = "attention_standard_and_differential";
+    let Some(gpu) = gpu(test, false, None) else { return };
+    let mut p = Pair { cpu: CpuBackend::new(2), gpu };
+    let mut rng = Rng::new(5);
+    // Prefill chunks (odd sizes, crossing the 32-key tiles), then single-token decode steps.
+    let steps = [37, 1, 1, 29, 1];
+    for (h, hkv, hd) in [(6, 2, 64), (4, 4, 32), (8, 2, 128)] {
+        let std = AttentionSpec {
+            kind: AttentionKind::Standard,
+            n_heads: h,
+            n_kv_heads: hkv,
+            head_dim: hd,
+            scale: (hd as f32).powf(-0.5),
+            rms_eps: 1e-5,
+        };
+        let sub = Some(rng.normals(2 * hd).iter().map(|v| 1.0 + 0.1 * v).collect());
+        for kind in [
+            AttentionKind::Standard,
+            AttentionKind::Differential { lambda: 0.31, lambda_init: 0.2, sub_norm: None },
+            AttentionKind::Differential { lambda: 0.8, lambda_init: 0.62, sub_norm: sub },
+        ] {
+            let spec = AttentionSpec { kind, ..std.clone() };
+            attention_case(&mut p, &mut rng, &spec, CacheType::F32, CacheType::F32, &steps);
+        }
+        let diff = AttentionSpec {
+            kind: AttentionKind::Differential { lambda: 0.5, lambda_init: 0.35, sub_norm: None },
+            ..std.clone()
+        };
+        attention_case(&mut p, &mut rng, &diff, CacheType::F16, CacheType::F16, &steps);
+        attention_case(&mut p, &mut rng, &std, CacheType::F16, CacheType::F32, &steps);
+    }
+}
