@@ -70,11 +70,16 @@ enum Source {
 }
 
 enum Input {
-    Hf { ckpt: Checkpoint },
+    Hf {
+        ckpt: Checkpoint,
+    },
     /// `data` maps the same file as `file`: tensors are read through it so that their pages
     /// can be released after use (as [`Checkpoint::release`] does), which `GgufFile`'s own
     /// map does not offer. Without it a re-quantization keeps the whole source resident.
-    Gguf { file: GgufFile, data: memmap2::Mmap },
+    Gguf {
+        file: GgufFile,
+        data: memmap2::Mmap,
+    },
 }
 
 /// A fully planned conversion: nothing has been written yet.
@@ -97,10 +102,7 @@ impl Conversion {
         } else if opts.input.is_file() {
             prepare_gguf(opts, imatrix)?
         } else {
-            return Err(ConvertError::missing(
-                &opts.input,
-                "no such file or directory",
-            ));
+            return Err(ConvertError::missing(&opts.input, "no such file or directory"));
         };
         // The importance matrix is an input too: writing over it must be refused.
         conv.input_files.extend(opts.imatrix.iter().cloned());
@@ -133,21 +135,13 @@ impl Conversion {
     }
 
     /// Writes the GGUF to `out` (atomically: a temp file renamed at the end).
-    pub fn write(
-        &self,
-        out: &Path,
-        threads: usize,
-        progress: &dyn Progress,
-    ) -> Result<(), ConvertError> {
+    pub fn write(&self, out: &Path, threads: usize, progress: &dyn Progress) -> Result<(), ConvertError> {
         self.refuse_overwriting_input(out)?;
         let writer = self.writer(out)?;
         for w in &self.warnings {
             progress.warn(w);
         }
-        progress.begin(
-            self.tensors.iter().map(|t| t.n_bytes).sum(),
-            self.tensors.len(),
-        );
+        progress.begin(self.tensors.iter().map(|t| t.n_bytes).sum(), self.tensors.len());
         let mut data = writer.start()?;
         for t in &self.tensors {
             progress.tensor(&t.name, t.ty, t.n_bytes);
@@ -184,14 +178,7 @@ impl Conversion {
                         ckpt.release(m);
                     }
                 }
-                quantize_tensor(
-                    &t.name,
-                    &values,
-                    t.dims[0],
-                    t.ty,
-                    self.imatrix_for(&t.name, t.dims[0]),
-                    threads,
-                )
+                quantize_tensor(&t.name, &values, t.dims[0], t.ty, self.imatrix_for(&t.name, t.dims[0]), threads)
             }
             (Source::Gguf { index, copy }, Input::Gguf { file, data }) => {
                 let info = &file.tensors()[*index];
@@ -201,9 +188,7 @@ impl Conversion {
                     // SAFETY: DontNeed on a read-only file mapping only drops clean pages;
                     // later reads fault them back in from the file. Best effort.
                     #[cfg(unix)]
-                    let _ = unsafe {
-                        data.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
-                    };
+                    let _ = unsafe { data.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
                 };
                 if *copy {
                     let bytes = raw.to_vec();
@@ -211,31 +196,17 @@ impl Conversion {
                     return Ok(bytes);
                 }
                 let mut values = vec![0f32; t.dims.iter().product()];
-                duet_quant::dequantize(info.ggml_type(), raw, &mut values).map_err(|source| {
-                    ConvertError::Quant {
-                        tensor: t.name.clone(),
-                        source,
-                    }
-                })?;
+                duet_quant::dequantize(info.ggml_type(), raw, &mut values)
+                    .map_err(|source| ConvertError::Quant { tensor: t.name.clone(), source })?;
                 release();
-                quantize_tensor(
-                    &t.name,
-                    &values,
-                    t.dims[0],
-                    t.ty,
-                    self.imatrix_for(&t.name, t.dims[0]),
-                    threads,
-                )
+                quantize_tensor(&t.name, &values, t.dims[0], t.ty, self.imatrix_for(&t.name, t.dims[0]), threads)
             }
             _ => unreachable!("a planned tensor always matches its input kind"),
         }
     }
 
     fn imatrix_for(&self, name: &str, n_per_row: usize) -> Option<&[f32]> {
-        self.imatrix
-            .as_ref()?
-            .get(name)
-            .filter(|v| v.len() == n_per_row)
+        self.imatrix.as_ref()?.get(name).filter(|v| v.len() == n_per_row)
     }
 }
 
@@ -249,24 +220,12 @@ pub fn quantize_tensor(
     imatrix: Option<&[f32]>,
     threads: usize,
 ) -> Result<Vec<u8>, ConvertError> {
-    let qerr = |source| ConvertError::Quant {
-        tensor: name.to_string(),
-        source,
-    };
-    let row_bytes = duet_quant::row_bytes(ty, n_per_row).ok_or_else(|| {
-        qerr(duet_quant::QuantError::RowNotBlockAligned {
-            ty,
-            n_per_row,
-            block: ty.block_size(),
-        })
-    })?;
+    let qerr = |source| ConvertError::Quant { tensor: name.to_string(), source };
+    let row_bytes = duet_quant::row_bytes(ty, n_per_row)
+        .ok_or_else(|| qerr(duet_quant::QuantError::RowNotBlockAligned { ty, n_per_row, block: ty.block_size() }))?;
     let rows = values.len() / n_per_row;
     let mut out = vec![0u8; rows * row_bytes];
-    let threads = if threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        threads
-    };
+    let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
     // Small tensors are not worth a thread.
     let threads = threads.min(rows.div_ceil(16)).max(1);
     let rows_per = rows.div_ceil(threads);
@@ -281,10 +240,7 @@ pub fn quantize_tensor(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("quantizer threads do not panic"))
-            .collect()
+        handles.into_iter().map(|h| h.join().expect("quantizer threads do not panic")).collect()
     });
     for r in results {
         r.map_err(qerr)?;
@@ -297,22 +253,10 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
     let cfg = HfConfig::load(dir)?;
     let ckpt = Checkpoint::open_dir(dir)?;
     let tok = tokenizer::load(dir, cfg.vocab_size, cfg.bos_token_id, &cfg.eos_token_ids)?;
-    let outs = mapping::plan(
-        &cfg,
-        &ckpt,
-        MappingOptions {
-            keep_dex: opts.keep_dex,
-        },
-    )?;
+    let outs = mapping::plan(&cfg, &ckpt, MappingOptions { keep_dex: opts.keep_dex })?;
 
     let has_imatrix = imatrix.is_some();
-    let mut planner = Planner::new(
-        opts.preset,
-        cfg.n_layers,
-        cfg.tie_word_embeddings,
-        has_imatrix,
-        &opts.overrides,
-    );
+    let mut planner = Planner::new(opts.preset, cfg.n_layers, cfg.tie_word_embeddings, has_imatrix, &opts.overrides);
     // Types are chosen in llama-quantize's order (the mixing rules count tensors).
     let mut types = vec![GgmlType::F32; outs.len()];
     let names: Vec<&str> = outs.iter().map(|o| o.name.as_str()).collect();
@@ -323,18 +267,9 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
     let mut tensors = Vec::with_capacity(outs.len());
     for (o, ty) in outs.into_iter().zip(types) {
         let n_bytes = ty.bytes_for(o.numel() as u64).ok_or_else(|| {
-            ConvertError::shape(format!(
-                "tensor '{}' of shape {:?} does not fit {ty} blocks",
-                o.name, o.dims
-            ))
+            ConvertError::shape(format!("tensor '{}' of shape {:?} does not fit {ty} blocks", o.name, o.dims))
         })?;
-        tensors.push(PlannedTensor {
-            name: o.name.clone(),
-            dims: o.dims.clone(),
-            ty,
-            n_bytes,
-            source: Source::Hf(o),
-        });
+        tensors.push(PlannedTensor { name: o.name.clone(), dims: o.dims.clone(), ty, n_bytes, source: Source::Hf(o) });
     }
 
     let arch = cfg.arch.gguf_name();
@@ -343,34 +278,19 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
     let mut md: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
         ("general.name".into(), Value::String(name)),
-        (
-            "general.file_type".into(),
-            Value::U32(opts.preset.file_type()),
-        ),
+        ("general.file_type".into(), Value::U32(opts.preset.file_type())),
         ("general.quantization_version".into(), Value::U32(2)),
-        (
-            a("context_length"),
-            Value::U32(cfg.max_position_embeddings as u32),
-        ),
+        (a("context_length"), Value::U32(cfg.max_position_embeddings as u32)),
         (a("embedding_length"), Value::U32(cfg.hidden_size as u32)),
         (a("block_count"), Value::U32(cfg.n_layers as u32)),
-        (
-            a("feed_forward_length"),
-            Value::U32(cfg.intermediate_size as u32),
-        ),
+        (a("feed_forward_length"), Value::U32(cfg.intermediate_size as u32)),
         (a("attention.head_count"), Value::U32(cfg.n_heads as u32)),
-        (
-            a("attention.head_count_kv"),
-            Value::U32(cfg.n_kv_heads as u32),
-        ),
+        (a("attention.head_count_kv"), Value::U32(cfg.n_kv_heads as u32)),
         (a("attention.key_length"), Value::U32(cfg.head_dim as u32)),
         (a("attention.value_length"), Value::U32(cfg.head_dim as u32)),
         (a("rope.dimension_count"), Value::U32(cfg.head_dim as u32)),
         (a("rope.freq_base"), Value::F32(cfg.rope_theta)),
-        (
-            a("attention.layer_norm_rms_epsilon"),
-            Value::F32(cfg.rms_norm_eps),
-        ),
+        (a("attention.layer_norm_rms_epsilon"), Value::F32(cfg.rms_norm_eps)),
         (a("vocab_size"), Value::U32(cfg.vocab_size as u32)),
     ];
     if let Some(RopeScaling::Linear { factor }) = cfg.rope_scaling {
@@ -385,17 +305,11 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
                 mask[l * cfg.n_heads + h] = 1;
             }
         }
-        md.push((
-            "duet.dex.head_mask".into(),
-            Value::Array(duet_quant::gguf::Array::U8(mask)),
-        ));
+        md.push(("duet.dex.head_mask".into(), Value::Array(duet_quant::gguf::Array::U8(mask))));
     }
     md.extend(tok.kvs);
     if !tok.eog_ids.is_empty() {
-        md.push((
-            "duet.eog_token_ids".into(),
-            Value::Array(duet_quant::gguf::Array::U32(tok.eog_ids)),
-        ));
+        md.push(("duet.eog_token_ids".into(), Value::Array(duet_quant::gguf::Array::U32(tok.eog_ids))));
     }
     let input_files = ckpt_files(dir);
     Ok(Conversion {
@@ -412,11 +326,7 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
 /// Every file in the input directory (the output must not replace any of them).
 fn ckpt_files(dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file())
-                .collect()
-        })
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.is_file()).collect())
         .unwrap_or_default()
 }
 
@@ -438,13 +348,7 @@ fn prepare_gguf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, 
     let arch = file.get_str("general.architecture")?.to_string();
     let n_layers = file.get_u32(&format!("{arch}.block_count"))? as usize;
     let tied = file.tensor("output.weight").is_none();
-    let mut planner = Planner::new(
-        opts.preset,
-        n_layers,
-        tied,
-        imatrix.is_some(),
-        &opts.overrides,
-    );
+    let mut planner = Planner::new(opts.preset, n_layers, tied, imatrix.is_some(), &opts.overrides);
     let mut warnings = Vec::new();
     let mut tensors = Vec::with_capacity(file.tensors().len());
     let mut widened = Vec::new();
@@ -481,9 +385,7 @@ fn prepare_gguf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, 
             source: Source::Gguf { index, copy: keep },
         });
         let t = tensors.last_mut().expect("just pushed");
-        t.n_bytes = ty
-            .bytes_for(t.dims.iter().product::<usize>() as u64)
-            .unwrap_or(t.n_bytes);
+        t.n_bytes = ty.bytes_for(t.dims.iter().product::<usize>() as u64).unwrap_or(t.n_bytes);
     }
     if !widened.is_empty() {
         warnings.push(format!(
@@ -499,10 +401,7 @@ fn prepare_gguf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, 
             _ => md.push((k.to_string(), v.clone())),
         }
     }
-    md.push((
-        "general.file_type".into(),
-        Value::U32(opts.preset.file_type()),
-    ));
+    md.push(("general.file_type".into(), Value::U32(opts.preset.file_type())));
     md.push(("general.quantization_version".into(), Value::U32(2)));
     if let Some(n) = &opts.name {
         md.retain(|(k, _)| k != "general.name");

@@ -6,10 +6,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
     #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{}: {msg}", path.display())]
     Missing { path: PathBuf, msg: String },
     #[error("{}: {msg}", path.display())]
@@ -25,36 +22,21 @@ pub enum ConvertError {
     #[error(transparent)]
     Gguf(#[from] duet_quant::gguf::GgufError),
     #[error("quantizing '{tensor}': {source}")]
-    Quant {
-        tensor: String,
-        source: duet_quant::QuantError,
-    },
+    Quant { tensor: String, source: duet_quant::QuantError },
 }
 
 impl ConvertError {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
-        ConvertError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
+        ConvertError::Io { path: path.to_path_buf(), source }
     }
     pub fn missing(path: &Path, msg: impl Into<String>) -> Self {
-        ConvertError::Missing {
-            path: path.to_path_buf(),
-            msg: msg.into(),
-        }
+        ConvertError::Missing { path: path.to_path_buf(), msg: msg.into() }
     }
     pub fn corrupt(path: &Path, msg: impl Into<String>) -> Self {
-        ConvertError::Corrupt {
-            path: path.to_path_buf(),
-            msg: msg.into(),
-        }
+        ConvertError::Corrupt { path: path.to_path_buf(), msg: msg.into() }
     }
     pub fn config(path: &Path, msg: impl Into<String>) -> Self {
-        ConvertError::Config {
-            path: path.to_path_buf(),
-            msg: msg.into(),
-        }
+        ConvertError::Config { path: path.to_path_buf(), msg: msg.into() }
     }
     pub fn unsupported(msg: impl Into<String>) -> Self {
         ConvertError::Unsupported(msg.into())

@@ -29,12 +29,7 @@ impl Arch {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RopeScaling {
     /// Llama 3.1 style: per-frequency factors, stored in GGUF as `rope_freqs.weight`.
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_context: f32,
-    },
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context: f32 },
     /// Positions divided by `factor`.
     Linear { factor: f32 },
 }
@@ -75,27 +70,20 @@ impl HfConfig {
     pub fn load(dir: &Path) -> Result<HfConfig, ConvertError> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => ConvertError::missing(
-                &path,
-                "not found (a Hugging Face model directory needs config.json)",
-            ),
+            std::io::ErrorKind::NotFound => {
+                ConvertError::missing(&path, "not found (a Hugging Face model directory needs config.json)")
+            }
             _ => ConvertError::io(&path, e),
         })?;
-        let json: Value = serde_json::from_str(&text)
-            .map_err(|e| ConvertError::corrupt(&path, format!("not valid JSON: {e}")))?;
-        let fallback_name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let json: Value =
+            serde_json::from_str(&text).map_err(|e| ConvertError::corrupt(&path, format!("not valid JSON: {e}")))?;
+        let fallback_name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         HfConfig::from_json(&json, &fallback_name).map_err(|msg| ConvertError::config(&path, msg))
     }
 
     /// Parses and validates. Errors are plain messages; [`HfConfig::load`] adds the path.
     pub fn from_json(json: &Value, fallback_name: &str) -> Result<HfConfig, String> {
-        let model_type = json
-            .get("model_type")
-            .and_then(Value::as_str)
-            .ok_or("no \"model_type\"")?;
+        let model_type = json.get("model_type").and_then(Value::as_str).ok_or("no \"model_type\"")?;
         let arch = match model_type {
             "llama" => Arch::Llama,
             "diffllama" => Arch::DiffLlama,
@@ -124,9 +112,7 @@ impl HfConfig {
         let bool_field = |k: &str, default: bool| -> Result<bool, String> {
             match json.get(k) {
                 None | Some(Value::Null) => Ok(default),
-                Some(v) => v
-                    .as_bool()
-                    .ok_or_else(|| format!("\"{k}\" is not true/false")),
+                Some(v) => v.as_bool().ok_or_else(|| format!("\"{k}\" is not true/false")),
             }
         };
         let hidden_size = usize_field("hidden_size")?;
@@ -157,14 +143,8 @@ impl HfConfig {
         let (rope_theta, rope_scaling) = parse_rope(json)?;
         let eos_token_ids = match json.get("eos_token_id") {
             None | Some(Value::Null) => vec![],
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(|v| v.as_u64().map(|v| v as u32))
-                .collect(),
-            Some(v) => v
-                .as_u64()
-                .map(|v| vec![v as u32])
-                .ok_or("\"eos_token_id\" is not an integer")?,
+            Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_u64().map(|v| v as u32)).collect(),
+            Some(v) => v.as_u64().map(|v| vec![v as u32]).ok_or("\"eos_token_id\" is not an integer")?,
         };
         let cfg = HfConfig {
             arch,
@@ -175,20 +155,14 @@ impl HfConfig {
             n_heads,
             n_kv_heads,
             head_dim,
-            rms_norm_eps: json
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6) as f32,
+            rms_norm_eps: json.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6) as f32,
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
             tie_word_embeddings: bool_field("tie_word_embeddings", false)?,
             attention_bias: bool_field("attention_bias", false)?,
             mlp_bias: bool_field("mlp_bias", false)?,
             rope_theta,
             rope_scaling,
-            bos_token_id: json
-                .get("bos_token_id")
-                .and_then(Value::as_u64)
-                .map(|v| v as u32),
+            bos_token_id: json.get("bos_token_id").and_then(Value::as_u64).map(|v| v as u32),
             eos_token_ids,
             dex: parse_dex(json, n_heads)?,
             name: json
@@ -198,23 +172,12 @@ impl HfConfig {
                 .map(|s| s.rsplit('/').next().unwrap_or(s).to_string())
                 .unwrap_or_else(|| fallback_name.to_string()),
         };
-        if cfg.n_layers == 0
-            || cfg.vocab_size == 0
-            || cfg.hidden_size == 0
-            || cfg.intermediate_size == 0
-        {
-            return Err(
-                "vocab_size, hidden_size, intermediate_size and num_hidden_layers must be positive"
-                    .into(),
-            );
+        if cfg.n_layers == 0 || cfg.vocab_size == 0 || cfg.hidden_size == 0 || cfg.intermediate_size == 0 {
+            return Err("vocab_size, hidden_size, intermediate_size and num_hidden_layers must be positive".into());
         }
         if let Some(dex) = &cfg.dex {
             if dex.heads.len() != cfg.n_layers {
-                return Err(format!(
-                    "dex.heads lists {} layers, the model has {}",
-                    dex.heads.len(),
-                    cfg.n_layers
-                ));
+                return Err(format!("dex.heads lists {} layers, the model has {}", dex.heads.len(), cfg.n_layers));
             }
         }
         Ok(cfg)
@@ -233,17 +196,13 @@ fn parse_rope(json: &Value) -> Result<(f32, Option<RopeScaling>), String> {
     let Some(s) = scaling else {
         return Ok((theta, None));
     };
-    let rope_type = s
-        .get("rope_type")
-        .or_else(|| s.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    let rope_type = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
     let num = |k: &str| s.get(k).and_then(Value::as_f64).map(|v| v as f32);
     let scaling = match rope_type {
         "default" => None,
-        "linear" => Some(RopeScaling::Linear {
-            factor: num("factor").ok_or("linear rope scaling without \"factor\"")?,
-        }),
+        "linear" => {
+            Some(RopeScaling::Linear { factor: num("factor").ok_or("linear rope scaling without \"factor\"")? })
+        }
         "llama3" => Some(RopeScaling::Llama3 {
             factor: num("factor").ok_or("llama3 rope scaling without \"factor\"")?,
             low_freq_factor: num("low_freq_factor").unwrap_or(1.0),
@@ -251,17 +210,10 @@ fn parse_rope(json: &Value) -> Result<(f32, Option<RopeScaling>), String> {
             original_context: num("original_max_position_embeddings").unwrap_or(8192.0),
         }),
         other => {
-            return Err(format!(
-                "rope type \"{other}\" is not supported (default, linear and llama3 are)"
-            ));
+            return Err(format!("rope type \"{other}\" is not supported (default, linear and llama3 are)"));
         }
     };
-    if let Some(RopeScaling::Llama3 {
-        low_freq_factor,
-        high_freq_factor,
-        ..
-    }) = scaling
-    {
+    if let Some(RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. }) = scaling {
         if high_freq_factor <= low_freq_factor {
             return Err("llama3 rope scaling needs high_freq_factor > low_freq_factor".into());
         }
@@ -279,18 +231,14 @@ fn parse_dex(json: &Value, n_heads: usize) -> Result<Option<DexConfig>, String> 
         .ok_or("\"dex\" needs a \"heads\" list (one list of head indices per layer)")?;
     let mut heads = Vec::with_capacity(layers.len());
     for (i, layer) in layers.iter().enumerate() {
-        let list = layer
-            .as_array()
-            .ok_or_else(|| format!("dex.heads[{i}] is not a list"))?;
+        let list = layer.as_array().ok_or_else(|| format!("dex.heads[{i}] is not a list"))?;
         let mut hs = Vec::with_capacity(list.len());
         for h in list {
             let h = h
                 .as_u64()
                 .map(|h| h as usize)
                 .filter(|&h| h < n_heads)
-                .ok_or_else(|| {
-                    format!("dex.heads[{i}] holds {h}, which is not a head index below {n_heads}")
-                })?;
+                .ok_or_else(|| format!("dex.heads[{i}] holds {h}, which is not a head index below {n_heads}"))?;
             hs.push(h);
         }
         hs.sort_unstable();
@@ -303,13 +251,7 @@ fn parse_dex(json: &Value, n_heads: usize) -> Result<Option<DexConfig>, String> 
 /// Per-frequency RoPE factors for llama3 scaling, exactly as llama.cpp's converter computes
 /// them (the runtime divides each base frequency by its factor).
 pub fn llama3_rope_factors(theta: f32, head_dim: usize, s: RopeScaling) -> Vec<f32> {
-    let RopeScaling::Llama3 {
-        factor,
-        low_freq_factor,
-        high_freq_factor,
-        original_context,
-    } = s
-    else {
+    let RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context } = s else {
         return vec![1.0; head_dim / 2];
     };
     let low_freq_wavelen = original_context / low_freq_factor;
@@ -323,8 +265,7 @@ pub fn llama3_rope_factors(theta: f32, head_dim: usize, s: RopeScaling) -> Vec<f
             } else if wavelen > low_freq_wavelen {
                 factor
             } else {
-                let smooth = (original_context / wavelen - low_freq_factor)
-                    / (high_freq_factor - low_freq_factor);
+                let smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                 1.0 / ((1.0 - smooth) / factor + smooth)
             }
         })
@@ -370,11 +311,7 @@ mod tests {
         assert!(e.contains("even head counts"), "{e}");
         let mut t = base();
         t["model_type"] = json!("mistral");
-        assert!(
-            HfConfig::from_json(&t, "x")
-                .unwrap_err()
-                .contains("\"mistral\" is not supported")
-        );
+        assert!(HfConfig::from_json(&t, "x").unwrap_err().contains("\"mistral\" is not supported"));
     }
 
     #[test]
@@ -382,12 +319,7 @@ mod tests {
         let f = llama3_rope_factors(
             500000.0,
             64,
-            RopeScaling::Llama3 {
-                factor: 8.0,
-                low_freq_factor: 1.0,
-                high_freq_factor: 4.0,
-                original_context: 8192.0,
-            },
+            RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 8192.0 },
         );
         assert_eq!(f[0], 1.0); // highest frequency untouched
         assert_eq!(*f.last().unwrap(), 8.0); // lowest frequency fully scaled

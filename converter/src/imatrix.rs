@@ -25,11 +25,7 @@ pub struct Imatrix {
 impl Imatrix {
     pub fn load(path: &Path) -> Result<Imatrix, ConvertError> {
         let bytes = std::fs::read(path).map_err(|e| ConvertError::io(path, e))?;
-        if bytes.starts_with(b"GGUF") {
-            Imatrix::from_gguf(path)
-        } else {
-            Imatrix::from_dat(path, &bytes)
-        }
+        if bytes.starts_with(b"GGUF") { Imatrix::from_gguf(path) } else { Imatrix::from_dat(path, &bytes) }
     }
 
     /// The importance of each input column of tensor `name`, if recorded.
@@ -45,42 +41,27 @@ impl Imatrix {
                 continue;
             };
             let counts_name = format!("{base}.counts");
-            let bad =
-                |msg: String| ConvertError::corrupt(path, format!("imatrix entry '{base}': {msg}"));
-            let counts = file
-                .tensor(&counts_name)
-                .ok_or_else(|| bad(format!("no '{counts_name}' tensor")))?;
+            let bad = |msg: String| ConvertError::corrupt(path, format!("imatrix entry '{base}': {msg}"));
+            let counts = file.tensor(&counts_name).ok_or_else(|| bad(format!("no '{counts_name}' tensor")))?;
             let sums = read_f32_tensor(&file, t).ok_or_else(|| bad("in_sum2 is not F32".into()))?;
-            let counts_v =
-                read_f32_tensor(&file, counts).ok_or_else(|| bad("counts is not F32".into()))?;
+            let counts_v = read_f32_tensor(&file, counts).ok_or_else(|| bad("counts is not F32".into()))?;
             let n_per_row = t.dims()[0] as usize;
             // Several matrices (MoE experts) share one entry: a dense model has one.
             if counts_v.is_empty() || sums.len() != n_per_row * counts_v.len() {
-                return Err(bad(format!(
-                    "{} sums for {} matrices of {n_per_row} columns",
-                    sums.len(),
-                    counts_v.len()
-                )));
+                return Err(bad(format!("{} sums for {} matrices of {n_per_row} columns", sums.len(), counts_v.len())));
             }
             let c = counts_v[0];
-            let imp: Vec<f32> = sums[..n_per_row]
-                .iter()
-                .map(|s| if c > 0.0 { s / c } else { 0.0 })
-                .collect();
+            let imp: Vec<f32> = sums[..n_per_row].iter().map(|s| if c > 0.0 { s / c } else { 0.0 }).collect();
             entries.insert(base.to_string(), imp);
         }
         if entries.is_empty() {
-            return Err(ConvertError::corrupt(
-                path,
-                "a GGUF file without any '*.in_sum2' tensors is not an imatrix",
-            ));
+            return Err(ConvertError::corrupt(path, "a GGUF file without any '*.in_sum2' tensors is not an imatrix"));
         }
         Ok(Imatrix { entries })
     }
 
     fn from_dat(path: &Path, b: &[u8]) -> Result<Imatrix, ConvertError> {
-        let bad =
-            |msg: &str| ConvertError::corrupt(path, format!("not a llama.cpp imatrix file: {msg}"));
+        let bad = |msg: &str| ConvertError::corrupt(path, format!("not a llama.cpp imatrix file: {msg}"));
         let mut cur = Cursor { b, pos: 0 };
         let n = cur.i32().ok_or_else(|| bad("truncated"))?;
         if n <= 0 {
@@ -93,17 +74,13 @@ impl Imatrix {
                 return Err(bad("bad name length"));
             }
             let name = cur.take(len as usize).ok_or_else(|| bad("truncated"))?;
-            let name = std::str::from_utf8(name)
-                .map_err(|_| bad("name is not UTF-8"))?
-                .to_string();
+            let name = std::str::from_utf8(name).map_err(|_| bad("name is not UTF-8"))?.to_string();
             let ncall = cur.i32().ok_or_else(|| bad("truncated"))?;
             let nval = cur.i32().ok_or_else(|| bad("truncated"))?;
             if nval <= 0 {
                 return Err(bad("bad value count"));
             }
-            let raw = cur
-                .take(nval as usize * 4)
-                .ok_or_else(|| bad("truncated"))?;
+            let raw = cur.take(nval as usize * 4).ok_or_else(|| bad("truncated"))?;
             let vals: Vec<f32> = raw
                 .chunks_exact(4)
                 .map(|c| {
@@ -130,8 +107,7 @@ impl<'a> Cursor<'a> {
         Some(s)
     }
     fn i32(&mut self) -> Option<i32> {
-        self.take(4)
-            .map(|s| i32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+        self.take(4).map(|s| i32::from_le_bytes([s[0], s[1], s[2], s[3]]))
     }
 }
 
@@ -139,12 +115,7 @@ fn read_f32_tensor(file: &GgufFile, t: &duet_quant::gguf::TensorInfo) -> Option<
     if t.ggml_type() != duet_quant::GgmlType::F32 {
         return None;
     }
-    Some(
-        file.tensor_data(t)
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    )
+    Some(file.tensor_data(t).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
 #[cfg(test)]
@@ -167,13 +138,7 @@ mod tests {
         let m = Imatrix::load(&p).unwrap();
         assert_eq!(m.get("blk.0.attn_q.weight"), Some(&[2.0f32, 0.5][..]));
         std::fs::write(&p, &b[..b.len() - 3]).unwrap();
-        assert!(
-            Imatrix::load(&p)
-                .err()
-                .unwrap()
-                .to_string()
-                .contains("truncated")
-        );
+        assert!(Imatrix::load(&p).err().unwrap().to_string().contains("truncated"));
         std::fs::remove_file(&p).unwrap();
     }
 }

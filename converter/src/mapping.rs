@@ -18,13 +18,7 @@ pub enum Source {
     PermuteRope { name: String, n_heads: usize },
     /// attn_output with DEX folded in: for each adapted head h,
     /// `Wo[:, h·dv..(h+1)·dv] ← Wo[:, h·dv..(h+1)·dv] · (I − λ·W_D)ᵀ`.
-    DexFold {
-        wo: String,
-        wd: String,
-        lambda: String,
-        heads: Vec<usize>,
-        head_dim: usize,
-    },
+    DexFold { wo: String, wd: String, lambda: String, heads: Vec<usize>, head_dim: usize },
     /// Computed values (llama3 RoPE frequency factors).
     Values(Vec<f32>),
 }
@@ -53,11 +47,7 @@ pub struct MappingOptions {
 }
 
 /// Plans every output tensor and checks every source tensor's shape against the config.
-pub fn plan(
-    cfg: &HfConfig,
-    ckpt: &Checkpoint,
-    opts: MappingOptions,
-) -> Result<Vec<OutTensor>, ConvertError> {
+pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<Vec<OutTensor>, ConvertError> {
     let (d, ff, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
     let (nh, nkv, v) = (cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size);
     let mut out = Vec::new();
@@ -65,9 +55,7 @@ pub fn plan(
     // Expect `hf` with HF shape `shape`; returns its name.
     let mut expect = |hf: String, shape: &[usize]| -> Result<String, ConvertError> {
         let meta = ckpt.meta(&hf).ok_or_else(|| {
-            ConvertError::shape(format!(
-                "the checkpoint has no tensor '{hf}', which config.json implies"
-            ))
+            ConvertError::shape(format!("the checkpoint has no tensor '{hf}', which config.json implies"))
         })?;
         // A scalar and a 1-element vector mean the same here.
         let same = meta.shape == shape || (shape == [1] && meta.shape.is_empty());
@@ -84,27 +72,12 @@ pub fn plan(
     };
     let gguf_dims = |shape: &[usize]| shape.iter().rev().copied().collect::<Vec<_>>();
     let mut push = |name: String, shape: &[usize], source: Source, layer: Option<usize>| {
-        out.push(OutTensor {
-            name,
-            dims: gguf_dims(shape),
-            source,
-            layer,
-        });
+        out.push(OutTensor { name, dims: gguf_dims(shape), source, layer });
     };
 
-    push(
-        "token_embd.weight".into(),
-        &[v, d],
-        Source::Copy(expect("model.embed_tokens.weight".into(), &[v, d])?),
-        None,
-    );
+    push("token_embd.weight".into(), &[v, d], Source::Copy(expect("model.embed_tokens.weight".into(), &[v, d])?), None);
     if let Some(s @ RopeScaling::Llama3 { .. }) = cfg.rope_scaling {
-        push(
-            "rope_freqs.weight".into(),
-            &[hd / 2],
-            Source::Values(llama3_rope_factors(cfg.rope_theta, hd, s)),
-            None,
-        );
+        push("rope_freqs.weight".into(), &[hd / 2], Source::Values(llama3_rope_factors(cfg.rope_theta, hd, s)), None);
     }
     for l in 0..cfg.n_layers {
         let p = format!("model.layers.{l}");
@@ -117,99 +90,32 @@ pub fn plan(
             at,
         );
         let q = expect(format!("{p}.self_attn.q_proj.weight"), &[nh * hd, d])?;
-        push(
-            format!("{b}.attn_q.weight"),
-            &[nh * hd, d],
-            Source::PermuteRope {
-                name: q,
-                n_heads: nh,
-            },
-            at,
-        );
+        push(format!("{b}.attn_q.weight"), &[nh * hd, d], Source::PermuteRope { name: q, n_heads: nh }, at);
         let k = expect(format!("{p}.self_attn.k_proj.weight"), &[nkv * hd, d])?;
-        push(
-            format!("{b}.attn_k.weight"),
-            &[nkv * hd, d],
-            Source::PermuteRope {
-                name: k,
-                n_heads: nkv,
-            },
-            at,
-        );
+        push(format!("{b}.attn_k.weight"), &[nkv * hd, d], Source::PermuteRope { name: k, n_heads: nkv }, at);
         let vname = expect(format!("{p}.self_attn.v_proj.weight"), &[nkv * hd, d])?;
-        push(
-            format!("{b}.attn_v.weight"),
-            &[nkv * hd, d],
-            Source::Copy(vname),
-            at,
-        );
+        push(format!("{b}.attn_v.weight"), &[nkv * hd, d], Source::Copy(vname), at);
         let wo = expect(format!("{p}.self_attn.o_proj.weight"), &[d, nh * hd])?;
-        let dex_heads = cfg
-            .dex
-            .as_ref()
-            .map(|x| x.heads[l].clone())
-            .unwrap_or_default();
+        let dex_heads = cfg.dex.as_ref().map(|x| x.heads[l].clone()).unwrap_or_default();
         if dex_heads.is_empty() {
-            push(
-                format!("{b}.attn_output.weight"),
-                &[d, nh * hd],
-                Source::Copy(wo),
-                at,
-            );
+            push(format!("{b}.attn_output.weight"), &[d, nh * hd], Source::Copy(wo), at);
         } else {
             let wd = expect(format!("{p}.self_attn.dex_proj.weight"), &[hd, hd])?;
             let lambda = expect(format!("{p}.self_attn.dex_lambda"), &[1])?;
             if opts.keep_dex {
-                push(
-                    format!("{b}.attn_output.weight"),
-                    &[d, nh * hd],
-                    Source::Copy(wo),
-                    at,
-                );
-                push(
-                    format!("{b}.attn_dex.weight"),
-                    &[hd, hd],
-                    Source::Copy(wd),
-                    at,
-                );
-                push(
-                    format!("{b}.attn_dex_lambda.weight"),
-                    &[1],
-                    Source::Copy(lambda),
-                    at,
-                );
+                push(format!("{b}.attn_output.weight"), &[d, nh * hd], Source::Copy(wo), at);
+                push(format!("{b}.attn_dex.weight"), &[hd, hd], Source::Copy(wd), at);
+                push(format!("{b}.attn_dex_lambda.weight"), &[1], Source::Copy(lambda), at);
             } else {
-                let src = Source::DexFold {
-                    wo,
-                    wd,
-                    lambda,
-                    heads: dex_heads,
-                    head_dim: hd,
-                };
+                let src = Source::DexFold { wo, wd, lambda, heads: dex_heads, head_dim: hd };
                 push(format!("{b}.attn_output.weight"), &[d, nh * hd], src, at);
             }
         }
         if cfg.attention_bias {
             let qb = expect(format!("{p}.self_attn.q_proj.bias"), &[nh * hd])?;
-            push(
-                format!("{b}.attn_q.bias"),
-                &[nh * hd],
-                Source::PermuteRope {
-                    name: qb,
-                    n_heads: nh,
-                },
-                at,
-            );
+            push(format!("{b}.attn_q.bias"), &[nh * hd], Source::PermuteRope { name: qb, n_heads: nh }, at);
             let kb = expect(format!("{p}.self_attn.k_proj.bias"), &[nkv * hd])?;
-            push(
-                format!("{b}.attn_k.bias"),
-                &[nkv * hd],
-                Source::PermuteRope {
-                    name: kb,
-                    n_heads: nkv,
-                },
-                at,
-            );
+            push(format!("{b}.attn_k.bias"), &[nkv * hd], Source::PermuteRope { name: kb, n_heads: nkv }, at);
             push(
                 format!("{b}.attn_v.bias"),
                 &[nkv * hd],
@@ -226,21 +132,13 @@ pub fn plan(
         if cfg.arch == Arch::DiffLlama {
             for which in ["q1", "k1", "q2", "k2"] {
                 let src = expect(format!("{p}.self_attn.lambda_{which}"), &[hd])?;
-                push(
-                    format!("{b}.attn_lambda_{which}.weight"),
-                    &[hd],
-                    Source::Copy(src),
-                    at,
-                );
+                push(format!("{b}.attn_lambda_{which}.weight"), &[hd], Source::Copy(src), at);
             }
         }
         push(
             format!("{b}.ffn_norm.weight"),
             &[d],
-            Source::Copy(expect(
-                format!("{p}.post_attention_layernorm.weight"),
-                &[d],
-            )?),
+            Source::Copy(expect(format!("{p}.post_attention_layernorm.weight"), &[d])?),
             at,
         );
         push(
@@ -262,41 +160,20 @@ pub fn plan(
             at,
         );
         if cfg.mlp_bias {
-            for (hf, g, n) in [
-                ("gate_proj", "ffn_gate", ff),
-                ("up_proj", "ffn_up", ff),
-                ("down_proj", "ffn_down", d),
-            ] {
-                push(
-                    format!("{b}.{g}.bias"),
-                    &[n],
-                    Source::Copy(expect(format!("{p}.mlp.{hf}.bias"), &[n])?),
-                    at,
-                );
+            for (hf, g, n) in [("gate_proj", "ffn_gate", ff), ("up_proj", "ffn_up", ff), ("down_proj", "ffn_down", d)] {
+                push(format!("{b}.{g}.bias"), &[n], Source::Copy(expect(format!("{p}.mlp.{hf}.bias"), &[n])?), at);
             }
         }
     }
-    push(
-        "output_norm.weight".into(),
-        &[d],
-        Source::Copy(expect("model.norm.weight".into(), &[d])?),
-        None,
-    );
+    push("output_norm.weight".into(), &[d], Source::Copy(expect("model.norm.weight".into(), &[d])?), None);
     // Tied models may still ship an lm_head copy; llama.cpp omits output.weight when tied.
     if !cfg.tie_word_embeddings {
-        push(
-            "output.weight".into(),
-            &[v, d],
-            Source::Copy(expect("lm_head.weight".into(), &[v, d])?),
-            None,
-        );
+        push("output.weight".into(), &[v, d], Source::Copy(expect("lm_head.weight".into(), &[v, d])?), None);
     } else if ckpt.meta("lm_head.weight").is_some() {
         used.insert("lm_head.weight".to_string());
     }
-    let unused: Vec<&str> = ckpt
-        .names()
-        .filter(|n| !used.contains(*n) && !n.ends_with("rotary_emb.inv_freq"))
-        .collect();
+    let unused: Vec<&str> =
+        ckpt.names().filter(|n| !used.contains(*n) && !n.ends_with("rotary_emb.inv_freq")).collect();
     if !unused.is_empty() {
         let shown: Vec<&str> = unused.iter().take(5).copied().collect();
         return Err(ConvertError::shape(format!(
@@ -320,13 +197,7 @@ pub fn materialize(t: &OutTensor, ckpt: &Checkpoint) -> Result<Vec<f32>, Convert
             let row_len = if t.dims.len() > 1 { t.dims[0] } else { 1 };
             permute_rope_rows(&x, rows, row_len, *n_heads)
         }
-        Source::DexFold {
-            wo,
-            wd,
-            lambda,
-            heads,
-            head_dim,
-        } => {
+        Source::DexFold { wo, wd, lambda, heads, head_dim } => {
             let mut w = ckpt.read_f32(wo)?;
             let wd = ckpt.read_f32(wd)?;
             let lambda = ckpt.read_f32(lambda)?[0];
@@ -355,8 +226,7 @@ pub fn permute_rope_rows(x: &[f32], rows: usize, row_len: usize, n_heads: usize)
             for j in 0..2 {
                 let dst = h * hd + 2 * i + j;
                 let src = h * hd + j * half + i;
-                out[dst * row_len..(dst + 1) * row_len]
-                    .copy_from_slice(&x[src * row_len..(src + 1) * row_len]);
+                out[dst * row_len..(dst + 1) * row_len].copy_from_slice(&x[src * row_len..(src + 1) * row_len]);
             }
         }
     }
@@ -373,9 +243,7 @@ pub fn fold_dex(wo: &mut [f32], cols: usize, wd: &[f32], lambda: f32, heads: &[u
             block.copy_from_slice(seg);
             for j in 0..hd {
                 // f64 accumulation keeps the fold exact to f32 rounding.
-                let dot: f64 = (0..hd)
-                    .map(|k| block[k] as f64 * wd[j * hd + k] as f64)
-                    .sum();
+                let dot: f64 = (0..hd).map(|k| block[k] as f64 * wd[j * hd + k] as f64).sum();
                 seg[j] = (block[j] as f64 - lambda as f64 * dot) as f32;
             }
         }
@@ -397,9 +265,7 @@ mod tests {
     #[test]
     fn dex_fold_matches_explicit_matrix_product() {
         let (hd, heads_total, hidden) = (2usize, 2usize, 3usize);
-        let wo: Vec<f32> = (0..hidden * heads_total * hd)
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect();
+        let wo: Vec<f32> = (0..hidden * heads_total * hd).map(|i| (i as f32 * 0.37).sin()).collect();
         let wd = [0.5f32, -1.0, 0.25, 2.0];
         let lambda = 0.3;
         let mut folded = wo.clone();
@@ -410,10 +276,7 @@ mod tests {
                 let want = if h == 1 {
                     // (Wo_h · (I − λ W_D)ᵀ)[r][j] = Σ_k Wo_h[r][k] · (δ_jk − λ W_D[j][k])
                     (0..hd)
-                        .map(|k| {
-                            wo[r * 4 + h * hd + k]
-                                * (if j == k { 1.0 } else { 0.0 } - lambda * wd[j * hd + k])
-                        })
+                        .map(|k| wo[r * 4 + h * hd + k] * (if j == k { 1.0 } else { 0.0 } - lambda * wd[j * hd + k]))
                         .sum::<f32>()
                 } else {
                     wo[r * 4 + c]

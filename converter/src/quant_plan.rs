@@ -33,9 +33,7 @@ impl Preset {
     ];
 
     pub fn parse(s: &str) -> Option<Preset> {
-        Preset::ALL
-            .into_iter()
-            .find(|p| p.name().eq_ignore_ascii_case(s))
+        Preset::ALL.into_iter().find(|p| p.name().eq_ignore_ascii_case(s))
     }
 
     pub fn name(self) -> &'static str {
@@ -106,11 +104,7 @@ pub enum Category {
 impl Category {
     /// Categorises a GGUF tensor name (`blk.N.attn_v.weight` …).
     pub fn of(name: &str, n_dims: usize) -> Category {
-        if n_dims < 2
-            || !name.ends_with(".weight")
-            || name.contains("_norm.")
-            || name.contains("dex")
-        {
+        if n_dims < 2 || !name.ends_with(".weight") || name.contains("_norm.") || name.contains("dex") {
             return Category::KeepF32;
         }
         let tail = name.rsplit_once('.').map(|(head, _)| head).unwrap_or(name);
@@ -146,9 +140,7 @@ pub struct Override {
 impl Override {
     /// Parses `REGEX=TYPE`.
     pub fn parse(s: &str) -> Result<Override, String> {
-        let (re, ty) = s
-            .rsplit_once('=')
-            .ok_or_else(|| format!("--tensor-type '{s}' is not REGEX=TYPE"))?;
+        let (re, ty) = s.rsplit_once('=').ok_or_else(|| format!("--tensor-type '{s}' is not REGEX=TYPE"))?;
         let ty = GgmlType::from_name(ty)
             .filter(|t| t.is_supported() && *t != GgmlType::Q8_K)
             .ok_or_else(|| format!("--tensor-type '{s}': '{ty}' is not a type duet can write"))?;
@@ -165,10 +157,7 @@ impl Override {
 /// still get the mix llama-quantize gives it.
 pub fn llama_cpp_order<S: AsRef<str>>(names: &[S]) -> Vec<usize> {
     let layer = |n: &str| -> i64 {
-        n.strip_prefix("blk.")
-            .and_then(|r| r.split_once('.'))
-            .and_then(|(l, _)| l.parse().ok())
-            .unwrap_or(-1)
+        n.strip_prefix("blk.").and_then(|r| r.split_once('.')).and_then(|(l, _)| l.parse().ok()).unwrap_or(-1)
     };
     let mut idx: Vec<usize> = (0..names.len()).collect();
     idx.sort_by(|&a, &b| {
@@ -200,15 +189,7 @@ impl<'a> Planner<'a> {
         has_imatrix: bool,
         overrides: &'a [Override],
     ) -> Self {
-        Planner {
-            preset,
-            n_layers,
-            tied_embeddings,
-            has_imatrix,
-            overrides,
-            i_attention_wv: 0,
-            i_ffn_down: 0,
-        }
+        Planner { preset, n_layers, tied_embeddings, has_imatrix, overrides, i_attention_wv: 0, i_ffn_down: 0 }
     }
 
     /// The type for tensor `name` whose fastest dimension is `ne0`.
@@ -292,11 +273,7 @@ pub fn fallback(ty: GgmlType, ne0: usize) -> GgmlType {
         GgmlType::Q6_K => GgmlType::Q8_0,
         other => other,
     };
-    if ne0 % alt.block_size() == 0 {
-        alt
-    } else {
-        GgmlType::F16
-    }
+    if ne0 % alt.block_size() == 0 { alt } else { GgmlType::F16 }
 }
 
 #[cfg(test)]
@@ -314,27 +291,16 @@ mod tests {
     fn q4_k_m_mix() {
         let mut p = Planner::new(Preset::Q4KM, 22, false, false, &[]);
         assert_eq!(p.choose("token_embd.weight", 2, 2048), GgmlType::Q4_K);
-        let v: Vec<GgmlType> = (0..22)
-            .map(|i| p.choose(&format!("blk.{i}.attn_v.weight"), 2, 2048))
-            .collect();
-        let d: Vec<GgmlType> = (0..22)
-            .map(|i| p.choose(&format!("blk.{i}.ffn_down.weight"), 2, 5632))
-            .collect();
+        let v: Vec<GgmlType> = (0..22).map(|i| p.choose(&format!("blk.{i}.attn_v.weight"), 2, 2048)).collect();
+        let d: Vec<GgmlType> = (0..22).map(|i| p.choose(&format!("blk.{i}.ffn_down.weight"), 2, 5632)).collect();
         for i in 0..22 {
-            let want = if use_more_bits(i, 22) {
-                GgmlType::Q6_K
-            } else {
-                GgmlType::Q4_K
-            };
+            let want = if use_more_bits(i, 22) { GgmlType::Q6_K } else { GgmlType::Q4_K };
             assert_eq!((v[i], d[i]), (want, want), "layer {i}");
         }
         assert_eq!(p.choose("blk.3.attn_q.weight", 2, 2048), GgmlType::Q4_K);
         assert_eq!(p.choose("output.weight", 2, 2048), GgmlType::Q6_K);
         assert_eq!(p.choose("blk.0.attn_norm.weight", 1, 2048), GgmlType::F32);
-        assert_eq!(
-            p.choose("blk.0.attn_lambda_q1.weight", 1, 64),
-            GgmlType::F32
-        );
+        assert_eq!(p.choose("blk.0.attn_lambda_q1.weight", 1, 64), GgmlType::F32);
     }
 
     #[test]
@@ -392,14 +358,8 @@ mod tests {
     fn overrides_win_and_float_presets_ignore_mixes() {
         let o = [Override::parse(r"attn_(q|k)\.weight$=q8_0").unwrap()];
         let mut p = Planner::new(Preset::Q4KM, 8, false, false, &o);
-        assert_eq!(
-            p.choose("blk.1.attn_q.weight", 2, 256),
-            GgmlType::Q8_0
-        );
-        assert_eq!(
-            p.choose("blk.1.attn_output.weight", 2, 256),
-            GgmlType::Q4_K
-        );
+        assert_eq!(p.choose("blk.1.attn_q.weight", 2, 256), GgmlType::Q8_0);
+        assert_eq!(p.choose("blk.1.attn_output.weight", 2, 256), GgmlType::Q4_K);
         let mut f = Planner::new(Preset::F16, 8, false, false, &[]);
         assert_eq!(f.choose("output.weight", 2, 256), GgmlType::F16);
         assert!(Override::parse("nonsense").is_err());

@@ -77,10 +77,7 @@ impl Checkpoint {
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index.exists() {
-            shard_list(&index)?
-                .into_iter()
-                .map(|f| dir.join(f))
-                .collect()
+            shard_list(&index)?.into_iter().map(|f| dir.join(f)).collect()
         } else if single.exists() {
             vec![single]
         } else {
@@ -94,10 +91,7 @@ impl Checkpoint {
 
     /// Opens the given safetensors files as one checkpoint. A tensor name may appear once.
     pub fn open_files(files: &[PathBuf]) -> Result<Checkpoint, ConvertError> {
-        let mut ckpt = Checkpoint {
-            shards: Vec::new(),
-            tensors: BTreeMap::new(),
-        };
+        let mut ckpt = Checkpoint { shards: Vec::new(), tensors: BTreeMap::new() };
         for path in files {
             let file = File::open(path).map_err(|e| ConvertError::io(path, e))?;
             // SAFETY: the file is opened read-only; if another process truncates it while we
@@ -106,16 +100,10 @@ impl Checkpoint {
             let idx = ckpt.shards.len();
             for (name, meta) in parse_header(path, &map, idx)? {
                 if ckpt.tensors.insert(name.clone(), meta).is_some() {
-                    return Err(ConvertError::corrupt(
-                        path,
-                        format!("tensor '{name}' appears in more than one shard"),
-                    ));
+                    return Err(ConvertError::corrupt(path, format!("tensor '{name}' appears in more than one shard")));
                 }
             }
-            ckpt.shards.push(Shard {
-                path: path.clone(),
-                map,
-            });
+            ckpt.shards.push(Shard { path: path.clone(), map });
         }
         Ok(ckpt)
     }
@@ -140,9 +128,8 @@ impl Checkpoint {
 
     /// Reads a tensor converted to f32 (exact for F16/BF16 sources).
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, ConvertError> {
-        let meta = self
-            .meta(name)
-            .ok_or_else(|| ConvertError::shape(format!("the checkpoint has no tensor '{name}'")))?;
+        let meta =
+            self.meta(name).ok_or_else(|| ConvertError::shape(format!("the checkpoint has no tensor '{name}'")))?;
         let raw = self.raw(meta);
         let mut out = vec![0f32; meta.numel()];
         match meta.dtype {
@@ -166,11 +153,7 @@ impl Checkpoint {
         unsafe {
             // SAFETY: DontNeed on a read-only file mapping only drops clean pages; later reads
             // fault them back in from the file.
-            let _ = map.unchecked_advise_range(
-                memmap2::UncheckedAdvice::DontNeed,
-                meta.start,
-                meta.end - meta.start,
-            );
+            let _ = map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, meta.start, meta.end - meta.start);
         }
         #[cfg(not(unix))]
         let _ = map;
@@ -179,8 +162,8 @@ impl Checkpoint {
 
 fn shard_list(index: &Path) -> Result<Vec<String>, ConvertError> {
     let text = std::fs::read_to_string(index).map_err(|e| ConvertError::io(index, e))?;
-    let json: Value = serde_json::from_str(&text)
-        .map_err(|e| ConvertError::corrupt(index, format!("not valid JSON: {e}")))?;
+    let json: Value =
+        serde_json::from_str(&text).map_err(|e| ConvertError::corrupt(index, format!("not valid JSON: {e}")))?;
     let map = json
         .get("weight_map")
         .and_then(Value::as_object)
@@ -188,17 +171,11 @@ fn shard_list(index: &Path) -> Result<Vec<String>, ConvertError> {
     let mut files: Vec<String> = Vec::new();
     for (tensor, file) in map {
         let file = file.as_str().ok_or_else(|| {
-            ConvertError::corrupt(
-                index,
-                format!("weight_map entry for '{tensor}' is not a file name"),
-            )
+            ConvertError::corrupt(index, format!("weight_map entry for '{tensor}' is not a file name"))
         })?;
         // Shards must sit beside the index: refuse paths that climb out of the directory.
         if file.contains('/') || file.contains('\\') || file == ".." {
-            return Err(ConvertError::corrupt(
-                index,
-                format!("shard name '{file}' is not a plain file name"),
-            ));
+            return Err(ConvertError::corrupt(index, format!("shard name '{file}' is not a plain file name")));
         }
         if !files.iter().any(|f| f == file) {
             files.push(file.to_string());
@@ -211,33 +188,20 @@ fn shard_list(index: &Path) -> Result<Vec<String>, ConvertError> {
     Ok(files)
 }
 
-fn parse_header(
-    path: &Path,
-    data: &[u8],
-    file_idx: usize,
-) -> Result<Vec<(String, TensorMeta)>, ConvertError> {
+fn parse_header(path: &Path, data: &[u8], file_idx: usize) -> Result<Vec<(String, TensorMeta)>, ConvertError> {
     let corrupt = |msg: String| ConvertError::corrupt(path, msg);
     if data.len() < 8 {
-        return Err(corrupt(format!(
-            "{} bytes is too short for a safetensors header",
-            data.len()
-        )));
+        return Err(corrupt(format!("{} bytes is too short for a safetensors header", data.len())));
     }
     let n = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
     let header_end = 8u64
         .checked_add(n)
         .filter(|&e| e <= data.len() as u64)
-        .ok_or_else(|| {
-            corrupt(format!(
-                "header length {n} runs past the end of the file ({} bytes)",
-                data.len()
-            ))
-        })? as usize;
-    let json: Value = serde_json::from_slice(&data[8..header_end])
-        .map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
-    let obj = json
-        .as_object()
-        .ok_or_else(|| corrupt("header is not a JSON object".into()))?;
+        .ok_or_else(|| corrupt(format!("header length {n} runs past the end of the file ({} bytes)", data.len())))?
+        as usize;
+    let json: Value =
+        serde_json::from_slice(&data[8..header_end]).map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
+    let obj = json.as_object().ok_or_else(|| corrupt("header is not a JSON object".into()))?;
     let data_len = data.len() - header_end;
     let mut out = Vec::with_capacity(obj.len());
     for (name, entry) in obj {
@@ -245,10 +209,7 @@ fn parse_header(
             continue;
         }
         let bad = |what: &str| corrupt(format!("tensor '{name}': {what}"));
-        let dtype_s = entry
-            .get("dtype")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad("no dtype"))?;
+        let dtype_s = entry.get("dtype").and_then(Value::as_str).ok_or_else(|| bad("no dtype"))?;
         let dtype = Dtype::parse(dtype_s).ok_or_else(|| {
             ConvertError::unsupported(format!(
                 "{}: tensor '{name}' has dtype {dtype_s}; only F32, F16 and BF16 weights can be converted",
@@ -263,34 +224,19 @@ fn parse_header(
             .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
             .collect::<Option<_>>()
             .ok_or_else(|| bad("shape is not a list of sizes"))?;
-        let offsets = entry
-            .get("data_offsets")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("no data_offsets"))?;
+        let offsets = entry.get("data_offsets").and_then(Value::as_array).ok_or_else(|| bad("no data_offsets"))?;
         let (begin, end) = match offsets.as_slice() {
-            [b, e] => (
-                b.as_u64().ok_or_else(|| bad("bad offset"))?,
-                e.as_u64().ok_or_else(|| bad("bad offset"))?,
-            ),
+            [b, e] => (b.as_u64().ok_or_else(|| bad("bad offset"))?, e.as_u64().ok_or_else(|| bad("bad offset"))?),
             _ => return Err(bad("data_offsets must hold two numbers")),
         };
-        let numel = shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| bad("shape overflows"))?;
-        let want = numel
-            .checked_mul(dtype.size())
-            .ok_or_else(|| bad("size overflows"))? as u64;
+        let numel =
+            shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| bad("shape overflows"))?;
+        let want = numel.checked_mul(dtype.size()).ok_or_else(|| bad("size overflows"))? as u64;
         if begin > end || end > data_len as u64 {
-            return Err(bad(&format!(
-                "data [{begin}, {end}) lies outside the {data_len} data bytes"
-            )));
+            return Err(bad(&format!("data [{begin}, {end}) lies outside the {data_len} data bytes")));
         }
         if end - begin != want {
-            return Err(bad(&format!(
-                "holds {} bytes but shape {shape:?} of {dtype_s} needs {want}",
-                end - begin
-            )));
+            return Err(bad(&format!("holds {} bytes but shape {shape:?} of {dtype_s} needs {want}", end - begin)));
         }
         out.push((
             name.clone(),
@@ -339,21 +285,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("model.safetensors");
         let vals = [1.5f32, -2.0, 0.25, 3.0];
-        let f16: Vec<u8> = vals
-            .iter()
-            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-            .collect();
-        let bf16: Vec<u8> = vals
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect();
+        let f16: Vec<u8> = vals.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+        let bf16: Vec<u8> = vals.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
         write(
             &p,
-            &[
-                ("a", "F32", vec![2, 2], f32_bytes(&vals)),
-                ("b", "F16", vec![4], f16),
-                ("c", "BF16", vec![1, 4], bf16),
-            ],
+            &[("a", "F32", vec![2, 2], f32_bytes(&vals)), ("b", "F16", vec![4], f16), ("c", "BF16", vec![1, 4], bf16)],
         );
         let ck = Checkpoint::open_dir(&dir).unwrap();
         for name in ["a", "b", "c"] {
@@ -370,10 +306,7 @@ mod tests {
         let p = dir.join("x.safetensors");
         // Header length beyond the file.
         std::fs::write(&p, [0xff, 0xff, 0, 0, 0, 0, 0, 0, b'{', b'}']).unwrap();
-        let e = Checkpoint::open_files(&[p.clone()])
-            .err()
-            .unwrap()
-            .to_string();
+        let e = Checkpoint::open_files(&[p.clone()]).err().unwrap().to_string();
         assert!(e.contains("runs past the end"), "{e}");
         // Data range outside the file.
         let h = br#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
@@ -381,24 +314,15 @@ mod tests {
         bytes.extend_from_slice(h);
         bytes.extend_from_slice(&[0; 8]);
         std::fs::write(&p, &bytes).unwrap();
-        let e = Checkpoint::open_files(&[p.clone()])
-            .err()
-            .unwrap()
-            .to_string();
+        let e = Checkpoint::open_files(&[p.clone()]).err().unwrap().to_string();
         assert!(e.contains("lies outside"), "{e}");
         // Unsupported dtype.
         write(&p, &[("ids", "I64", vec![1], vec![0; 8])]);
-        let e = Checkpoint::open_files(&[p.clone()])
-            .err()
-            .unwrap()
-            .to_string();
+        let e = Checkpoint::open_files(&[p.clone()]).err().unwrap().to_string();
         assert!(e.contains("dtype I64"), "{e}");
         // Size that disagrees with the shape.
         write(&p, &[("w", "F32", vec![3], vec![0; 8])]);
-        let e = Checkpoint::open_files(&[p.clone()])
-            .err()
-            .unwrap()
-            .to_string();
+        let e = Checkpoint::open_files(&[p.clone()]).err().unwrap().to_string();
         assert!(e.contains("needs 12"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -51,10 +51,7 @@ fn special_token_text(v: Option<&Json>) -> Option<&str> {
 
 fn ids_of(v: Option<&Json>) -> Vec<u32> {
     match v {
-        Some(Json::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
+        Some(Json::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
         Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
         None => vec![],
     }
@@ -80,9 +77,7 @@ pub fn load(
         .map_err(|e| ConvertError::corrupt(&tok_path, format!("not valid JSON: {e}")))?;
     let bad = |msg: String| ConvertError::corrupt(&tok_path, msg);
 
-    let model = tok
-        .get("model")
-        .ok_or_else(|| bad("no \"model\" section".into()))?;
+    let model = tok.get("model").ok_or_else(|| bad("no \"model\" section".into()))?;
     let model_type = model.get("type").and_then(Json::as_str).unwrap_or("BPE");
     if model_type != "BPE" {
         return Err(ConvertError::unsupported(format!(
@@ -90,40 +85,25 @@ pub fn load(
             tok_path.display()
         )));
     }
-    let vocab_obj = model
-        .get("vocab")
-        .and_then(Json::as_object)
-        .ok_or_else(|| bad("BPE model has no vocab".into()))?;
+    let vocab_obj = model.get("vocab").and_then(Json::as_object).ok_or_else(|| bad("BPE model has no vocab".into()))?;
     let mut by_id: HashMap<u32, String> = HashMap::with_capacity(vocab_obj.len());
     for (text, id) in vocab_obj {
-        let id = id
-            .as_u64()
-            .ok_or_else(|| bad(format!("vocab entry '{text}' has no integer id")))?
-            as u32;
+        let id = id.as_u64().ok_or_else(|| bad(format!("vocab entry '{text}' has no integer id")))? as u32;
         by_id.insert(id, text.clone());
     }
     let mut added_special: HashMap<u32, bool> = HashMap::new();
     if let Some(added) = tok.get("added_tokens").and_then(Json::as_array) {
         for t in added {
-            let (Some(id), Some(content)) = (
-                t.get("id").and_then(Json::as_u64),
-                t.get("content").and_then(Json::as_str),
-            ) else {
+            let (Some(id), Some(content)) =
+                (t.get("id").and_then(Json::as_u64), t.get("content").and_then(Json::as_str))
+            else {
                 return Err(bad("an added_tokens entry lacks id or content".into()));
             };
             by_id.insert(id as u32, content.to_string());
-            added_special.insert(
-                id as u32,
-                t.get("special").and_then(Json::as_bool).unwrap_or(false),
-            );
+            added_special.insert(id as u32, t.get("special").and_then(Json::as_bool).unwrap_or(false));
         }
     }
-    let max_id = by_id
-        .keys()
-        .copied()
-        .max()
-        .map(|m| m as usize + 1)
-        .unwrap_or(0);
+    let max_id = by_id.keys().copied().max().map(|m| m as usize + 1).unwrap_or(0);
     if max_id > vocab_size {
         return Err(ConvertError::shape(format!(
             "{}: the tokenizer has ids up to {} but config.json's vocab_size is {vocab_size}",
@@ -147,12 +127,9 @@ pub fn load(
         _ => vec![],
     };
 
-    let byte_level = json_mentions(tok.get("pre_tokenizer"), "ByteLevel")
-        || json_mentions(tok.get("decoder"), "ByteLevel");
-    let byte_fallback = model
-        .get("byte_fallback")
-        .and_then(Json::as_bool)
-        .unwrap_or(false);
+    let byte_level =
+        json_mentions(tok.get("pre_tokenizer"), "ByteLevel") || json_mentions(tok.get("decoder"), "ByteLevel");
+    let byte_fallback = model.get("byte_fallback").and_then(Json::as_bool).unwrap_or(false);
     let ggml_model = if byte_level {
         "gpt2"
     } else if byte_fallback {
@@ -205,47 +182,26 @@ pub fn load(
     }
 
     let mut kvs: Vec<(String, Value)> = vec![
-        (
-            "tokenizer.ggml.model".into(),
-            Value::String(ggml_model.into()),
-        ),
-        (
-            "tokenizer.ggml.pre".into(),
-            Value::String(pre_tokenizer_name(&tok, ggml_model).into()),
-        ),
-        (
-            "tokenizer.ggml.tokens".into(),
-            Value::Array(Array::String(tokens)),
-        ),
+        ("tokenizer.ggml.model".into(), Value::String(ggml_model.into())),
+        ("tokenizer.ggml.pre".into(), Value::String(pre_tokenizer_name(&tok, ggml_model).into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(Array::String(tokens))),
     ];
     if ggml_model == "llama" {
-        kvs.push((
-            "tokenizer.ggml.scores".into(),
-            Value::Array(Array::F32(scores)),
-        ));
+        kvs.push(("tokenizer.ggml.scores".into(), Value::Array(Array::F32(scores))));
     }
-    kvs.push((
-        "tokenizer.ggml.token_type".into(),
-        Value::Array(Array::I32(types)),
-    ));
+    kvs.push(("tokenizer.ggml.token_type".into(), Value::Array(Array::I32(types))));
     if !merges.is_empty() {
         let mut m = StringArray::with_capacity(merges.len(), merges.iter().map(String::len).sum());
         for s in &merges {
             m.push(s);
         }
-        kvs.push((
-            "tokenizer.ggml.merges".into(),
-            Value::Array(Array::String(m)),
-        ));
+        kvs.push(("tokenizer.ggml.merges".into(), Value::Array(Array::String(m))));
     }
 
     let gen_cfg = read_json(&dir.join("generation_config.json"))?;
-    let bos = lookup("bos_token").or(config_bos).or_else(|| {
-        gen_cfg
-            .as_ref()
-            .and_then(|g| g.get("bos_token_id")?.as_u64())
-            .map(|v| v as u32)
-    });
+    let bos = lookup("bos_token")
+        .or(config_bos)
+        .or_else(|| gen_cfg.as_ref().and_then(|g| g.get("bos_token_id")?.as_u64()).map(|v| v as u32));
     let mut eog_ids: Vec<u32> = Vec::new();
     eog_ids.extend(lookup("eos_token"));
     eog_ids.extend(ids_of(gen_cfg.as_ref().and_then(|g| g.get("eos_token_id"))));
@@ -268,9 +224,7 @@ pub fn load(
     }
     let add_bos = match cfg_get("add_bos_token").and_then(Json::as_bool) {
         Some(b) => b,
-        None => bos.is_some_and(|b| {
-            post_processor_adds(&tok, by_id.get(&b).map(String::as_str).unwrap_or(""))
-        }),
+        None => bos.is_some_and(|b| post_processor_adds(&tok, by_id.get(&b).map(String::as_str).unwrap_or(""))),
     };
     kvs.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(add_bos)));
     if let Some(add_eos) = cfg_get("add_eos_token").and_then(Json::as_bool) {
@@ -284,18 +238,14 @@ pub fn load(
 }
 
 fn is_byte_token(t: &str) -> bool {
-    t.len() == 6
-        && t.starts_with("<0x")
-        && t.ends_with('>')
-        && u8::from_str_radix(&t[3..5], 16).is_ok()
+    t.len() == 6 && t.starts_with("<0x") && t.ends_with('>') && u8::from_str_radix(&t[3..5], 16).is_ok()
 }
 
 /// True if `v` (any JSON) contains an object with `"type": ty`.
 fn json_mentions(v: Option<&Json>, ty: &str) -> bool {
     match v {
         Some(Json::Object(o)) => {
-            o.get("type").and_then(Json::as_str) == Some(ty)
-                || o.values().any(|x| json_mentions(Some(x), ty))
+            o.get("type").and_then(Json::as_str) == Some(ty) || o.values().any(|x| json_mentions(Some(x), ty))
         }
         Some(Json::Array(a)) => a.iter().any(|x| json_mentions(Some(x), ty)),
         _ => false,
@@ -312,10 +262,7 @@ fn pre_tokenizer_name(tok: &Json, ggml_model: &str) -> &'static str {
     let mut regexes = Vec::new();
     collect_split_regexes(pre, &mut regexes);
     // Llama 3's split groups digits in threes; no other supported style does.
-    if regexes
-        .iter()
-        .any(|r| *r == LLAMA3_REGEX || r.contains(r"\p{N}{1,3}"))
-    {
+    if regexes.iter().any(|r| *r == LLAMA3_REGEX || r.contains(r"\p{N}{1,3}")) {
         "llama3"
     } else if json_mentions(pre, "Digits") {
         "smollm"
@@ -328,11 +275,7 @@ fn pre_tokenizer_name(tok: &Json, ggml_model: &str) -> &'static str {
 fn collect_split_regexes<'a>(v: Option<&'a Json>, out: &mut Vec<&'a str>) {
     match v {
         Some(Json::Object(o)) => {
-            if let Some(r) = o
-                .get("pattern")
-                .and_then(|p| p.get("Regex"))
-                .and_then(Json::as_str)
-            {
+            if let Some(r) = o.get("pattern").and_then(|p| p.get("Regex")).and_then(Json::as_str) {
                 out.push(r);
             }
             o.values().for_each(|x| collect_split_regexes(Some(x), out));
@@ -344,11 +287,7 @@ fn collect_split_regexes<'a>(v: Option<&'a Json>, out: &mut Vec<&'a str>) {
 
 /// Whether tokenizer.json's post-processor prepends `bos` to a single sequence.
 fn post_processor_adds(tok: &Json, bos: &str) -> bool {
-    let Some(single) = tok
-        .get("post_processor")
-        .and_then(|p| p.get("single"))
-        .and_then(Json::as_array)
-    else {
+    let Some(single) = tok.get("post_processor").and_then(|p| p.get("single")).and_then(Json::as_array) else {
         return false;
     };
     matches!(single.first().and_then(|f| f.get("SpecialToken")).and_then(|s| s.get("id")).and_then(Json::as_str), Some(id) if id == bos)
@@ -385,11 +324,7 @@ mod tests {
     }
 
     fn get<'a>(m: &'a TokenizerMeta, k: &str) -> &'a Value {
-        &m.kvs
-            .iter()
-            .find(|(key, _)| key == k)
-            .unwrap_or_else(|| panic!("no {k}"))
-            .1
+        &m.kvs.iter().find(|(key, _)| key == k).unwrap_or_else(|| panic!("no {k}")).1
     }
 
     #[test]
@@ -408,37 +343,17 @@ mod tests {
                 "decoder": {"type": "ByteLevel"}
             }),
         );
-        write(
-            &dir,
-            "tokenizer_config.json",
-            &json!({"eos_token": "<|im_end|>", "chat_template": "{{ messages }}"}),
-        );
+        write(&dir, "tokenizer_config.json", &json!({"eos_token": "<|im_end|>", "chat_template": "{{ messages }}"}));
         let m = load(&dir, 8, None, &[]).unwrap();
-        assert_eq!(
-            get(&m, "tokenizer.ggml.model"),
-            &Value::String("gpt2".into())
-        );
-        assert_eq!(
-            get(&m, "tokenizer.ggml.pre"),
-            &Value::String("smollm".into())
-        );
+        assert_eq!(get(&m, "tokenizer.ggml.model"), &Value::String("gpt2".into()));
+        assert_eq!(get(&m, "tokenizer.ggml.pre"), &Value::String("smollm".into()));
         assert_eq!(get(&m, "tokenizer.ggml.eos_token_id"), &Value::U32(3));
-        assert_eq!(
-            get(&m, "tokenizer.ggml.token_type"),
-            &Value::Array(Array::I32(vec![1, 1, 1, 3, 4, 5, 5, 5]))
-        );
-        let Value::Array(Array::String(toks)) = get(&m, "tokenizer.ggml.tokens") else {
-            panic!()
-        };
+        assert_eq!(get(&m, "tokenizer.ggml.token_type"), &Value::Array(Array::I32(vec![1, 1, 1, 3, 4, 5, 5, 5])));
+        let Value::Array(Array::String(toks)) = get(&m, "tokenizer.ggml.tokens") else { panic!() };
         assert_eq!(toks.get(5), Some("[PAD5]"));
-        let Value::Array(Array::String(merges)) = get(&m, "tokenizer.ggml.merges") else {
-            panic!()
-        };
+        let Value::Array(Array::String(merges)) = get(&m, "tokenizer.ggml.merges") else { panic!() };
         assert_eq!(merges.get(0), Some("a b"));
-        assert_eq!(
-            get(&m, "tokenizer.chat_template"),
-            &Value::String("{{ messages }}".into())
-        );
+        assert_eq!(get(&m, "tokenizer.chat_template"), &Value::String("{{ messages }}".into()));
         assert_eq!(m.eog_ids, vec![3]);
         // A vocab_size smaller than the tokenizer is a config/tokenizer mismatch.
         let e = load(&dir, 4, None, &[]).err().unwrap().to_string();
@@ -451,10 +366,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("duet-tok-missing-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let e = load(&dir, 8, None, &[]).err().unwrap().to_string();
-        assert!(
-            e.contains("tokenizer.json") && e.contains("not found"),
-            "{e}"
-        );
+        assert!(e.contains("tokenizer.json") && e.contains("not found"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
