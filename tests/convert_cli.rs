@@ -628,3 +628,37 @@ fn tensor_type_overrides_apply() {
         assert!(text(&out.stderr).contains(needle), "{rule}: {}", text(&out.stderr));
     }
 }
+
+#[test]
+fn ctrl_c_leaves_no_file() {
+    let Some(smol) = duet_test_support::asset("convert Ctrl-C", "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let dir = TempDir::new("ctrl-c");
+    let out = dir.join("interrupted.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args([OsStr::new("convert"), smol.as_os_str(), OsStr::new("-t"), OsStr::new("q4_k_m"), OsStr::new("-o")])
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Interrupt once the temporary file exists (the conversion is under way).
+    let started = std::time::Instant::now();
+    while listing(&dir.0).is_empty() && started.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!listing(&dir.0).is_empty(), "the conversion never started writing");
+    let kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let outcome = child.wait_with_output().unwrap();
+    assert_eq!(outcome.status.code(), Some(130), "{}", text(&outcome.stderr));
+    assert!(text(&outcome.stderr).contains("interrupted"), "{}", text(&outcome.stderr));
+    assert!(listing(&dir.0).is_empty(), "left behind: {:?}", listing(&dir.0));
+}
+
+#[test]
+fn a_safetensors_file_asks_for_its_directory() {
+    let st = fixture("llama-gqa").join("model.safetensors");
+    let out = duet([OsStr::new("convert"), st.as_os_str(), OsStr::new("--dry-run")]);
+    assert_refused("safetensors file", &out, &["pass the model directory"]);
+}

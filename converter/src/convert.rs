@@ -99,6 +99,11 @@ impl Conversion {
         let imatrix = opts.imatrix.as_deref().map(Imatrix::load).transpose()?;
         let mut conv = if opts.input.is_dir() {
             prepare_hf(opts, imatrix)?
+        } else if opts.input.extension().is_some_and(|e| e == "safetensors" || e == "json") {
+            return Err(ConvertError::Usage(format!(
+                "{} is one file of a checkpoint: pass the model directory that holds it (with config.json and the tokenizer files)",
+                opts.input.display()
+            )));
         } else if opts.input.is_file() {
             prepare_gguf(opts, imatrix)?
         } else {
