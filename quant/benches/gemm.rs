@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use duet_quant::GgmlType;
 use duet_quant::dot::{ActRow, kernels};
-use duet_quant::gemm::{ActKind, GemmKernels, PackedMatrix, QActs, available, serial};
+use duet_quant::gemm::{ActKind, GemmKernels, PackedMatrix, QActs, available, serial, variants};
 
 #[cfg(target_os = "linux")]
 fn cpu_seconds() -> f64 {
@@ -86,6 +86,18 @@ fn main() {
     ];
     let sets = available();
     let start = Instant::now();
+    if args.iter().any(|a| a == "--stream") {
+        stream(&sets, &filter, 1 << 30);
+        return;
+    }
+    if args.iter().any(|a| a == "--ab") {
+        ab(&filter);
+        return;
+    }
+    if args.iter().any(|a| a == "--l2") {
+        stream(&sets, &filter, 1 << 20);
+        return;
+    }
     println!("| type | shape | kernels | decode µs | decode GB/s | pp128 ms | pp128 GMAC/s |");
     println!("|---|---|---|---|---|---|---|");
     for ty in types {
@@ -143,6 +155,104 @@ fn main() {
         }
     }
     eprintln!("total {:.1} s", start.elapsed().as_secs_f64());
+}
+
+/// Decode over distinct matrices of `total` bytes in all: 1 GiB (`--stream`) is beyond the
+/// caches, the speed when weights stream from DRAM as in real decoding; 1 MiB (`--l2`) stays
+/// in L2, the kernels' compute limit.
+fn stream(sets: &[GemmKernels], filter: &[&String], total: usize) {
+    println!("| type | kernels | decode GB/s, {} MiB of weights (1 thread, CPU time) |", total >> 20);
+    println!("|---|---|---|");
+    let (rows, cols) = if total < (64 << 20) { (256usize, 2048usize) } else { (2048, 2048) };
+    if total >= (64 << 20) {
+        // Baseline: the plain read bandwidth (AVX2 loads, summed).
+        let buf: Vec<u64> = (0..(1usize << 27)).map(|i| i as u64).collect();
+        let mut sink = 0u64;
+        let t = median_time(5, || {
+            let mut acc = [0u64; 8];
+            for c in buf.chunks_exact(8) {
+                for i in 0..8 {
+                    acc[i] ^= c[i];
+                }
+            }
+            sink ^= acc.iter().fold(0, |a, b| a ^ b);
+        });
+        println!("| (read baseline) | xor of 1 GiB | {:.1} | {sink} |", (buf.len() * 8) as f64 / t / 1e9);
+    }
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16] {
+        if !filter.is_empty() && !filter.iter().any(|f| ty.to_string().contains(f.as_str())) {
+            continue;
+        }
+        let w = pseudo_normal(rows * cols, 1);
+        let row_bytes = duet_quant::row_bytes(ty, cols).unwrap();
+        let mut wb = vec![0u8; row_bytes * rows];
+        duet_quant::quantize(ty, &w, cols, &mut wb).unwrap();
+        let one = PackedMatrix::pack(ty, &wb, rows, cols, &serial).unwrap();
+        let n_mat = (total / one.bytes()).max(1);
+        let mats: Vec<PackedMatrix> = (0..n_mat).map(|_| one.clone()).collect();
+        let kind = ActKind::for_weight(ty).unwrap();
+        let mut a1 = QActs::new(kind);
+        a1.quantize(&pseudo_normal(cols, 2), 1, cols, &serial);
+        let mut out = vec![0f32; rows];
+        for k in sets.iter().filter(|k| k.fast) {
+            let reps = if total < (64 << 20) { 200 } else { 5 };
+            let t = median_time(reps, || {
+                for m in &mats {
+                    gemm(k, m, &a1, &mut out);
+                }
+            });
+            println!("| {ty} | {} | {:.1} |", k.name, (n_mat * one.bytes()) as f64 / t / 1e9);
+        }
+    }
+}
+
+/// Interleaved A/B comparison of the kernel sets and their tuning variants: rounds of one
+/// timed call per set, best (minimum) time per set. Interleaving puts every set under the
+/// same background load; the minimum is the least disturbed run.
+fn ab(filter: &[&String]) {
+    let mut sets: Vec<GemmKernels> = available().into_iter().filter(|k| k.fast).collect();
+    sets.extend(variants());
+    println!("| type | shape | kernels | decode (L2) GB/s | pp128 GMAC/s |");
+    println!("|---|---|---|---|---|");
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_1, GgmlType::Q5_K] {
+        if !filter.is_empty() && !filter.iter().any(|f| ty.to_string().contains(f.as_str())) {
+            continue;
+        }
+        let (rows, cols) = (256usize, 2048usize);
+        let w = pseudo_normal(rows * cols, 1);
+        let row_bytes = duet_quant::row_bytes(ty, cols).unwrap();
+        let mut wb = vec![0u8; row_bytes * rows];
+        duet_quant::quantize(ty, &w, cols, &mut wb).unwrap();
+        let packed = PackedMatrix::pack(ty, &wb, rows, cols, &serial).unwrap();
+        let kind = ActKind::for_weight(ty).unwrap();
+        let x = pseudo_normal(128 * cols, 2);
+        let mut a1 = QActs::new(kind);
+        a1.quantize(&x[..cols], 1, cols, &serial);
+        let mut ap = QActs::new(kind);
+        ap.quantize(&x, 128, cols, &serial);
+        let mut out = vec![0f32; rows * 128];
+        let mut best = vec![(f64::MAX, f64::MAX); sets.len()];
+        for _ in 0..15 {
+            for (i, k) in sets.iter().enumerate() {
+                let t0 = cpu_seconds();
+                for _ in 0..20 {
+                    gemm(k, &packed, &a1, &mut out);
+                }
+                let t1 = cpu_seconds();
+                gemm(k, &packed, &ap, &mut out);
+                let t2 = cpu_seconds();
+                best[i] = (best[i].0.min((t1 - t0) / 20.0), best[i].1.min(t2 - t1));
+            }
+        }
+        for (k, (td, tp)) in sets.iter().zip(best) {
+            println!(
+                "| {ty} | {rows}x{cols} | {} | {:.1} | {:.1} |",
+                k.name,
+                packed.bytes() as f64 / td / 1e9,
+                (rows * cols * 128) as f64 / tp / 1e9
+            );
+        }
+    }
 }
 
 fn gemm(k: &GemmKernels, w: &PackedMatrix, a: &QActs, out: &mut [f32]) {

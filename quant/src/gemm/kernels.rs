@@ -22,6 +22,10 @@ pub(super) trait Arch {
     const LANES: usize;
     /// Largest token tile worth using (register budget).
     const NMAX: usize;
+    /// Integer accumulation chains per token in tiles of 3+ tokens (latency vs registers),
+    /// for the 32-element formats and for the K-quants (which hold more accumulators).
+    const CHAINS: usize;
+    const CHAINS_K: usize;
     /// Whether [`Arch::dot_q8`] multiplies Q8_0's stored bytes (q + 128) as they are, so that
     /// the caller must subtract 128·Σa; otherwise it computes the signed product itself.
     const Q8_BIASED: bool;
@@ -178,18 +182,22 @@ fn at(p: *const u8, off: usize) -> *const u8 {
 
 /// Independent accumulation chains per token: with few tokens in a tile, one chain of
 /// `vpdpbusd` (latency 5) or FMA (latency 4) per token would leave the machine waiting.
-const fn chains(n: usize) -> usize {
+/// `wide`: chains per token for tiles of 3 or more tokens.
+const fn chains(n: usize, wide: usize) -> usize {
     match n {
         1 => 4,
         2 => 2,
-        _ => 1,
+        _ => wide,
     }
 }
 
-/// Integer accumulators of N tokens in `chains(N)` chains; step k goes to chain k % chains.
-struct IAcc<A: Arch, const N: usize>([[A::V; N]; 4]);
+/// Integer accumulators of N tokens in `chains(N, A::CHAINS)` chains (`A::CHAINS_K` for the
+/// K-quants, `KQ`); step k goes to chain k % chains. All compile-time constants.
+struct IAcc<A: Arch, const N: usize, const KQ: bool>([[A::V; N]; 4]);
 
-impl<A: Arch, const N: usize> IAcc<A, N> {
+impl<A: Arch, const N: usize, const KQ: bool> IAcc<A, N, KQ> {
+    const CHAINS: usize = chains(N, if KQ { A::CHAINS_K } else { A::CHAINS });
+
     #[inline(always)]
     unsafe fn new(init: [A::V; N]) -> Self {
         // SAFETY: no memory access.
@@ -198,13 +206,13 @@ impl<A: Arch, const N: usize> IAcc<A, N> {
     }
     #[inline(always)]
     unsafe fn dot(&mut self, k: usize, t: usize, w: A::V, a: *const u8) {
-        let c = &mut self.0[k % chains(N)][t];
+        let c = &mut self.0[k % Self::CHAINS][t];
         // SAFETY: forwarded.
         *c = unsafe { A::dot(*c, w, a) };
     }
     #[inline(always)]
     unsafe fn dot_q8(&mut self, k: usize, t: usize, w: A::W8, a: *const u8) {
-        let c = &mut self.0[k % chains(N)][t];
+        let c = &mut self.0[k % Self::CHAINS][t];
         // SAFETY: forwarded.
         *c = unsafe { A::dot_q8(*c, w, a) };
     }
@@ -212,7 +220,7 @@ impl<A: Arch, const N: usize> IAcc<A, N> {
     unsafe fn sum(self) -> [A::V; N] {
         std::array::from_fn(|t| {
             let mut s = self.0[0][t];
-            for c in 1..chains(N) {
+            for c in 1..Self::CHAINS {
                 // SAFETY: no memory access.
                 s = unsafe { A::add32(s, self.0[c][t]) };
             }
@@ -221,7 +229,7 @@ impl<A: Arch, const N: usize> IAcc<A, N> {
     }
 }
 
-/// Float accumulators of N tokens in `chains(N)` chains.
+/// Float accumulators of N tokens in `chains(N, 1)` chains.
 struct FAcc<A: Arch, const N: usize>([[A::F; N]; 4]);
 
 impl<A: Arch, const N: usize> FAcc<A, N> {
@@ -234,7 +242,7 @@ impl<A: Arch, const N: usize> FAcc<A, N> {
     /// chain(k % chains)[t] += a·b.
     #[inline(always)]
     unsafe fn fmadd(&mut self, k: usize, t: usize, a: A::F, b: A::F) {
-        let c = &mut self.0[k % chains(N)][t];
+        let c = &mut self.0[k % chains(N, 1)][t];
         // SAFETY: no memory access.
         *c = unsafe { A::fmadd(a, b, *c) };
     }
@@ -242,7 +250,7 @@ impl<A: Arch, const N: usize> FAcc<A, N> {
     unsafe fn sum(self) -> [A::F; N] {
         std::array::from_fn(|t| {
             let mut s = self.0[0][t];
-            for c in 1..chains(N) {
+            for c in 1..chains(N, 1) {
                 // SAFETY: no memory access.
                 s = unsafe { A::add_f(s, self.0[c][t]) };
             }
@@ -278,7 +286,7 @@ unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: boo
             let mut acc = [A::zero_f(); N];
             for b in 0..nb {
                 let wb = at(bulk, b * bb);
-                let mut is = IAcc::<A, N>::new(std::array::from_fn(|t| {
+                let mut is = IAcc::<A, N, false>::new(std::array::from_fn(|t| {
                     if MIN { A::zero() } else { A::bcast_i32(at(tk[t], off_off + 4 * b)) }
                 }));
                 for s in 0..4 {
@@ -321,7 +329,7 @@ pub(super) struct Q4_1;
 pub(super) struct Q5_0;
 pub(super) struct Q5_1;
 impl Kern for Q4_0 {
-    const MAX_N: usize = 8;
+    const MAX_N: usize = 4;
     #[inline(always)]
     unsafe fn tile<A: Arch, const N: usize>(
         w: &PackedMatrix,
@@ -399,7 +407,7 @@ impl Kern for Q8_0 {
                 let mut acc = [A::zero_f(); N];
                 for b in 0..nb {
                     let wb = at(bulk, b * 512 + 4 * r0);
-                    let mut is = IAcc::<A, N>::new(std::array::from_fn(|t| {
+                    let mut is = IAcc::<A, N, false>::new(std::array::from_fn(|t| {
                         if A::Q8_BIASED { A::bcast_i32(at(tk[t], off_off + 4 * b)) } else { A::zero() }
                     }));
                     for s in 0..8 {
@@ -486,7 +494,7 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool>(
                     for h in 0..2 {
                         let j = (2 * c + h) as u32 % 4;
                         let scf = A::cvt(A::byte_lane(scv, j));
-                        let mut is = IAcc::<A, N>::new([A::zero(); N]);
+                        let mut is = IAcc::<A, N, true>::new([A::zero(); N]);
                         for s in 0..8 {
                             let x = A::load(at(bk, qs_at + 64 * (8 * c + s) + 4 * r0));
                             let mut q = if h == 0 { A::and(x, m0f) } else { A::and(A::srli16::<4>(x), m0f) };
@@ -560,7 +568,7 @@ unsafe fn q6_sub<A: Arch, const N: usize, const K: usize>(
     unsafe {
         let m0f = A::splat8(0x0f);
         let m30 = A::splat8(0x30);
-        let mut is = IAcc::<A, N>::new(std::array::from_fn(|t| A::bcast_i32(at(tk[t], off_at))));
+        let mut is = IAcc::<A, N, true>::new(std::array::from_fn(|t| A::bcast_i32(at(tk[t], off_at))));
         for s in 4 * q..4 * q + 4 {
             let line = at(bk, 64 * 3 * (8 * h + s));
             let src = A::load(at(line, 64 * (K & 1)));
@@ -709,6 +717,63 @@ impl Kern for BF16 {
         ld: usize,
     ) {
         unsafe { tile_float::<A, N, true>(w, a, g, t0, out, ld) }
+    }
+}
+
+/// `A` with another tile size and chain count, for comparing tunings in one binary
+/// ([`super::variants`]).
+pub(super) struct Tuned<A, const NMAX: usize, const CHAINS: usize, const CHAINS_K: usize>(std::marker::PhantomData<A>);
+
+macro_rules! delegate {
+    ($( fn $name:ident $(<const $c:ident: u32>)? ($($arg:ident: $ty:ty),*) -> $ret:ty; )*) => {
+        $(
+            #[inline(always)]
+            unsafe fn $name $(<const $c: u32>)? ($($arg: $ty),*) -> $ret {
+                // SAFETY: forwarded.
+                unsafe { A::$name $(::<$c>)? ($($arg),*) }
+            }
+        )*
+    };
+}
+
+impl<A: Arch, const NMAX: usize, const CHAINS: usize, const CHAINS_K: usize> Arch for Tuned<A, NMAX, CHAINS, CHAINS_K> {
+    const LANES: usize = A::LANES;
+    const NMAX: usize = NMAX;
+    const CHAINS: usize = CHAINS;
+    const CHAINS_K: usize = CHAINS_K;
+    const Q8_BIASED: bool = A::Q8_BIASED;
+    type V = A::V;
+    type F = A::F;
+    type W8 = A::W8;
+    delegate! {
+        fn zero() -> A::V;
+        fn splat8(x: u8) -> A::V;
+        fn splat32(x: u32) -> A::V;
+        fn load(p: *const u8) -> A::V;
+        fn and(a: A::V, b: A::V) -> A::V;
+        fn or(a: A::V, b: A::V) -> A::V;
+        fn srli16<const S: u32>(a: A::V) -> A::V;
+        fn slli16<const S: u32>(a: A::V) -> A::V;
+        fn srli32<const S: u32>(a: A::V) -> A::V;
+        fn add32(a: A::V, b: A::V) -> A::V;
+        fn byte_lane(a: A::V, j: u32) -> A::V;
+        fn bcast_i32(p: *const u8) -> A::V;
+        fn dot(acc: A::V, w: A::V, a: *const u8) -> A::V;
+        fn prep_q8(w: A::V) -> A::W8;
+        fn dot_q8(acc: A::V, w: A::W8, a: *const u8) -> A::V;
+        fn dot16(acc: A::V, w: A::V, a: *const u8) -> A::V;
+        fn set_bit4(w: A::V, bits: *const u8) -> A::V;
+        fn zero_f() -> A::F;
+        fn cvt(a: A::V) -> A::F;
+        fn fmadd(a: A::F, b: A::F, c: A::F) -> A::F;
+        fn fnmadd(a: A::F, b: A::F, c: A::F) -> A::F;
+        fn mul(a: A::F, b: A::F) -> A::F;
+        fn add_f(a: A::F, b: A::F) -> A::F;
+        fn bcast_f32(p: *const u8) -> A::F;
+        fn load_f16(p: *const u8) -> A::F;
+        fn load_bf16(p: *const u8) -> A::F;
+        fn load_i8f(p: *const u8) -> A::F;
+        fn store(a: A::F, p: *mut f32) -> ();
     }
 }
 

@@ -672,6 +672,15 @@ pub fn gemm_kernels() -> Option<&'static GemmKernels> {
     .as_ref()
 }
 
+/// Alternative tunings (tile size, accumulation chains) of the sets this CPU can run, for
+/// benchmarks and tests; never picked by [`gemm_kernels`].
+pub fn variants() -> Vec<GemmKernels> {
+    #[cfg(target_arch = "x86_64")]
+    return x86::variants();
+    #[cfg(not(target_arch = "x86_64"))]
+    Vec::new()
+}
+
 /// Every packed kernel set this CPU can run, fastest first (the portable one last).
 pub fn available() -> Vec<GemmKernels> {
     let mut v = Vec::new();

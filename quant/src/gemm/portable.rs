@@ -38,6 +38,8 @@ unsafe fn rd<const N: usize>(p: *const u8) -> [u8; N] {
 impl Arch for Portable {
     const LANES: usize = 16;
     const NMAX: usize = 4;
+    const CHAINS: usize = 1;
+    const CHAINS_K: usize = 1;
     const Q8_BIASED: bool = true;
     type V = V;
     type F = F;

@@ -146,7 +146,8 @@ fn block_cols(ty: GgmlType) -> usize {
 
 #[test]
 fn every_kernel_set_matches_the_scalar_reference() {
-    let sets = available();
+    let mut sets = available();
+    sets.extend(variants());
     eprintln!("packed kernel sets on this CPU: {:?}", sets.iter().map(|k| k.name).collect::<Vec<_>>());
     // (rows, blocks per row, tokens): rows not a multiple of 16, 1, 2 and many blocks, and
     // token counts that exercise every tile size and remainder.
@@ -283,7 +284,7 @@ fn integer_parts_are_exact() {
             let wb = exact_weights(ty, rows, cols, &mut rng);
             let x = exact_acts(n_tok * cols, &mut rng);
             let want = reference(ty, &wb, rows, cols, &x, n_tok);
-            for k in &available() {
+            for k in available().iter().chain(&variants()) {
                 let got = run_packed(k, ty, &wb, rows, cols, &x, n_tok);
                 for i in 0..n_tok * rows {
                     assert!(

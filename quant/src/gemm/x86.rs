@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::GemmKernels;
-use super::kernels::{Arch, kernel_set};
+use super::kernels::{Arch, Tuned, kernel_set};
 
 pub(super) fn available() -> Vec<GemmKernels> {
     let mut v = Vec::new();
@@ -52,6 +52,8 @@ pub(super) struct Avx512;
 impl Arch for Avx512 {
     const LANES: usize = 16;
     const NMAX: usize = 8;
+    const CHAINS: usize = 2;
+    const CHAINS_K: usize = 1;
     const Q8_BIASED: bool = true;
     type V = __m512i;
     type F = __m512;
@@ -185,6 +187,8 @@ pub(super) struct Avx2<const VNNI: bool>;
 impl<const VNNI: bool> Arch for Avx2<VNNI> {
     const LANES: usize = 8;
     const NMAX: usize = 4;
+    const CHAINS: usize = 2;
+    const CHAINS_K: usize = 1;
     const Q8_BIASED: bool = VNNI;
     type V = __m256i;
     type F = __m256;
@@ -352,3 +356,26 @@ kernel_set!(pub(super) avx512vnni, "avx512vnni", Avx512, true, [
 ]);
 kernel_set!(pub(super) avx2vnni, "avx2+avxvnni", Avx2<true>, true, [#[target_feature(enable = "avx2,fma,f16c,avxvnni")]]);
 kernel_set!(pub(super) avx2, "avx2", Avx2<false>, true, [#[target_feature(enable = "avx2,fma,f16c")]]);
+
+// Alternative tunings, for benchmarks only (`variants()`): tile size, chains, chains (K).
+kernel_set!(avx512_n8c11, "avx512vnni/n8c1,1", Tuned<Avx512, 8, 1, 1>, true, [#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]]);
+kernel_set!(avx512_n4c22, "avx512vnni/n4c2,2", Tuned<Avx512, 4, 2, 2>, true, [#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]]);
+kernel_set!(avx2vnni_n4c11, "avx2+avxvnni/n4c1,1", Tuned<Avx2<true>, 4, 1, 1>, true, [#[target_feature(enable = "avx2,fma,f16c,avxvnni")]]);
+kernel_set!(avx2vnni_n3c22, "avx2+avxvnni/n3c2,2", Tuned<Avx2<true>, 3, 2, 2>, true, [#[target_feature(enable = "avx2,fma,f16c,avxvnni")]]);
+kernel_set!(avx2_n4c11, "avx2/n4c1,1", Tuned<Avx2<false>, 4, 1, 1>, true, [#[target_feature(enable = "avx2,fma,f16c")]]);
+
+/// Other tile sizes and chain counts of the sets above that this CPU can run.
+pub(super) fn variants() -> Vec<GemmKernels> {
+    let names: Vec<&str> = available().iter().map(|k| k.name).collect();
+    let mut v = Vec::new();
+    if names.contains(&"avx512vnni") {
+        v.extend([avx512_n8c11::KERNELS, avx512_n4c22::KERNELS]);
+    }
+    if names.contains(&"avx2+avxvnni") {
+        v.extend([avx2vnni_n4c11::KERNELS, avx2vnni_n3c22::KERNELS]);
+    }
+    if names.contains(&"avx2") {
+        v.push(avx2_n4c11::KERNELS);
+    }
+    v
+}
