@@ -8,9 +8,11 @@ use std::time::Instant;
 
 use anyhow::Result;
 use duet_quant::gguf::GgufFile;
+use duet_runtime::backend::Backend;
+use duet_runtime::engine::Engine;
 use duet_runtime::model::Logits;
 
-use super::common::{ModelArgs, load_engine, require_model};
+use super::common::{ModelArgs, load_engine, require_model, with_engine};
 use super::info::human_bytes;
 
 #[derive(clap::Args)]
@@ -46,7 +48,11 @@ pub fn run(args: Args) -> Result<()> {
     }
     model_args.batch_size = model_args.batch_size.max(args.n_prompt.iter().copied().max().unwrap_or(1));
     let mut engine = load_engine(&model_args, &path, false)?;
-    let file = GgufFile::open(&path)?;
+    with_engine!(engine, e => bench(e, &args, &path, longest))
+}
+
+fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path, longest: usize) -> Result<()> {
+    let file = GgufFile::open(path)?;
     let model_bytes: u64 = file.tensors().iter().map(|t| t.n_bytes()).sum();
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

@@ -10,11 +10,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
+use duet_runtime::backend::Backend;
 use duet_runtime::chat::Conversation;
-use duet_runtime::engine::StopReason;
+use duet_runtime::engine::{Engine, StopReason};
 use duet_runtime::sampler::Sampler;
 
-use super::common::{ModelArgs, SamplingArgs, load_engine};
+use super::common::{ModelArgs, SamplingArgs, load_engine, with_engine};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -63,6 +64,10 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let mut engine = load_engine(&args.model, &path, args.quiet)?;
+    with_engine!(engine, e => chat(e, &args))
+}
+
+fn chat<B: Backend>(engine: &mut Engine<B>, args: &Args) -> Result<()> {
     let mut sampler = Sampler::new(args.sampling.config());
     let mut conv = Conversation::new(args.system.clone());
     let interactive = std::io::stdin().is_terminal();
@@ -103,7 +108,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         STOP.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
-        let result = conv.turn(&mut engine, msg, args.n_predict, &mut sampler, &mut |text| {
+        let result = conv.turn(engine, msg, args.n_predict, &mut sampler, &mut |text| {
             print!("{text}");
             let _ = std::io::stdout().flush();
             !STOP.load(Ordering::SeqCst)

@@ -4,8 +4,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use duet_runtime::RuntimeError;
+use duet_runtime::backend::Backend;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::engine::{Engine, EngineOptions};
+use duet_runtime::gpu::{AdapterChoice, GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::sampler::SamplerConfig;
 
@@ -29,7 +32,36 @@ pub struct ModelArgs {
     /// V cache element type: f32 or f16
     #[arg(long = "cache-type-v", default_value = "f16", value_parser = parse_cache_type)]
     pub cache_type_v: CacheType,
+    /// Where to run: auto (a hardware GPU if there is one, else the CPU), gpu (any Vulkan,
+    /// Metal or DX12 adapter, software ones such as lavapipe included) or cpu
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    pub device: Device,
 }
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Auto,
+    Gpu,
+    Cpu,
+}
+
+/// A loaded model on whichever backend was chosen. [`with_engine!`] runs one generic body
+/// on either, so no command logic is duplicated per backend.
+pub enum AnyEngine {
+    Cpu(Engine<CpuBackend>),
+    Gpu(Engine<GpuBackend>),
+}
+
+/// `with_engine!(any, e => body)`: `body` with `e` bound to the `&mut Engine<B>` inside.
+macro_rules! with_engine {
+    ($any:expr, $e:ident => $body:expr) => {
+        match $any {
+            $crate::cmd::common::AnyEngine::Cpu(ref mut $e) => $body,
+            $crate::cmd::common::AnyEngine::Gpu(ref mut $e) => $body,
+        }
+    };
+}
+pub(crate) use with_engine;
 
 fn parse_cache_type(s: &str) -> Result<CacheType, String> {
     CacheType::parse(s).ok_or_else(|| format!("unknown cache type '{s}' (f32 or f16)"))
@@ -77,37 +109,92 @@ impl SamplingArgs {
     }
 }
 
-/// Loads the model, printing what was loaded (and on what) to stderr.
-pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<Engine<CpuBackend>> {
+/// Loads the model on the device `args.device` asks for, printing what was loaded (and on
+/// what) to stderr. `auto` takes a hardware GPU if one is usable, else the CPU; a model the
+/// GPU cannot hold (out of memory, an unsupported type or shape) falls back to the CPU
+/// with a notice.
+pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngine> {
     if !path.exists() {
         anyhow::bail!("{}: no such model file", path.display());
     }
-    let t0 = Instant::now();
-    let backend = CpuBackend::new(args.threads);
-    let device = duet_runtime::backend::Backend::describe(&backend);
     let opts = EngineOptions {
         n_ctx: args.ctx_size,
         batch: args.batch_size.max(1),
         k_type: args.cache_type_k,
         v_type: args.cache_type_v,
     };
-    let engine = Engine::load(backend, path, &opts).with_context(|| format!("loading {}", path.display()))?;
-    if !quiet {
-        let c = &engine.model.config;
-        eprintln!(
-            "loaded {} ({:?}, {} layers, {} heads / {} KV heads, vocab {}) in {:.2} s on {device}; context {} tokens, tokenizer from {}",
-            path.display(),
-            c.arch,
-            c.n_layers,
-            c.n_heads,
-            c.n_kv_heads,
-            c.n_vocab,
-            t0.elapsed().as_secs_f64(),
-            engine.n_ctx(),
-            engine.tokenizer.source
-        );
+    let t0 = Instant::now();
+    let adapter = match args.device {
+        Device::Cpu => None,
+        Device::Auto => Some(AdapterChoice::Hardware),
+        Device::Gpu => Some(AdapterChoice::Any),
+    };
+    if let Some(adapter) = adapter {
+        match GpuBackend::new(&GpuOptions { adapter, ..Default::default() }) {
+            Ok(gpu) => {
+                let info = gpu.adapter_info();
+                if !quiet {
+                    eprintln!(
+                        "GPU adapter: {} (backend {:?}, type {:?}){}",
+                        info.name,
+                        info.backend,
+                        info.device_type,
+                        if info.device_type == duet_runtime::gpu::DeviceType::Cpu {
+                            " — a software adapter: expect it to be slower than --device cpu"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                match Engine::load(gpu, path, &opts) {
+                    Ok(engine) => {
+                        let engine = AnyEngine::Gpu(engine);
+                        report(&engine, path, t0, quiet);
+                        return Ok(engine);
+                    }
+                    Err(e @ (RuntimeError::Device(_) | RuntimeError::Unsupported(_))) => {
+                        eprintln!("warning: the GPU cannot run this model ({e}); falling back to the CPU");
+                    }
+                    Err(e) => return Err(anyhow::Error::new(e).context(format!("loading {}", path.display()))),
+                }
+            }
+            Err(e) if args.device == Device::Gpu => {
+                return Err(anyhow::Error::new(e).context("--device gpu"));
+            }
+            Err(e) => {
+                if !quiet {
+                    eprintln!("no hardware GPU to use ({e}); running on the CPU");
+                }
+            }
+        }
     }
+    let backend = CpuBackend::new(args.threads);
+    let engine = Engine::load(backend, path, &opts).with_context(|| format!("loading {}", path.display()))?;
+    let engine = AnyEngine::Cpu(engine);
+    report(&engine, path, t0, quiet);
     Ok(engine)
+}
+
+fn report(engine: &AnyEngine, path: &Path, t0: Instant, quiet: bool) {
+    if quiet {
+        return;
+    }
+    let (c, n_ctx, source, device) = match engine {
+        AnyEngine::Cpu(e) => (&e.model.config, e.n_ctx(), &e.tokenizer.source, e.backend.describe()),
+        AnyEngine::Gpu(e) => (&e.model.config, e.n_ctx(), &e.tokenizer.source, e.backend.describe()),
+    };
+    eprintln!(
+        "loaded {} ({:?}, {} layers, {} heads / {} KV heads, vocab {}) in {:.2} s on {device}; context {} tokens, tokenizer from {}",
+        path.display(),
+        c.arch,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.n_vocab,
+        t0.elapsed().as_secs_f64(),
+        n_ctx,
+        source
+    );
 }
 
 /// The model a command should use: -m, or (for chat) the bundled default.

@@ -10,10 +10,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
+use duet_runtime::backend::Backend;
+use duet_runtime::engine::Engine;
 use duet_runtime::logits_file::{LogitsFile, argmax, kl_divergence, log_softmax};
 use duet_runtime::model::Logits;
 
-use super::common::{ModelArgs, load_engine, require_model};
+use super::common::{ModelArgs, load_engine, require_model, with_engine};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -45,7 +47,11 @@ pub fn run(args: Args) -> Result<()> {
         model_args.ctx_size = 512;
     }
     let mut engine = load_engine(&model_args, &path, args.quiet)?;
-    let mut tokens = match (&base, &args.file) {
+    with_engine!(engine, e => evaluate(e, &args, base.as_ref()))
+}
+
+fn evaluate<B: Backend>(engine: &mut Engine<B>, args: &Args, base: Option<&LogitsFile>) -> Result<()> {
+    let mut tokens = match (base, &args.file) {
         (Some(b), None) => b.tokens.clone(),
         (_, Some(f)) => {
             let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
@@ -53,7 +59,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         (None, None) => bail!("nothing to evaluate: pass -f TEXT (or --kl-base FILE)"),
     };
-    if let Some(b) = &base {
+    if let Some(b) = base {
         if b.tokens.len() > tokens.len() || tokens[..b.tokens.len()] != b.tokens[..] {
             bail!(
                 "{}: its tokens are not the tokens of this text",
@@ -93,7 +99,7 @@ pub fn run(args: Args) -> Result<()> {
                 nll_sq += nll * nll;
                 count += 1;
             }
-            if let Some(b) = &base {
+            if let Some(b) = base {
                 let brow = b.row(start + t);
                 kl_sum += kl_divergence(brow, row);
                 agree += usize::from(argmax(brow) == argmax(row));

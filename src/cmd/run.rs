@@ -3,9 +3,11 @@
 use std::io::Write;
 
 use anyhow::{Result, bail};
+use duet_runtime::backend::Backend;
+use duet_runtime::engine::Engine;
 use duet_runtime::sampler::Sampler;
 
-use super::common::{ModelArgs, SamplingArgs, load_engine, require_model};
+use super::common::{ModelArgs, SamplingArgs, load_engine, require_model, with_engine};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -47,7 +49,11 @@ pub fn run(args: Args) -> Result<()> {
     }
     let path = require_model(&args.model)?;
     let mut engine = load_engine(&args.model, &path, args.quiet)?;
-    let tokens = engine.tokenizer.encode(&prompt, engine.tokenizer.add_bos && !args.no_bos)?;
+    with_engine!(engine, e => complete(e, &args, &prompt))
+}
+
+fn complete<B: Backend>(engine: &mut Engine<B>, args: &Args, prompt: &str) -> Result<()> {
+    let tokens = engine.tokenizer.encode(prompt, engine.tokenizer.add_bos && !args.no_bos)?;
     if tokens.len() >= engine.n_ctx() {
         bail!(
             "the prompt is {} tokens but the context holds {} (raise -c/--ctx-size, up to the model's {})",

@@ -27,6 +27,7 @@ use duet_shaders::{Op, Variant};
 
 pub use buffers::{GpuKvCache, GpuTensor, GpuWeight};
 pub use device::{AdapterChoice, GpuOptions};
+pub use wgpu::{AdapterInfo, Backend as WgpuBackend, DeviceType};
 
 use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
 use crate::error::RuntimeError;
