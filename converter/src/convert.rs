@@ -97,6 +97,11 @@ pub struct Conversion {
 impl Conversion {
     pub fn prepare(opts: &Options) -> Result<Conversion, ConvertError> {
         let imatrix = opts.imatrix.as_deref().map(Imatrix::load).transpose()?;
+        Conversion::prepare_with_imatrix(opts, imatrix)
+    }
+
+    /// [`Conversion::prepare`] with an importance matrix already in memory.
+    pub fn prepare_with_imatrix(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, ConvertError> {
         let mut conv = if opts.input.is_dir() {
             prepare_hf(opts, imatrix)?
         } else if opts.input.extension().is_some_and(|e| e == "safetensors" || e == "json") {
@@ -112,6 +117,16 @@ impl Conversion {
         // The importance matrix is an input too: writing over it must be refused.
         conv.input_files.extend(opts.imatrix.iter().cloned());
         Ok(conv)
+    }
+
+    /// Adds metadata keys to the output (after the planned ones).
+    pub fn add_metadata(&mut self, kvs: Vec<(String, Value)>) {
+        self.metadata.extend(kvs);
+    }
+
+    /// Another file the output must not overwrite.
+    pub fn add_input_file(&mut self, path: PathBuf) {
+        self.input_files.push(path);
     }
 
     pub fn tensors(&self) -> &[PlannedTensor] {

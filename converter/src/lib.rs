@@ -4,6 +4,7 @@
 //! [`convert::Conversion::prepare`] reads and checks everything and plans each tensor's
 //! type; [`convert::Conversion::write`] streams the tensors into the output file.
 
+pub mod calibrate;
 pub mod convert;
 pub mod error;
 pub mod hf_config;
@@ -13,6 +14,7 @@ pub mod quant_plan;
 pub mod safetensors;
 pub mod tokenizer;
 
+pub use calibrate::CalibrateOptions;
 pub use convert::{Conversion, Options, Progress, Quiet};
 pub use error::ConvertError;
 pub use quant_plan::{Override, Preset};

@@ -75,6 +75,29 @@ pub struct AttentionSpec {
     pub rms_eps: f32,
 }
 
+/// Points of the forward pass where an observer may look at activations (calibration).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Probe {
+    /// The normalised input of the q/k/v projections (rows × n_embd).
+    AttnIn,
+    /// Queries after RoPE (rows × n_heads·head_dim).
+    Q,
+    /// Keys after RoPE (rows × n_kv_heads·head_dim), at positions pos0.. of the layer.
+    K,
+    /// Values (rows × n_kv_heads·head_dim).
+    V,
+    /// The attention output, the input of attn_output (rows × n_heads·head_dim).
+    AttnOut,
+    /// The normalised input of ffn_gate/ffn_up (rows × n_embd).
+    FfnIn,
+    /// The SwiGLU output, the input of ffn_down (rows × n_ff).
+    FfnDownIn,
+    /// The residual stream after the layer (rows × n_embd).
+    Hidden,
+    /// The normalised input of the output projection (rows × n_embd).
+    OutputIn,
+}
+
 pub trait Backend {
     /// Activations, `rows × cols` f32.
     type Tensor;
@@ -128,4 +151,7 @@ pub trait Backend {
     /// submission and waits). Errors the device reported since the last read (device
     /// lost, out of memory) come back here.
     fn read_rows(&mut self, t: &Self::Tensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError>;
+    /// Shows the activations at `probe` of `layer` (positions pos0..) to an installed
+    /// observer. Backends without observers ignore it.
+    fn observe(&mut self, _probe: Probe, _layer: usize, _pos0: usize, _t: &Self::Tensor) {}
 }

@@ -6,6 +6,7 @@
 //! * [`kv_cache`], [`logits_file`]: shared formats.
 
 pub mod backend;
+pub mod calibrate;
 pub mod chat;
 pub mod cpu;
 pub mod engine;

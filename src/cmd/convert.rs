@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use duet_convert::{Conversion, Options, Override, Preset, Progress};
+use duet_convert::{CalibrateOptions, Conversion, Options, Override, Preset, Progress};
 use duet_quant::GgmlType;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -34,6 +34,18 @@ pub struct Args {
     /// into attn_output (the folded file is a plain Llama GGUF that llama.cpp can run)
     #[arg(long)]
     pub keep_dex: bool,
+    /// Run the model over this text first (on the CPU): record per-layer/per-head activation
+    /// statistics (absmax and 99.9th percentile of Q, K, V, attention logits and hidden
+    /// states) and every linear layer's importance matrix, quantize K-quants with that matrix,
+    /// store the statistics in the output, and print the outlier table
+    #[arg(long, value_name = "TEXT", conflicts_with = "imatrix")]
+    pub calibrate: Option<PathBuf>,
+    /// Tokens per calibration chunk (each starts from an empty cache)
+    #[arg(long, default_value_t = 512)]
+    pub calibrate_ctx: usize,
+    /// Calibrate on at most this many tokens of the text (0: all)
+    #[arg(long, default_value_t = 0)]
+    pub calibrate_tokens: usize,
     /// Print the plan (each tensor's type and size, and the file size) without writing
     #[arg(long)]
     pub dry_run: bool,
@@ -79,7 +91,25 @@ pub fn run(args: Args) -> Result<()> {
         threads: args.threads,
         name: args.name.clone(),
     };
-    let conv = Conversion::prepare(&opts)?;
+    let conv = match &args.calibrate {
+        None => Conversion::prepare(&opts)?,
+        Some(text) => {
+            let cal = CalibrateOptions {
+                text: text.clone(),
+                ctx: args.calibrate_ctx,
+                max_tokens: args.calibrate_tokens,
+                threads: args.threads,
+            };
+            let bar = Bar::new(args.quiet);
+            let (conv, report) = Conversion::prepare_calibrated(&opts, &cal, &bar)?;
+            bar.bar.finish_and_clear();
+            if !args.quiet {
+                eprintln!("calibrated on {} tokens of {}; largest activations:", report.tokens, text.display());
+                eprintln!("{}", report.outlier_table());
+            }
+            conv
+        }
+    };
     let output = args.output.clone().unwrap_or_else(|| default_output(&args.input, args.preset));
     if args.dry_run {
         print_plan(&conv)?;
@@ -112,7 +142,11 @@ pub fn run(args: Args) -> Result<()> {
 /// `.{name}.tmp-{pid}-{n}` beside the output) so an interrupted conversion leaves nothing.
 fn remove_temp_files_on_ctrl_c(output: &std::path::Path) {
     let dir = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")).to_path_buf();
-    let prefix = format!(".{}.tmp-{}-", output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), std::process::id());
+    let prefix = format!(
+        ".{}.tmp-{}-",
+        output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        std::process::id()
+    );
     // Failing to install the handler only means Ctrl-C keeps its default behaviour.
     let _ = ctrlc::set_handler(move || {
         if let Ok(entries) = std::fs::read_dir(&dir) {

@@ -25,7 +25,43 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let file = GgufFile::open(&args.file)?;
     print!("{}", render(&file, &args));
+    if let Some(report) = duet_runtime::calibrate::CalibrationReport::from_gguf(&file)? {
+        print!("{}", render_calibration(&report));
+    }
     Ok(())
+}
+
+/// The calibration statistics `duet convert --calibrate` stored: the outlier table and,
+/// per layer, the largest absmax and 99.9th percentile over heads.
+fn render_calibration(r: &duet_runtime::calibrate::CalibrationReport) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "\ncalibration ({} tokens of {}):", r.tokens, r.source);
+    for line in r.outlier_table().lines() {
+        let _ = writeln!(o, "  {line}");
+    }
+    let per_layer =
+        |v: &[f32], heads: usize, l: usize| v[l * heads..(l + 1) * heads].iter().fold(0f32, |m, &x| m.max(x));
+    let _ = writeln!(
+        o,
+        "\n  | layer | Q absmax | K absmax | V absmax | logits absmax | logits p99.9 | hidden absmax | hidden p99.9 |"
+    );
+    let _ = writeln!(o, "  |---|---|---|---|---|---|---|---|");
+    for l in 0..r.n_layers {
+        let _ = writeln!(
+            o,
+            "  | {l} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            per_layer(&r.q.0, r.n_heads, l),
+            per_layer(&r.k.0, r.n_kv_heads, l),
+            per_layer(&r.v.0, r.n_kv_heads, l),
+            per_layer(&r.logits.0, r.n_heads, l),
+            per_layer(&r.logits.1, r.n_heads, l),
+            r.hidden.0[l],
+            r.hidden.1[l]
+        );
+    }
+    let _ = writeln!(o, "  importance matrices for {} weights", r.imatrix.len());
+    o
 }
 
 pub fn human_bytes(n: u64) -> String {

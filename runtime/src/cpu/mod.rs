@@ -31,6 +31,8 @@ pub struct CpuBackend {
     acts: ActCache,
     /// Cached RoPE frequencies (they depend only on the spec).
     thetas: Option<(usize, f32, Vec<f32>)>,
+    /// Sees activations at the probe points (calibration), if installed.
+    observer: Option<Box<dyn crate::calibrate::Observer>>,
 }
 
 impl CpuBackend {
@@ -43,11 +45,22 @@ impl CpuBackend {
             gemm: gemm_kernels(),
             acts: ActCache::default(),
             thetas: None,
+            observer: None,
         }
     }
 
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    /// Installs (or removes) the observer that sees activations at the probe points.
+    pub fn set_observer(&mut self, observer: Option<Box<dyn crate::calibrate::Observer>>) {
+        self.observer = observer;
+    }
+
+    /// Removes and returns the installed observer.
+    pub fn take_observer(&mut self) -> Option<Box<dyn crate::calibrate::Observer>> {
+        self.observer.take()
     }
 
     fn thetas(&mut self, rope: &RopeSpec) -> &[f32] {
@@ -216,5 +229,11 @@ impl Backend for CpuBackend {
 
     fn read_rows(&mut self, t: &CpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {
         Ok(t.data[rows.start * t.cols..rows.end * t.cols].to_vec())
+    }
+
+    fn observe(&mut self, probe: crate::backend::Probe, layer: usize, pos0: usize, t: &CpuTensor) {
+        if let Some(o) = self.observer.as_mut() {
+            o.observe(probe, layer, pos0, t.view(), t.rows, t.cols);
+        }
     }
 }

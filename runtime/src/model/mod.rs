@@ -11,7 +11,7 @@ use duet_quant::gguf::GgufFile;
 
 pub use config::{Arch, ModelConfig};
 
-use crate::backend::{AttentionSpec, Backend, RopeSpec};
+use crate::backend::{AttentionSpec, Backend, Probe, RopeSpec};
 use crate::error::RuntimeError;
 use crate::kv_cache::{CacheType, KvCacheSpec};
 
@@ -169,6 +169,7 @@ impl<B: Backend> Model<B> {
         for (il, l) in self.layers.iter().enumerate() {
             // Attention block.
             b.rms_norm(&s.x, &l.attn_norm, c.rms_eps, &mut s.xn);
+            b.observe(Probe::AttnIn, il, pos0, &s.xn);
             b.matmul(&l.wq, &s.xn, &mut s.q);
             b.matmul(&l.wk, &s.xn, &mut s.k);
             b.matmul(&l.wv, &s.xn, &mut s.v);
@@ -179,10 +180,15 @@ impl<B: Backend> Model<B> {
             }
             b.rope(&mut s.q, c.n_heads, c.head_dim, pos0, &self.rope);
             b.rope(&mut s.k, c.n_kv_heads, c.head_dim, pos0, &self.rope);
+            // Keys first: an observer recomputing attention logits needs them for the queries.
+            b.observe(Probe::K, il, pos0, &s.k);
+            b.observe(Probe::V, il, pos0, &s.v);
+            b.observe(Probe::Q, il, pos0, &s.q);
             b.attention(&s.q, &s.k, &s.v, &mut s.cache, il, pos0, &l.attention, &mut s.att);
             if let Some((w_d, lambda, heads)) = &l.dex {
                 b.dex(&mut s.att, w_d, *lambda, heads, c.head_dim);
             }
+            b.observe(Probe::AttnOut, il, pos0, &s.att);
             b.matmul(&l.wo, &s.att, &mut s.proj);
             if let Some(bias) = &l.bo {
                 b.add_bias(&mut s.proj, bias);
@@ -190,6 +196,7 @@ impl<B: Backend> Model<B> {
             b.add(&mut s.x, &s.proj);
             // Feed-forward block (SwiGLU).
             b.rms_norm(&s.x, &l.ffn_norm, c.rms_eps, &mut s.xn);
+            b.observe(Probe::FfnIn, il, pos0, &s.xn);
             b.matmul(&l.w_gate, &s.xn, &mut s.gate);
             b.matmul(&l.w_up, &s.xn, &mut s.up);
             if let Some(bias) = &l.b_gate {
@@ -199,11 +206,13 @@ impl<B: Backend> Model<B> {
                 b.add_bias(&mut s.up, bias);
             }
             b.swiglu(&mut s.gate, &s.up);
+            b.observe(Probe::FfnDownIn, il, pos0, &s.gate);
             b.matmul(&l.w_down, &s.gate, &mut s.proj);
             if let Some(bias) = &l.b_down {
                 b.add_bias(&mut s.proj, bias);
             }
             b.add(&mut s.x, &s.proj);
+            b.observe(Probe::Hidden, il, pos0, &s.x);
         }
         s.n_past += n;
         let output = self.output.as_ref().unwrap_or(&self.token_embd);
@@ -222,6 +231,7 @@ impl<B: Backend> Model<B> {
             }
             Logits::All => {
                 b.rms_norm(&s.x, &self.output_norm, c.rms_eps, &mut s.xn);
+                b.observe(Probe::OutputIn, c.n_layers, pos0, &s.xn);
                 if s.logits_rows < n {
                     s.logits = b.new_tensor(n, c.n_vocab);
                     s.logits_rows = n;
