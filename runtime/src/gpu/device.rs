@@ -19,8 +19,9 @@ pub enum AdapterChoice {
 #[derive(Clone, Debug)]
 pub struct GpuOptions {
     pub adapter: AdapterChoice,
-    /// f16 products in the matrix kernels: None = where the adapter has SHADER_F16
-    /// (`DUET_GPU_F16=0` turns it off); Some(b) forces it (Some(true) fails without it).
+    /// f16 products in the matrix kernels: None = where a hardware adapter has SHADER_F16
+    /// (software adapters such as lavapipe emulate f16 arithmetic, slower than f32;
+    /// `DUET_GPU_F16=0|1` overrides); Some(b) forces it (Some(true) fails without it).
     pub f16: Option<bool>,
     /// Caps the bytes bound per weight chunk (tests use it to exercise splitting).
     pub max_binding: Option<u64>,
@@ -162,13 +163,13 @@ impl GpuContext {
             )));
         }
         let has_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
-        let env_off = std::env::var("DUET_GPU_F16").is_ok_and(|v| v == "0" || v.eq_ignore_ascii_case("off"));
-        let f16 = match opts.f16 {
+        let env = std::env::var("DUET_GPU_F16").ok().map(|v| !(v == "0" || v.eq_ignore_ascii_case("off")));
+        let f16 = match opts.f16.or(env) {
             Some(true) if !has_f16 => {
                 return Err(RuntimeError::Device(format!("{name} lacks the SHADER_F16 feature (f16 arithmetic)")));
             }
             Some(b) => b,
-            None => has_f16 && !env_off,
+            None => has_f16 && info.device_type != wgpu::DeviceType::Cpu,
         };
         let features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {

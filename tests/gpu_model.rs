@@ -1,0 +1,353 @@
+//! Whole models on the GPU against the CPU backend: every committed fixture (DiffLlama with
+//! GQA, tied DiffLlama with llama3 RoPE, Llama with GQA, Llama with DEX kept unfolded) at
+//! F32, Q8_0 and Q4_K_M, in f32 and in f16 arithmetic, through prefill and token-by-token
+//! decode; SmolLM2-135M over the 512 tokens of tests/smollm2/text.txt through
+//! `duet perplexity --device gpu --save-logits`; and the pipeline/layout counters (nothing
+//! created after the first token, one submission per token). Skips without an adapter.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use duet_convert::{Conversion, Options, Preset, Quiet};
+use duet_quant::gguf::GgufFile;
+use duet_runtime::backend::Backend;
+use duet_runtime::cpu::CpuBackend;
+use duet_runtime::gpu::{GpuBackend, GpuOptions};
+use duet_runtime::kv_cache::CacheType;
+use duet_runtime::logits_file::{LogitsFile, argmax, kl_divergence, log_softmax};
+use duet_runtime::model::{Logits, Model};
+use duet_test_support::{asset, skip};
+
+fn gpu(test: &str, f16: bool) -> Option<GpuBackend> {
+    match GpuBackend::new(&GpuOptions { f16: Some(f16), ..Default::default() }) {
+        Ok(b) => Some(b),
+        Err(e) if f16 => {
+            // An adapter without SHADER_F16 runs the f32 kernels only.
+            skip(test, &format!("no adapter with SHADER_F16 ({e})"));
+            None
+        }
+        Err(e) => {
+            skip(test, &format!("no usable GPU adapter ({e})"));
+            None
+        }
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
+}
+
+fn convert(name: &str, preset: Preset, keep_dex: bool) -> PathBuf {
+    let out = std::env::temp_dir().join(format!(
+        "duet-gpu-model-{}-{name}-{}-{keep_dex}.gguf",
+        std::process::id(),
+        preset.name()
+    ));
+    let opts =
+        Options { input: fixture(name), preset, overrides: vec![], imatrix: None, keep_dex, threads: 2, name: None };
+    Conversion::prepare(&opts).unwrap().write(&out, 2, &Quiet).unwrap();
+    out
+}
+
+/// Logits of every position: the first `split` tokens in one batch (prefill), the rest
+/// one at a time (decode over the cache). An f32 cache, as the transformers comparison of
+/// tests/model_logits.rs (the f16 cache is covered by the op tests and the SmolLM2 run).
+fn logits<B: Backend>(b: &mut B, path: &Path, tokens: &[u32], split: usize) -> Vec<f32> {
+    let model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
+    let mut s = model.new_session(b, 128, 64, CacheType::F32, CacheType::F32).unwrap();
+    let mut out = model.forward(b, &mut s, &tokens[..split], Logits::All).unwrap();
+    for &t in &tokens[split..] {
+        out.extend(model.forward(b, &mut s, &[t], Logits::All).unwrap());
+    }
+    out
+}
+
+struct Stats {
+    max_abs: f32,
+    mean_kl: f64,
+    top1: f64,
+}
+
+fn compare(reference: &[f32], got: &[f32], n_vocab: usize) -> Stats {
+    assert_eq!(reference.len(), got.len());
+    let n = reference.len() / n_vocab;
+    let (mut max_abs, mut kl, mut agree) = (0f32, 0f64, 0usize);
+    for t in 0..n {
+        let (r, g) = (&reference[t * n_vocab..(t + 1) * n_vocab], &got[t * n_vocab..(t + 1) * n_vocab]);
+        for (&a, &b) in r.iter().zip(g) {
+            assert!(b.is_finite(), "non-finite GPU logit");
+            max_abs = max_abs.max((a - b).abs());
+        }
+        kl += kl_divergence(r, g);
+        agree += usize::from(argmax(r) == argmax(g));
+    }
+    Stats { max_abs, mean_kl: kl / n as f64, top1: agree as f64 / n as f64 }
+}
+
+/// The same GGUF dequantized to F32 (every tensor exactly), for exact-arithmetic references.
+fn dequantized(q: &Path) -> PathBuf {
+    let f = q.with_extension("f32.gguf");
+    let opts = Options {
+        input: q.to_path_buf(),
+        preset: Preset::F32,
+        overrides: vec![],
+        imatrix: None,
+        keep_dex: true,
+        threads: 2,
+        name: None,
+    };
+    Conversion::prepare(&opts).unwrap().write(&f, 2, &Quiet).unwrap();
+    f
+}
+
+/// GPU vs CPU on every fixture (64 positions: 40 in one batch, then 24 decoded one by one).
+///
+/// Two references, because the CPU backend's own arithmetic on quantized weights rounds
+/// the activations to 8 bits (ggml's integer dot products) while the GPU multiplies the
+/// dequantized weights by unrounded activations:
+/// * exact: the CPU backend on the same weights dequantized to F32 (exact f32 arithmetic).
+///   GPU f32: max |Δlogit| ≤ 1e-3. GPU f16 products: mean KL ≤ 1e-4, top-1 ≥ 0.95.
+/// * the CPU backend on the quantized file itself (what `duet perplexity --kl-base`
+///   compares): mean KL ≤ 2e-3, top-1 ≥ 0.85 (these random-weight models have nearly flat
+///   logits, so near-ties flip easily).
+#[test]
+fn fixtures_gpu_matches_cpu() {
+    let test = "fixtures_gpu_matches_cpu";
+    let Some(mut g32) = gpu(test, false) else { return };
+    let mut g16 = gpu(test, true);
+    eprintln!("{test}: {}", g32.describe());
+    let mut failures = Vec::new();
+    let cases = [("diffllama-gqa", false), ("diffllama-tied-llama3", false), ("llama-gqa", false), ("llama-dex", true)];
+    for (name, keep_dex) in cases {
+        let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
+        let tokens = &reference.tokens;
+        let v = reference.n_vocab;
+        for preset in [Preset::F32, Preset::Q8_0, Preset::Q4KM] {
+            let path = convert(name, preset, keep_dex);
+            let split = 40;
+            let cpu = logits(&mut CpuBackend::new(2), &path, tokens, split);
+            let exact = if preset == Preset::F32 {
+                cpu.clone()
+            } else {
+                let f = dequantized(&path);
+                let l = logits(&mut CpuBackend::new(2), &f, tokens, split);
+                let _ = std::fs::remove_file(&f);
+                l
+            };
+            let mut runs = vec![("f32", logits(&mut g32, &path, tokens, split))];
+            if let Some(g) = g16.as_mut() {
+                runs.push(("f16", logits(g, &path, tokens, split)));
+            }
+            for (arith, got) in runs {
+                let e = compare(&exact, &got, v);
+                let c = compare(&cpu, &got, v);
+                eprintln!(
+                    "{name:<22} {:<7} {arith}: vs exact max|Δ| {:.2e} KL {:.2e} top-1 {:.3} | vs CPU backend KL {:.2e} top-1 {:.3}",
+                    preset.name(),
+                    e.max_abs,
+                    e.mean_kl,
+                    e.top1,
+                    c.mean_kl,
+                    c.top1
+                );
+                let exact_ok = if arith == "f32" { e.max_abs <= 1e-3 } else { e.mean_kl <= 1e-4 && e.top1 >= 0.95 };
+                if !exact_ok || !(c.mean_kl <= 2e-3 && c.top1 >= 0.85) {
+                    failures.push(format!("{name} {} {arith}", preset.name()));
+                }
+            }
+            // The F32 conversion on the GPU also matches transformers as the CPU does.
+            if preset == Preset::F32 {
+                let s = compare(&reference.logits, &logits(&mut g32, &path, tokens, split), v);
+                if s.max_abs > 1e-3 {
+                    failures.push(format!("{name} F32 vs transformers: max |Δ| {}", s.max_abs));
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    assert!(failures.is_empty(), "outside the bounds: {failures:?}");
+}
+
+/// No pipeline or bind-group layout is created after the first token; every forward pass
+/// is one submission; decode steps create no bind groups either.
+#[test]
+fn no_pipeline_or_layout_after_first_token() {
+    let test = "no_pipeline_or_layout_after_first_token";
+    let Some(mut b) = gpu(test, false) else { return };
+    let path = convert("diffllama-gqa", Preset::Q4KM, false);
+    let model = Model::load(&mut b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    let mut s = model.new_session(&mut b, 128, 32, CacheType::F16, CacheType::F32).unwrap();
+    let n_vocab = model.config.n_vocab as u32;
+    let tokens: Vec<u32> = (0..60).map(|i| (i * 37 + 5) % n_vocab).collect();
+    model.forward(&mut b, &mut s, &tokens[..9], Logits::Last).unwrap();
+    let (pipelines, layouts) = (b.pipelines_created(), b.layouts_created());
+    eprintln!("{test}: {pipelines} pipelines, {layouts} layouts after the first token");
+    // Decode steps.
+    model.forward(&mut b, &mut s, &tokens[9..10], Logits::Last).unwrap();
+    let (subs, groups) = (b.submissions(), b.bind_groups_created());
+    for i in 10..20 {
+        model.forward(&mut b, &mut s, &tokens[i..i + 1], Logits::Last).unwrap();
+    }
+    assert_eq!(b.submissions(), subs + 10, "one submission per decoded token");
+    assert_eq!(b.bind_groups_created(), groups, "decode steps reuse their bind groups");
+    // Another prefill (more tokens than one batch), all logits, a reset.
+    model.forward(&mut b, &mut s, &tokens[20..60], Logits::All).unwrap();
+    s.reset();
+    model.forward(&mut b, &mut s, &tokens[..33], Logits::Last).unwrap();
+    assert_eq!(b.pipelines_created(), pipelines, "a pipeline was created after the first token");
+    assert_eq!(b.layouts_created(), layouts, "a layout was created after the first token");
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Parses "mean X over N positions; top-1 agreement Y%" from `duet perplexity --kl-base`.
+fn parse_kl(out: &str) -> (f64, f64) {
+    let line = out.lines().find(|l| l.starts_with("KL divergence")).unwrap_or_else(|| panic!("no KL line in:\n{out}"));
+    let mean: f64 = line.split("mean ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let top1: f64 = line.split("agreement ").nth(1).unwrap().trim_end_matches('%').trim().parse().unwrap();
+    (mean, top1 / 100.0)
+}
+
+/// Mean KL and top-1 agreement of `logits` against transformers' reference
+/// (tests/smollm2/reference.topk, see make_reference.py): KL over the reference's top-k
+/// tokens plus the rest lumped into one outcome, as tests/smollm2.rs computes it.
+fn vs_transformers(logits: &LogitsFile) -> (f64, f64) {
+    let b = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smollm2/reference.topk")).unwrap();
+    assert_eq!(&b[..4], b"DTOP");
+    let u = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let f = |i: usize| f32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let (n, k) = (u(8) as usize, u(16) as usize);
+    let tokens: Vec<u32> = (0..n).map(|i| u(20 + 4 * i)).collect();
+    assert_eq!(logits.tokens, tokens, "the reference was made on the same 512 tokens");
+    let mut pos = 20 + 4 * n;
+    let (mut kl_sum, mut agree) = (0f64, 0usize);
+    for t in 0..n {
+        let lse = f(pos) as f64;
+        pos += 4;
+        let lq = log_softmax(logits.row(t));
+        let (mut kl, mut p_top, mut q_top) = (0f64, 0f64, 0f64);
+        for j in 0..k {
+            let (id, logit) = (u(pos + 8 * j) as usize, f(pos + 8 * j + 4));
+            let lp = logit as f64 - lse;
+            kl += lp.exp() * (lp - lq[id]);
+            p_top += lp.exp();
+            q_top += lq[id].exp();
+        }
+        let (p_rest, q_rest) = ((1.0 - p_top).max(1e-12), (1.0 - q_top).max(1e-12));
+        kl += p_rest * (p_rest / q_rest).ln();
+        kl_sum += kl;
+        agree += usize::from(argmax(logits.row(t)) as u32 == u(pos));
+        pos += 8 * k;
+    }
+    (kl_sum / n as f64, agree as f64 / n as f64)
+}
+
+/// SmolLM2-135M (Q4_1, llama.cpp's file) over the 512 tokens of tests/smollm2/text.txt,
+/// through the CLI: `duet perplexity --device cpu --save-logits`, then
+/// `duet perplexity --device gpu --save-logits --kl-base` (default arithmetic: f32 on a
+/// software adapter, f16 products on hardware with SHADER_F16).
+///
+/// Asserted: the GPU against transformers' float32 reference, top-1 ≥ 99% and mean KL ≤
+/// 0.005; and the GPU against the CPU backend, top-1 ≥ 99% and mean KL ≤ 0.005, whenever
+/// the CPU backend itself is within half those bounds of the reference. (The CPU backend
+/// rounds activations to 8 bits for its integer dot products; while that puts it further
+/// from transformers than the GPU is, GPU vs CPU measures the CPU, and the test says so.)
+#[test]
+fn smollm2_gpu_matches_cpu() {
+    let test = "smollm2_gpu_matches_cpu";
+    let Some(model) = asset(test, "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    if let Err(e) = GpuBackend::new(&GpuOptions::default()) {
+        skip(test, &format!("no usable GPU adapter ({e})"));
+        return;
+    }
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smollm2/text.txt");
+    let dir = std::env::temp_dir().join(format!("duet-gpu-smollm2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cpu_logits, gpu_logits) = (dir.join("cpu.dlog"), dir.join("gpu.dlog"));
+    let perplexity = |device: &str, extra: &[&Path]| -> String {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_duet"));
+        cmd.arg("perplexity").arg("-m").arg(&model).arg("-f").arg(&text);
+        cmd.args(["-c", "512", "-b", "512", "--max-tokens", "512", "-q", "--device", device]);
+        cmd.arg("--save-logits").arg(extra[0]);
+        if let Some(base) = extra.get(1) {
+            cmd.arg("--kl-base").arg(base);
+        }
+        let t0 = std::time::Instant::now();
+        let out = cmd.output().unwrap();
+        let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "duet perplexity --device {device} failed:\n{so}\n{se}");
+        eprintln!("--device {device} ({:.1} s): {}", t0.elapsed().as_secs_f64(), so.trim());
+        so.into_owned()
+    };
+    perplexity("cpu", &[&cpu_logits]);
+    let out = perplexity("gpu", &[&gpu_logits, &cpu_logits]);
+    let (kl, top1) = parse_kl(&out);
+    let (gpu, cpu) = (LogitsFile::read(&gpu_logits).unwrap(), LogitsFile::read(&cpu_logits).unwrap());
+    assert_eq!(gpu.tokens.len(), 512);
+    let (g_kl, g_top1) = vs_transformers(&gpu);
+    let (c_kl, c_top1) = vs_transformers(&cpu);
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{test}: over 512 tokens, GPU vs CPU backend: mean KL {kl:.6}, top-1 {:.2}%", 100.0 * top1);
+    eprintln!("{test}: GPU vs transformers: mean KL {g_kl:.6}, top-1 {:.2}%", 100.0 * g_top1);
+    eprintln!("{test}: CPU vs transformers: mean KL {c_kl:.6}, top-1 {:.2}%", 100.0 * c_top1);
+    assert!(g_top1 >= 0.99, "GPU vs transformers: top-1 agreement {g_top1} < 0.99");
+    assert!(g_kl <= 0.005, "GPU vs transformers: mean KL {g_kl} > 0.005");
+    if c_kl <= 0.0025 && c_top1 >= 0.995 {
+        assert!(top1 >= 0.99, "GPU vs CPU: top-1 agreement {top1} < 0.99");
+        assert!(kl <= 0.005, "GPU vs CPU: mean KL {kl} > 0.005");
+    } else {
+        skip(
+            "smollm2_gpu_matches_cpu (GPU vs CPU bound)",
+            &format!(
+                "not asserted: the CPU backend is itself KL {c_kl:.4} / top-1 {:.1}% from transformers (GPU: KL {g_kl:.4} / {:.1}%), so GPU vs CPU (KL {kl:.4}, top-1 {:.1}%) measures the CPU's 8-bit activations",
+                100.0 * c_top1,
+                100.0 * g_top1,
+                100.0 * top1
+            ),
+        );
+    }
+}
+
+/// `--device gpu|cpu|auto` on the CLI: the adapter is named at start, `bench` and `run`
+/// work on the GPU, and `auto` without a hardware GPU says it runs on the CPU.
+#[test]
+fn cli_device_flag_run_and_bench() {
+    let test = "cli_device_flag_run_and_bench";
+    let gpu_backend = match GpuBackend::new(&GpuOptions::default()) {
+        Ok(b) => b,
+        Err(e) => {
+            skip(test, &format!("no usable GPU adapter ({e})"));
+            return;
+        }
+    };
+    let hardware = !matches!(gpu_backend.adapter_info().device_type, duet_runtime::gpu::DeviceType::Cpu);
+    drop(gpu_backend);
+    let path = convert("diffllama-gqa", Preset::Q8_0, false);
+    let duet = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_duet"))
+            .arg(args[0])
+            .arg("-m")
+            .arg(&path)
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        let (so, se) =
+            (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+        assert!(out.status.success(), "duet {args:?} failed:\n{so}\n{se}");
+        (so, se)
+    };
+    let (_, se) = duet(&["run", "-p", "hello", "-n", "4", "--temp", "0", "--device", "gpu"]);
+    assert!(se.contains("GPU adapter: ") && se.contains("backend ") && se.contains("type "), "{se}");
+    let (so, _) = duet(&["bench", "-p", "16", "-n", "4", "-r", "1", "--device", "gpu"]);
+    assert!(so.contains("| pp16 |") && so.contains("| tg4 |") && so.contains("GPU "), "{so}");
+    eprintln!("{so}");
+    let (_, se) = duet(&["run", "-p", "hello", "-n", "2", "--temp", "0"]);
+    if hardware {
+        assert!(se.contains("GPU adapter: "), "{se}");
+    } else {
+        assert!(se.contains("running on the CPU"), "{se}");
+    }
+    let (_, se) = duet(&["run", "-p", "hello", "-n", "2", "--temp", "0", "--device", "cpu"]);
+    assert!(!se.contains("GPU adapter"), "{se}");
+    let _ = std::fs::remove_file(&path);
+}
