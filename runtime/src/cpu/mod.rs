@@ -72,6 +72,20 @@ impl CpuBackend {
     }
 }
 
+/// A raw pointer that may be shared between threads because every thread writes disjoint
+/// elements.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: see above; users document which elements each thread writes.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// All available cores (the OS's count); users can lower it with `-t`.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -161,10 +175,14 @@ impl Backend for CpuBackend {
         let cols = x.cols;
         let w = weight.values();
         let xv = x.view();
-        let o = out.view_mut();
-        for r in 0..x.rows {
-            ops::rms_norm_row(&xv[r * cols..(r + 1) * cols], Some(w), eps, &mut o[r * cols..(r + 1) * cols]);
-        }
+        let o = SharedMut(out.view_mut().as_mut_ptr());
+        self.pool.for_chunks(x.rows, 8, &|rows| {
+            for r in rows {
+                // SAFETY: row r of `out` (rows × cols) is written by this chunk only.
+                let or = unsafe { std::slice::from_raw_parts_mut(o.get().add(r * cols), cols) };
+                ops::rms_norm_row(&xv[r * cols..(r + 1) * cols], Some(w), eps, or);
+            }
+        });
     }
 
     fn matmul(&mut self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
@@ -213,7 +231,14 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&mut self, gate: &mut CpuTensor, up: &CpuTensor) {
-        ops::swiglu(gate.view_mut(), up.view());
+        let cols = gate.cols;
+        let u = up.view();
+        let g = SharedMut(gate.view_mut().as_mut_ptr());
+        self.pool.for_chunks(u.len() / cols, 4, &|rows| {
+            // SAFETY: these rows of `gate` are written by this chunk only.
+            let gr = unsafe { std::slice::from_raw_parts_mut(g.get().add(rows.start * cols), rows.len() * cols) };
+            ops::swiglu(gr, &u[rows.start * cols..rows.end * cols]);
+        });
     }
 
     fn add(&mut self, x: &mut CpuTensor, y: &CpuTensor) {

@@ -5,7 +5,7 @@ use crate::backend::RopeSpec;
 
 /// `out = x / sqrt(mean(x²) + eps) · w` for one row (`w` = None: no weight).
 pub fn rms_norm_row(x: &[f32], w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
-    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let ss = sum_squares_f64(x);
     let inv = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
     match w {
         Some(w) => {
@@ -43,11 +43,92 @@ pub fn rope_thetas(rope: &RopeSpec) -> Vec<f32> {
     (0..rope.n_rot / 2).map(|i| rope.theta(i)).collect()
 }
 
+/// Σ x² accumulated in f64 (AVX2: 4 f64 lanes, then a sum of the lanes).
+pub fn sum_squares_f64(x: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { x86::sum_squares_f64(x) };
+    }
+    x.iter().map(|&v| v as f64 * v as f64).sum()
+}
+
 /// `gate = silu(gate) · up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { x86::swiglu(gate, up) };
+    }
     for (g, &u) in gate.iter_mut().zip(up) {
         let s = *g / (1.0 + (-*g).exp());
         *g = s * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    // SAFETY (both): vector loads/stores stay below the slices' common length; tails scalar.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn sum_squares_f64(x: &[f32]) -> f64 {
+        let (mut a, mut b) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        let mut i = 0;
+        unsafe {
+            while i + 8 <= x.len() {
+                let v = _mm256_loadu_ps(x.as_ptr().add(i));
+                let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+                let hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+                a = _mm256_fmadd_pd(lo, lo, a);
+                b = _mm256_fmadd_pd(hi, hi, b);
+                i += 8;
+            }
+            let mut lanes = [0f64; 4];
+            _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(a, b));
+            lanes.iter().sum::<f64>() + x[i..].iter().map(|&v| v as f64 * v as f64).sum::<f64>()
+        }
+    }
+
+    /// e^x, Cephes' expf (within 2 ulp over [−87.3, 88.7]; clamped outside).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn exp(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3)), _mm256_set1_ps(88.7));
+        let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+            x,
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+        ));
+        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        let y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+        let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)));
+        _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
+        let n = gate.len().min(up.len());
+        let mut i = 0;
+        let one = _mm256_set1_ps(1.0);
+        let sign = _mm256_set1_ps(-0.0);
+        unsafe {
+            while i + 8 <= n {
+                let p = gate.as_mut_ptr().add(i);
+                let g = _mm256_loadu_ps(p);
+                let s = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_xor_ps(g, sign))));
+                _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i))));
+                i += 8;
+            }
+        }
+        for j in i..n {
+            let g = gate[j];
+            gate[j] = g / (1.0 + (-g).exp()) * up[j];
+        }
     }
 }
 
@@ -70,6 +151,20 @@ pub fn dex_row(x: &mut [f32], w_d: &[f32], lambda: f32, heads: &[usize], head_di
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swiglu_and_sum_squares_match_plain_loops() {
+        let g0: Vec<f32> = (0..203).map(|i| (i as f32 - 100.0) * 0.37).collect();
+        let up: Vec<f32> = (0..203).map(|i| 1.0 + i as f32 * 0.01).collect();
+        let mut g = g0.clone();
+        swiglu(&mut g, &up);
+        for i in 0..g0.len() {
+            let want = (g0[i] as f64 / (1.0 + (-g0[i] as f64).exp()) * up[i] as f64) as f32;
+            assert!((g[i] - want).abs() <= 4e-7 * want.abs().max(1e-30), "{i}: {} vs {want}", g[i]);
+        }
+        let want: f64 = g0.iter().map(|&v| v as f64 * v as f64).sum();
+        assert!((sum_squares_f64(&g0) - want).abs() <= 1e-12 * want);
+    }
 
     #[test]
     fn rms_norm_of_constant_row_is_one() {
