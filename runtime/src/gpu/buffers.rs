@@ -32,15 +32,12 @@ impl Drop for Buf {
 }
 
 /// Creates buffers and remembers which were dropped.
+#[derive(Default)]
 pub struct Allocator {
     pub dead: Arc<Mutex<Vec<u64>>>,
 }
 
 impl Allocator {
-    pub fn new() -> Allocator {
-        Allocator { dead: Arc::new(Mutex::new(Vec::new())) }
-    }
-
     /// A zeroed storage buffer of at least `size` bytes (rounded up to 4).
     pub fn storage(&self, ctx: &GpuContext, size: u64, label: &str) -> Arc<Buf> {
         let size = size.max(4).next_multiple_of(4);
@@ -190,7 +187,7 @@ impl GpuKvCache {
                 spec.n_ctx
             )));
         }
-        if spec.kv_dim % 2 != 0 {
+        if !spec.kv_dim.is_multiple_of(2) {
             return Err(RuntimeError::Unsupported(format!(
                 "the GPU K/V cache needs an even row width, not {}",
                 spec.kv_dim

@@ -45,13 +45,17 @@ pub struct GpuBackend {
     /// Token ids of the pending embedding lookup.
     ids: Arc<Buf>,
     ids_pending: bool,
-    /// (cos, sin) per (position, pair) for one RoPE spec: (key, positions, table).
-    rope: Option<((usize, u32, u32, u64), usize, Arc<Buf>)>,
+    /// (cos, sin) per (position, pair) for one RoPE spec.
+    rope: Option<RopeTable>,
     /// DIFF sub-norm weights by content hash.
     sub_norms: HashMap<u64, Arc<Buf>>,
     /// Bound where a kernel's optional input is absent.
     dummy: Arc<Buf>,
 }
+
+/// A RoPE (cos, sin) table: the spec's key (n_rot, base, scale, factors hash), the
+/// positions it covers, the buffer.
+type RopeTable = ((usize, u32, u32, u64), usize, Arc<Buf>);
 
 /// Workgroups for `n` items of `per_group` each, folded into 2-D past 65535.
 fn grid(n: usize, per_group: usize) -> (u32, u32) {
@@ -68,7 +72,7 @@ impl GpuBackend {
     /// model uses.
     pub fn new(opts: &GpuOptions) -> Result<GpuBackend, RuntimeError> {
         let ctx = GpuContext::new(opts)?;
-        let alloc = Allocator::new();
+        let alloc = Allocator::default();
         let pipes = Pipelines::new(&ctx.device);
         let rec = Recorder::new(&ctx, &alloc);
         let ids = alloc.storage(&ctx, 4 * 512, "token ids");
