@@ -143,3 +143,72 @@ fn matmul_packed(
         unsafe { gk.gemm_groups(w, qa, range, outp.get(), ld) }.expect("packed matmul shapes match");
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use duet_quant::dot::kernels;
+
+    use super::*;
+    use crate::cpu::tensor::{Storage, fresh_version};
+
+    fn weight(ty: GgmlType, rows: usize, cols: usize, seed: u32) -> CpuWeight {
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        let mut bytes = vec![0u8; duet_quant::row_bytes(ty, cols).unwrap() * rows];
+        duet_quant::quantize(ty, &w, cols, &mut bytes).unwrap();
+        CpuWeight { ty, rows, cols, storage: Storage::Owned(bytes), f32_values: None, packed: OnceLock::new() }
+    }
+
+    fn acts(rows: usize, cols: usize, seed: u32) -> CpuTensor {
+        let mut t = CpuTensor::new(rows, cols);
+        for (i, v) in t.data.iter_mut().enumerate() {
+            *v = ((i as u32 ^ seed).wrapping_mul(747_796_405) >> 9) as f32 / (1u32 << 23) as f32 - 0.5;
+        }
+        t.version = fresh_version();
+        t
+    }
+
+    /// The packed path (split over a pool of 3 threads, activations cached across matmuls
+    /// and kinds) against the per-row kernels, for every packable type.
+    #[test]
+    fn packed_matmul_matches_per_row_kernels() {
+        let Some(gk) = duet_quant::gemm::gemm_kernels() else {
+            eprintln!("SKIPPED packed_matmul_matches_per_row_kernels: no packed kernel set on this CPU");
+            return;
+        };
+        let pool = ThreadPool::new(3);
+        let mut cache = ActCache::default();
+        let types = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::F16,
+            GgmlType::BF16,
+        ];
+        for n_tok in [1, 7, 19] {
+            let x = acts(n_tok, 512, n_tok as u32);
+            for (i, ty) in types.into_iter().enumerate() {
+                let w = weight(ty, 83, 512, i as u32);
+                let mut packed = CpuTensor::new(n_tok, 83);
+                let mut reference = CpuTensor::new(n_tok, 83);
+                matmul(&pool, kernels(), Some(gk), &w, &x, &mut packed, &mut cache);
+                assert!(w.packed.get().is_some_and(|p| p.is_some()), "{ty} was not packed");
+                matmul(&pool, kernels(), None, &w, &x, &mut reference, &mut cache);
+                let scale = reference.view().iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (j, (a, b)) in packed.view().iter().zip(reference.view()).enumerate() {
+                    assert!((a - b).abs() <= 1e-5 * scale.max(1.0), "{ty} tokens={n_tok} [{j}]: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
