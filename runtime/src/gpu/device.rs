@@ -117,6 +117,15 @@ fn required_limits(adapter: &wgpu::Limits) -> wgpu::Limits {
     }
 }
 
+/// The limits an adapter with `have` lacks, as "name wanted (it has n)".
+pub fn lacking_limits(have: &wgpu::Limits) -> Vec<String> {
+    let mut lacking = Vec::new();
+    required_limits(have).check_limits_with_fail_fn(have, false, |limit, wanted, has| {
+        lacking.push(format!("{limit} {wanted} (it has {has})"));
+    });
+    lacking
+}
+
 impl GpuContext {
     /// Opens the best adapter allowed by `opts`, or says why none can be used.
     pub fn new(opts: &GpuOptions) -> Result<GpuContext, RuntimeError> {
@@ -146,10 +155,7 @@ impl GpuContext {
         let name = describe(&info);
         let have = adapter.limits();
         let want = required_limits(&have);
-        let mut lacking = Vec::new();
-        want.check_limits_with_fail_fn(&have, false, |limit, wanted, has| {
-            lacking.push(format!("{limit} {wanted} (it has {has})"));
-        });
+        let lacking = lacking_limits(&have);
         if !lacking.is_empty() {
             return Err(RuntimeError::Device(format!("{name} lacks the limits duet needs: {}", lacking.join(", "))));
         }
@@ -254,5 +260,22 @@ impl GpuContext {
             return Err(RuntimeError::Device(format!("GPU error creating {what} on {name}: {e}")));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_modest_and_a_lacking_one_is_named() {
+        // Any WebGPU-compliant adapter has what the kernels need.
+        assert!(lacking_limits(&wgpu::Limits::default()).is_empty());
+        assert!(
+            lacking_limits(&wgpu::Limits::downlevel_defaults()).iter().all(|l| l.starts_with("max_storage_buffers"))
+        );
+        // WebGL2-class adapters have no storage buffers in compute: say which limit.
+        let l = lacking_limits(&wgpu::Limits::downlevel_webgl2_defaults());
+        assert!(l.iter().any(|m| m.starts_with("max_storage_buffers_per_shader_stage 5 (it has 0)")), "{l:?}");
     }
 }
