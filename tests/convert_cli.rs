@@ -203,11 +203,11 @@ fn corrupt_gguf_inputs_are_refused() {
     let data_cut = t.join("data-cut.gguf");
     std::fs::write(&data_cut, &bytes[..bytes.len() - 1000]).unwrap();
     refused("GGUF cut inside its data", &data_cut, &["data-cut.gguf", "ends past the end of the file"]);
-    refused(
-        "a safetensors file given as the input",
-        &fixture("llama-gqa").join("model.safetensors"),
-        &["model.safetensors", "not a GGUF file"],
-    );
+    // A file that is neither a directory nor a checkpoint part is read as GGUF and its magic
+    // checked (a lone .safetensors file has its own message, tested above).
+    let not_gguf = t.join("weights.bin");
+    std::fs::copy(fixture("llama-gqa").join("model.safetensors"), &not_gguf).unwrap();
+    refused("a safetensors file under another name", &not_gguf, &["weights.bin", "not a GGUF file"]);
 }
 
 #[test]
@@ -636,7 +636,7 @@ fn ctrl_c_leaves_no_file() {
     };
     let dir = TempDir::new("ctrl-c");
     let out = dir.join("interrupted.gguf");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+    let child = Command::new(env!("CARGO_BIN_EXE_duet"))
         .args([OsStr::new("convert"), smol.as_os_str(), OsStr::new("-t"), OsStr::new("q4_k_m"), OsStr::new("-o")])
         .arg(&out)
         .stderr(std::process::Stdio::piped())
