@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use duet_runtime::RuntimeError;
 use duet_runtime::backend::Backend;
-use duet_runtime::cpu::CpuBackend;
+use duet_runtime::cpu::{ActPrecision, CpuBackend};
 use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::gpu::{AdapterChoice, GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheType;
@@ -32,10 +32,22 @@ pub struct ModelArgs {
     /// V cache element type: f32 or f16
     #[arg(long = "cache-type-v", default_value = "f16", value_parser = parse_cache_type)]
     pub cache_type_v: CacheType,
+    /// CPU activation precision for the integer matmuls: q8x2 quantizes each activation to
+    /// Q8 and then its rounding error to Q8 again (about 16-bit accurate; twice the multiply
+    /// work in prompt processing, decode nearly unchanged); q8 is ggml's single Q8, exactly
+    /// llama.cpp's arithmetic
+    #[arg(long = "cpu-acts", value_enum, default_value_t = CpuActs::Q8x2)]
+    pub cpu_acts: CpuActs,
     /// Where to run: auto (a hardware GPU if there is one, else the CPU), gpu (any Vulkan,
     /// Metal or DX12 adapter, software ones such as lavapipe included) or cpu
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuActs {
+    Q8x2,
+    Q8,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,7 +182,11 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
             }
         }
     }
-    let backend = CpuBackend::new(args.threads);
+    let mut backend = CpuBackend::new(args.threads);
+    backend.set_act_precision(match args.cpu_acts {
+        CpuActs::Q8x2 => ActPrecision::Q8x2,
+        CpuActs::Q8 => ActPrecision::Q8,
+    });
     let engine = Engine::load(backend, path, &opts).with_context(|| format!("loading {}", path.display()))?;
     let engine = AnyEngine::Cpu(engine);
     report(&engine, path, t0, quiet);

@@ -135,6 +135,25 @@ impl ActRow {
             }
         }
     }
+
+    /// `r = x − dequantize(self)`: the rounding error of this row as a quantization of `x`
+    /// (all zero for f32 rows). Quantizing `r` again gives the second level of a two-level
+    /// activation: `dot(w, hi) + dot(w, lo)` is the dot product with ~16-bit activations.
+    pub fn residual_into(&self, x: &[f32], r: &mut Vec<f32>) {
+        r.clear();
+        r.extend_from_slice(x);
+        let sub = |r: &mut [f32], d: f32, qs: &[i8]| {
+            for (v, &q) in r.iter_mut().zip(qs) {
+                *v -= d * q as f32;
+            }
+        };
+        match self {
+            ActRow::Q8_0(b) => b.iter().zip(r.chunks_exact_mut(QK)).for_each(|(b, r)| sub(r, b.d.get(), &b.qs)),
+            ActRow::Q8_1(b) => b.iter().zip(r.chunks_exact_mut(QK)).for_each(|(b, r)| sub(r, b.d.get(), &b.qs)),
+            ActRow::Q8K(b) => b.iter().zip(r.chunks_exact_mut(QK_K)).for_each(|(b, r)| sub(r, b.d, &b.qs)),
+            ActRow::F32(_) => r.fill(0.0),
+        }
+    }
 }
 
 /// Errors from the byte-level dot entry points.

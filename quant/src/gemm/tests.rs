@@ -446,3 +446,59 @@ fn simd_activation_quantizers_are_bit_exact() {
         }
     }
 }
+
+/// Two-level activations: the packed pair sum equals the per-row `dot(w, hi) + dot(w, lo)`
+/// (same bound as above, twice), the second row is the first row's rounding error quantized
+/// again, and the result is far closer to the exact product than single-level Q8.
+#[test]
+fn two_level_activations_recover_the_rounding_error() {
+    let (rows, n_tok) = (33, 5);
+    for ty in TYPES.into_iter().filter(|&ty| ActKind::for_weight(ty) != Some(ActKind::F32)) {
+        let cols = 2 * QK_K;
+        let w = normal(rows * cols, 31);
+        // A few large values per token, as real hidden states have: they set the block
+        // scales, so single-level Q8 loses the small values around them.
+        let mut x = normal(n_tok * cols, 32);
+        for t in 0..n_tok {
+            x[t * cols + 7 * t + 3] = 60.0;
+        }
+        let wb = quantize_matrix(ty, &w, cols);
+        let rb = crate::row_bytes(ty, cols).unwrap();
+        let mut wd = vec![0f32; rows * cols];
+        crate::dequantize(ty, &wb, &mut wd).unwrap();
+
+        let mut acts = QActs::new(ActKind::for_weight(ty).unwrap());
+        acts.quantize_two_level(&x, n_tok, cols, &par_threads);
+        assert_eq!(acts.n_tok(), 2 * n_tok);
+        let packed = PackedMatrix::pack(ty, &wb, rows, cols, &par_threads).unwrap();
+        let mut pairs = vec![f32::NAN; 2 * n_tok * rows];
+        for k in available() {
+            k.gemm(&packed, &acts, &mut pairs).unwrap();
+            let single = run_packed(&k, ty, &wb, rows, cols, &x, n_tok);
+            let (mut err1, mut err2) = (0f64, 0f64);
+            for t in 0..n_tok {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let hi = ActRow::quantize_for(ty, xt);
+                let mut residual = Vec::new();
+                hi.residual_into(xt, &mut residual);
+                let lo = ActRow::quantize_for(ty, &residual);
+                let mag_hi = magnitude(ty, &wb, rows, cols, xt, 1);
+                let mag_lo = magnitude(ty, &wb, rows, cols, &residual, 1);
+                for r in 0..rows {
+                    let row = &wb[r * rb..(r + 1) * rb];
+                    let want = scalar::KERNELS.vec_dot(ty, row, &hi).unwrap() as f64
+                        + scalar::KERNELS.vec_dot(ty, row, &lo).unwrap() as f64;
+                    let got = pairs[2 * t * rows + r] as f64 + pairs[(2 * t + 1) * rows + r] as f64;
+                    let u = f64::from(f32::EPSILON) / 2.0;
+                    let bound = 2.0 * (n_terms(ty, cols) as f64 + 4.0) * u * (mag_hi[r] + mag_lo[r]) + 1e-30;
+                    assert!((got - want).abs() <= bound, "{} {ty} t={t} r={r}: {got} vs {want}", k.name);
+                    let exact: f64 = (0..cols).map(|i| wd[r * cols + i] as f64 * xt[i] as f64).sum();
+                    err1 += (single[t * rows + r] as f64 - exact).powi(2);
+                    err2 += (got - exact).powi(2);
+                }
+            }
+            // Second-level error is ~1/127 of the first (less the f32 rounding floor).
+            assert!(err2 * 30.0 * 30.0 < err1, "{} {ty}: two-level error² {err2:e} vs single {err1:e}", k.name);
+        }
+    }
+}

@@ -15,6 +15,7 @@ use duet_quant::dot::{Kernels, kernels};
 use duet_quant::gemm::{GemmKernels, gemm_kernels};
 
 pub use attention::CpuKvCache;
+pub use matmul::ActPrecision;
 pub use tensor::{CpuTensor, CpuWeight, Storage};
 
 use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
@@ -51,6 +52,15 @@ impl CpuBackend {
 
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
+    }
+
+    /// How activations are quantized for the integer matmuls (default [`ActPrecision::Q8x2`]).
+    pub fn set_act_precision(&mut self, precision: ActPrecision) {
+        self.acts = ActCache::new(precision);
+    }
+
+    pub fn act_precision(&self) -> ActPrecision {
+        self.acts.precision
     }
 
     /// Installs (or removes) the observer that sees activations at the probe points.
@@ -97,11 +107,18 @@ impl Backend for CpuBackend {
     type KvCache = CpuKvCache;
 
     fn describe(&self) -> String {
+        let acts = match self.acts.precision {
+            ActPrecision::Q8 => "Q8 activations",
+            ActPrecision::Q8x2 => "two-level Q8 activations",
+        };
         match self.gemm {
-            Some(g) => {
-                format!("CPU, {} threads, {} packed / {} kernels", self.pool.n_threads(), g.name, self.kernels.name)
-            }
-            None => format!("CPU, {} threads, {} kernels", self.pool.n_threads(), self.kernels.name),
+            Some(g) => format!(
+                "CPU, {} threads, {} packed / {} kernels, {acts}",
+                self.pool.n_threads(),
+                g.name,
+                self.kernels.name
+            ),
+            None => format!("CPU, {} threads, {} kernels, {acts}", self.pool.n_threads(), self.kernels.name),
         }
     }
 
