@@ -1,0 +1,129 @@
+//! SmolLM2-135M-Instruct (a real llama.cpp GGUF, fetched by tests/run-all.sh) against
+//! transformers' float32 reference on the same dequantized weights
+//! (tests/smollm2/make_reference.py): teacher-forced top-1 agreement and KL divergence
+//! over 512 tokens of English text, greedy completions, and a chat answer.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use duet_quant::gguf::GgufFile;
+use duet_runtime::cpu::CpuBackend;
+use duet_runtime::kv_cache::CacheType;
+use duet_runtime::logits_file::{argmax, log_softmax};
+use duet_runtime::model::{Logits, Model};
+use duet_test_support::asset;
+
+fn smollm2(test: &str) -> Option<PathBuf> {
+    asset(test, "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn here() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smollm2")
+}
+
+/// tests/smollm2/reference.topk (layout in make_reference.py).
+struct TopK {
+    tokens: Vec<u32>,
+    k: usize,
+    /// Per position: logsumexp and the k best (id, logit).
+    rows: Vec<(f64, Vec<(u32, f32)>)>,
+}
+
+fn read_topk() -> TopK {
+    let b = std::fs::read(here().join("reference.topk")).unwrap();
+    assert_eq!(&b[..4], b"DTOP");
+    let u = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let f = |i: usize| f32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let (n, k) = (u(8) as usize, u(16) as usize);
+    let tokens = (0..n).map(|i| u(20 + 4 * i)).collect();
+    let mut pos = 20 + 4 * n;
+    let mut rows = Vec::with_capacity(n);
+    for _ in 0..n {
+        let lse = f(pos) as f64;
+        pos += 4;
+        let top = (0..k).map(|j| (u(pos + 8 * j), f(pos + 8 * j + 4))).collect();
+        pos += 8 * k;
+        rows.push((lse, top));
+    }
+    TopK { tokens, k, rows }
+}
+
+fn load(path: &Path) -> (CpuBackend, Model<CpuBackend>) {
+    let mut b = CpuBackend::new(2);
+    let m = Model::load(&mut b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
+    (b, m)
+}
+
+#[test]
+fn teacher_forced_logits_match_transformers() {
+    let Some(path) = smollm2("smollm2 teacher-forced logits") else { return };
+    let reference = read_topk();
+    let (mut b, model) = load(&path);
+    let n_vocab = model.config.n_vocab;
+    let mut s = model.new_session(&mut b, 512, 512, CacheType::F16, CacheType::F16).unwrap();
+    let logits = model.forward(&mut b, &mut s, &reference.tokens, Logits::All).unwrap();
+    let (mut kl_sum, mut agree) = (0f64, 0usize);
+    for (t, (lse, top)) in reference.rows.iter().enumerate() {
+        let row = &logits[t * n_vocab..(t + 1) * n_vocab];
+        let lq = log_softmax(row);
+        // KL over the reference's top-k tokens plus the rest lumped into one outcome: a lower
+        // bound of the full KL that is within a hair of it when the top-k hold most mass.
+        let (mut kl, mut p_top, mut q_top) = (0f64, 0f64, 0f64);
+        for &(id, logit) in top {
+            let lp = logit as f64 - lse;
+            kl += lp.exp() * (lp - lq[id as usize]);
+            p_top += lp.exp();
+            q_top += lq[id as usize].exp();
+        }
+        let (p_rest, q_rest) = ((1.0 - p_top).max(1e-12), (1.0 - q_top).max(1e-12));
+        kl += p_rest * (p_rest / q_rest).ln();
+        kl_sum += kl;
+        agree += usize::from(argmax(row) as u32 == top[0].0);
+    }
+    let n = reference.rows.len() as f64;
+    let (mean_kl, top1) = (kl_sum / n, agree as f64 / n);
+    eprintln!("SmolLM2 vs transformers over {n} tokens (k={}): mean KL {mean_kl:.5}, top-1 {:.2}%", reference.k, 100.0 * top1);
+    assert!(top1 >= 0.98, "top-1 agreement {:.2}% < 98%", 100.0 * top1);
+    assert!(mean_kl <= 0.01, "mean KL {mean_kl} > 0.01");
+}
+
+#[test]
+fn greedy_completions_agree_for_eight_tokens() {
+    let Some(path) = smollm2("smollm2 greedy completions") else { return };
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(here().join("greedy.json")).unwrap()).unwrap();
+    let (mut b, model) = load(&path);
+    for case in json.as_array().unwrap() {
+        let ids = |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
+        let (prompt, want) = (ids("prompt_ids"), ids("greedy_ids"));
+        let mut s = model.new_session(&mut b, 64, 64, CacheType::F16, CacheType::F16).unwrap();
+        let mut logits = model.forward(&mut b, &mut s, &prompt, Logits::Last).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..8 {
+            let t = argmax(&logits) as u32;
+            got.push(t);
+            logits = model.forward(&mut b, &mut s, &[t], Logits::Last).unwrap();
+        }
+        assert_eq!(got, want[..8], "prompt {:?}", case["prompt"]);
+    }
+}
+
+#[test]
+fn chat_answers_paris() {
+    let Some(path) = smollm2("smollm2 chat answers Paris") else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(["chat", "-m"])
+        .arg(&path)
+        .args(["--temp", "0", "-n", "48", "-t", "2", "-q"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"What is the capital of France?\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "duet chat failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("Paris"), "the answer does not mention Paris: {stdout:?}");
+}
