@@ -38,9 +38,13 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
 }
 
+/// Converts a fixture to a temporary file of its own: tests run in parallel and each
+/// removes its files, so every call gets a fresh name.
 fn convert(name: &str, preset: Preset, keep_dex: bool) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out = std::env::temp_dir().join(format!(
-        "duet-gpu-model-{}-{name}-{}-{keep_dex}.gguf",
+        "duet-gpu-model-{}-{call}-{name}-{}-{keep_dex}.gguf",
         std::process::id(),
         preset.name()
     ));

