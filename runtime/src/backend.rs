@@ -73,6 +73,55 @@ pub struct AttentionSpec {
     /// Usually head_dim^-0.5.
     pub scale: f32,
     pub rms_eps: f32,
+    /// Quantize the attention logits before each softmax (`None`: full precision).
+    pub logit_quant: Option<LogitQuant>,
+}
+
+/// Absmax quantization of the attention logits `s = scale·q·k` over the causal positions,
+/// before each softmax (for DIFF, each branch's): `s' = step·clamp(round(s / step), −m, m)`
+/// with `m = 2^(bits−1) − 1`, `step = absmax / m` (round: halves away from zero; step 0
+/// gives 0), as the DIFF paper's §3.7 quantizes them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogitQuant {
+    /// 2 to 16.
+    pub bits: u32,
+    pub scale: LogitScale,
+}
+
+/// Where a logit quantization's absmax comes from. The dynamic ones are taken over the query
+/// rows evaluated together (a whole sequence in perplexity and attn-bench, one row per
+/// decoded token); static ones do not depend on batching.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LogitScale {
+    /// One absmax over the layer's whole logit tensor (every head and row).
+    Tensor,
+    /// One per query head (per DIFF branch), over all rows.
+    Head,
+    /// One per query head and row.
+    Row,
+    /// Fixed, one per query head of the layer (calibration's `duet.calibration.logits.absmax`).
+    Static(Vec<f32>),
+}
+
+impl LogitQuant {
+    /// `m = 2^(bits−1) − 1`.
+    pub fn qmax(&self) -> f32 {
+        ((1u32 << (self.bits - 1)) - 1) as f32
+    }
+
+    /// Quantizes `s` in place against `absmax` (see the type's docs).
+    pub fn apply(qmax: f32, absmax: f32, s: &mut [f32]) {
+        let step = absmax / qmax;
+        if step == 0.0 || !step.is_finite() {
+            if step == 0.0 {
+                s.fill(0.0);
+            }
+            return;
+        }
+        for v in s.iter_mut() {
+            *v = step * (*v / step).round().clamp(-qmax, qmax);
+        }
+    }
 }
 
 /// Points of the forward pass where an observer may look at activations (calibration).
@@ -108,6 +157,10 @@ pub trait Backend {
 
     /// A one-line description (device name, threads, kernel set).
     fn describe(&self) -> String;
+    /// Whether [`AttentionSpec::logit_quant`] is honoured.
+    fn supports_logit_quant(&self) -> bool {
+        false
+    }
 
     fn load_weight(&mut self, w: &WeightView<'_>) -> Result<Self::Weight, RuntimeError>;
     fn new_tensor(&mut self, rows: usize, cols: usize) -> Self::Tensor;

@@ -3,6 +3,7 @@
 //! map; work is spread over a fork-join thread pool.
 
 mod attention;
+mod kv_blocks;
 mod matmul;
 pub mod ops;
 pub mod pool;
@@ -105,6 +106,10 @@ impl Backend for CpuBackend {
     type Tensor = CpuTensor;
     type Weight = CpuWeight;
     type KvCache = CpuKvCache;
+
+    fn supports_logit_quant(&self) -> bool {
+        true
+    }
 
     fn describe(&self) -> String {
         let acts = match self.acts.precision {

@@ -168,10 +168,13 @@ pub struct GpuKvCache {
     pub kv_dim: usize,
 }
 
-pub fn cache_elem(t: CacheType) -> CacheElem {
+pub fn cache_elem(t: CacheType) -> Result<CacheElem, RuntimeError> {
     match t {
-        CacheType::F32 => CacheElem::F32,
-        CacheType::F16 => CacheElem::F16,
+        CacheType::F32 => Ok(CacheElem::F32),
+        CacheType::F16 => Ok(CacheElem::F16),
+        q => Err(RuntimeError::Unsupported(format!(
+            "the GPU backend has no {q} K/V cache yet (f32 or f16; --device cpu runs q8, q6 and q4)"
+        ))),
     }
 }
 
@@ -202,8 +205,8 @@ impl GpuKvCache {
         Ok(GpuKvCache {
             k,
             v,
-            k_elem: cache_elem(spec.k_type),
-            v_elem: cache_elem(spec.v_type),
+            k_elem: cache_elem(spec.k_type)?,
+            v_elem: cache_elem(spec.v_type)?,
             n_ctx: spec.n_ctx,
             kv_dim: spec.kv_dim,
         })

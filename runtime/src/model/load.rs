@@ -120,6 +120,7 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
             head_dim: hd,
             scale: (hd as f32).powf(-0.5),
             rms_eps: c.rms_eps,
+            logit_quant: None,
         };
         let dex = match &dex_mask {
             Some(mask) => {

@@ -11,9 +11,36 @@ use duet_quant::gguf::GgufFile;
 
 pub use config::{Arch, ModelConfig};
 
-use crate::backend::{AttentionSpec, Backend, Probe, RopeSpec};
+use crate::backend::{AttentionSpec, Backend, LogitQuant, LogitScale, Probe, RopeSpec};
 use crate::error::RuntimeError;
 use crate::kv_cache::{CacheType, KvCacheSpec};
+
+/// Where the absmax of a logit quantization comes from (see [`LogitScale`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LogitGranularity {
+    Tensor,
+    Head,
+    Row,
+    Static,
+}
+
+impl LogitGranularity {
+    pub const ALL: [LogitGranularity; 4] =
+        [LogitGranularity::Tensor, LogitGranularity::Head, LogitGranularity::Row, LogitGranularity::Static];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LogitGranularity::Tensor => "tensor",
+            LogitGranularity::Head => "head",
+            LogitGranularity::Row => "row",
+            LogitGranularity::Static => "static",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<LogitGranularity> {
+        LogitGranularity::ALL.into_iter().find(|g| g.name() == s)
+    }
+}
 
 /// Weights of one transformer block. Shapes (rows × cols, i.e. out × in) in comments.
 pub struct Layer<B: Backend> {
@@ -85,6 +112,69 @@ impl<B: Backend> Model<B> {
         load::load(backend, file)
     }
 
+    /// Quantizes the attention logits of every layer (`None`: full precision). `bits` 2 to
+    /// 16; `granularity` one of tensor, head, row, or static (scales from the file's
+    /// calibration, `duet.calibration.logits.absmax`).
+    pub fn set_logit_quant(
+        &mut self,
+        b: &B,
+        setting: Option<(u32, LogitGranularity)>,
+    ) -> Result<(), RuntimeError> {
+        let Some((bits, granularity)) = setting else {
+            for l in &mut self.layers {
+                l.attention.logit_quant = None;
+            }
+            return Ok(());
+        };
+        if !b.supports_logit_quant() {
+            return Err(RuntimeError::Unsupported(format!(
+                "{} does not quantize attention logits yet (--device cpu does)",
+                b.describe()
+            )));
+        }
+        if !(2..=16).contains(&bits) {
+            return Err(RuntimeError::Usage(format!("attention-logit bits must be 2 to 16, got {bits}")));
+        }
+        let c = &self.config;
+        let statics = match granularity {
+            LogitGranularity::Static => {
+                let key = "duet.calibration.logits.absmax";
+                let v = match self.file.get(key) {
+                    Some(_) => self.file.get_f32_array(key)?.to_vec(),
+                    None => {
+                        return Err(RuntimeError::Usage(format!(
+                            "{} has no attention-logit calibration ({key}): convert it with --calibrate TEXT for static scales",
+                            self.file.label()
+                        )));
+                    }
+                };
+                if v.len() != c.n_layers * c.n_heads || v.iter().any(|a| !a.is_finite() || *a <= 0.0) {
+                    return Err(RuntimeError::BadModel(format!(
+                        "{}: {key} must hold {} positive values (n_layers × n_heads), found {}",
+                        self.file.label(),
+                        c.n_layers * c.n_heads,
+                        v.len()
+                    )));
+                }
+                Some(v)
+            }
+            _ => None,
+        };
+        let n_heads = c.n_heads;
+        for (il, l) in self.layers.iter_mut().enumerate() {
+            let scale = match granularity {
+                LogitGranularity::Tensor => LogitScale::Tensor,
+                LogitGranularity::Head => LogitScale::Head,
+                LogitGranularity::Row => LogitScale::Row,
+                LogitGranularity::Static => {
+                    LogitScale::Static(statics.as_ref().expect("read above")[il * n_heads..(il + 1) * n_heads].to_vec())
+                }
+            };
+            l.attention.logit_quant = Some(LogitQuant { bits, scale });
+        }
+        Ok(())
+    }
+
     /// A new session with a K/V cache for `n_ctx` positions.
     pub fn new_session(
         &self,
@@ -97,6 +187,7 @@ impl<B: Backend> Model<B> {
         let c = &self.config;
         let spec =
             KvCacheSpec { n_layers: c.n_layers, n_ctx, kv_dim: c.kv_dim(), head_dim: c.head_dim, k_type, v_type };
+        spec.check()?;
         let mb = max_batch.max(1);
         Ok(Session {
             cache: b.new_kv_cache(&spec)?,
