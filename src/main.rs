@@ -23,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Accuracy of low-bit attention (4/6/8-bit logits, K and V) against 16-bit, per model
+    AttnBench(cmd::attn_bench::Args),
     /// Measure prompt-processing and decode speed (tokens/s), like llama-bench
     Bench(cmd::bench::Args),
     /// Chat with a model in the terminal (without -m: the bundled DIFF model)
@@ -40,6 +42,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::AttnBench(args) => cmd::attn_bench::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Chat(args) => cmd::chat::run(args),
         Command::Convert(args) => cmd::convert::run(args),

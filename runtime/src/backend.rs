@@ -137,6 +137,9 @@ pub enum Probe {
     V,
     /// The attention output, the input of attn_output (rows × n_heads·head_dim).
     AttnOut,
+    /// DIFF only, CPU only: each head pair's two branches before they are combined,
+    /// `[A1·V | A2·V]` (rows × (n_heads/2)·4·head_dim).
+    AttnBranches,
     /// The normalised input of ffn_gate/ffn_up (rows × n_embd).
     FfnIn,
     /// The SwiGLU output, the input of ffn_down (rows × n_ff).

@@ -5,6 +5,7 @@
 //! * [`gpu`]: the GPU backend on wgpu (Vulkan, Metal, DX12).
 //! * [`kv_cache`], [`logits_file`]: shared formats.
 
+pub mod attn_bench;
 pub mod backend;
 pub mod calibrate;
 pub mod chat;

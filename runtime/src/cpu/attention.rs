@@ -515,7 +515,9 @@ unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
 /// Attention for `rows` query rows (row r at position pos0 + r) of layer `layer`.
-/// `q` is rows × (n_heads·head_dim); `out` the same shape.
+/// `q` is rows × (n_heads·head_dim); `out` the same shape. For DIFF, `branches` (rows ×
+/// 2·n_heads·head_dim) receives each head pair's `[A1·V | A2·V]` when given.
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
     cache: &CpuKvCache,
@@ -525,6 +527,7 @@ pub fn attention(
     pos0: usize,
     spec: &AttentionSpec,
     out: &mut [f32],
+    branches: Option<&mut [f32]>,
 ) {
     let hd = spec.head_dim;
     let kv_dim = spec.n_kv_heads * hd;
@@ -532,6 +535,10 @@ pub fn attention(
     let gqa = spec.n_heads / spec.n_kv_heads;
     let (k, v) = (&cache.k[layer], &cache.v[layer]);
     let outp = SharedMut(out.as_mut_ptr());
+    if let Some(b) = &branches {
+        assert_eq!(b.len(), 2 * rows * q_dim, "branch capture is rows × 2·n_heads·head_dim");
+    }
+    let branchp = branches.map(|b| SharedMut(b.as_mut_ptr()));
     // Logit quantization of query head h.
     let fixed = match spec.logit_quant.as_ref().map(|l| &l.scale) {
         Some(LogitScale::Tensor) => Some(head_absmax(pool, k, q, rows, pos0, spec, true)),
@@ -591,6 +598,12 @@ pub fn attention(
                     weighted_values(&p1, v, kv_dim, vb, &mut o[hd..]);
                     weighted_values(&p2, v, kv_dim, va, &mut tmp[..hd]);
                     weighted_values(&p2, v, kv_dim, vb, &mut tmp[hd..]);
+                    if let Some(bp) = branchp {
+                        // SAFETY: item (r, j) owns branches[r][j·4hd..(j+1)·4hd].
+                        let b = unsafe { std::slice::from_raw_parts_mut(bp.0.add(2 * r * q_dim + j * 4 * hd), 4 * hd) };
+                        b[..2 * hd].copy_from_slice(o);
+                        b[2 * hd..].copy_from_slice(&tmp);
+                    }
                     for (a, &b) in o.iter_mut().zip(&tmp) {
                         *a -= lambda * b;
                     }
@@ -658,7 +671,7 @@ mod tests {
         cache.store(0, 0, &k[..split], &v[..split]);
         cache.store(0, POS0, &k[split..], &v[split..]);
         let mut out = vec![0f32; ROWS * N_HEADS * HD];
-        attention(&pool, &cache, 0, q, ROWS, POS0, spec, &mut out);
+        attention(&pool, &cache, 0, q, ROWS, POS0, spec, &mut out, None);
         out
     }
 

@@ -6,6 +6,8 @@
 //! reason and records it in `$DUET_SKIP_LOG` so the script can list every skip at the end.
 //! With `DUET_REQUIRE_ORACLES=1` (set by CI) a missing Python oracle is a failure instead.
 
+pub mod json_schema;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

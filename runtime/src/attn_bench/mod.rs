@@ -1,0 +1,340 @@
+//! The low-bit attention benchmark behind `duet attn-bench`: how much a model loses when its
+//! attention runs in few bits — quantized attention logits (each DIFF branch) or a
+//! quantized K and/or V cache — measured against its own 16-bit run over one text.
+//!
+//! Per model, one baseline pass (f16 cache, full-precision logits) records the logits of
+//! every position, each layer's attention output (for DIFF also both branches) and the
+//! outlier table of the DIFF paper (Table 5); then every setting of bits × target ×
+//! granularity runs the same tokens in one batch and is compared with it: perplexity, mean
+//! KL divergence and top-1 agreement of the next-token distributions, and per layer the
+//! relative error ‖o − o₁₆‖ / ‖o₁₆‖ of the attention output (DIFF: also of A1·V, A2·V and
+//! A1·V − λ·A2·V). Runs on the CPU backend, the one that implements every setting.
+
+pub mod output;
+pub mod plot;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use crate::backend::{AttentionKind, Probe};
+use crate::calibrate::{Calibrator, Observer};
+use crate::cpu::CpuBackend;
+use crate::engine::{Engine, EngineOptions};
+use crate::error::RuntimeError;
+use crate::kv_cache::CacheType;
+use crate::logits_file::{argmax, kl_divergence, log_softmax};
+use crate::model::{Logits, LogitGranularity};
+
+/// What is quantized in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// The attention logits before each softmax.
+    Logits,
+    /// The K cache.
+    K,
+    /// The V cache.
+    V,
+    /// Both caches.
+    KV,
+}
+
+impl Target {
+    pub const ALL: [Target; 4] = [Target::Logits, Target::K, Target::V, Target::KV];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Logits => "logits",
+            Target::K => "k",
+            Target::V => "v",
+            Target::KV => "kv",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Target> {
+        Target::ALL.into_iter().find(|t| t.name() == s)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Tokens of the text evaluated (one batch).
+    pub n_tokens: usize,
+    /// Quantized bit widths (16 is the baseline and always run): 8, 6, 4.
+    pub bits: Vec<u32>,
+    pub targets: Vec<Target>,
+    /// Logit granularities; `static` only for files with calibration.
+    pub granularities: Vec<LogitGranularity>,
+    pub threads: usize,
+}
+
+/// One setting and what it measured.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// None: the 16-bit baseline.
+    pub target: Option<Target>,
+    pub bits: u32,
+    /// For logit runs; cache runs use blocks of 32.
+    pub granularity: Option<LogitGranularity>,
+    pub ppl: f64,
+    pub mean_kl: f64,
+    pub top1: f64,
+    /// Per layer: ‖o − o₁₆‖ / ‖o₁₆‖ of the attention output.
+    pub layer_rel_err: Vec<f64>,
+    /// DIFF only, per layer: of A1·V, A2·V and A1·V − λ·A2·V.
+    pub branch1_rel_err: Option<Vec<f64>>,
+    pub branch2_rel_err: Option<Vec<f64>>,
+    pub diff_rel_err: Option<Vec<f64>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelReport {
+    pub path: String,
+    pub arch: String,
+    pub n_layers: usize,
+    /// Tokens evaluated (the text's first, up to the limit).
+    pub n_tokens: usize,
+    /// Table 5 of the DIFF paper over this text: [top-1, top-2, top-3, top-10, top-100,
+    /// median] of |attention logit| and of |hidden state|.
+    pub logits_top: [f32; 6],
+    pub hidden_top: [f32; 6],
+    pub runs: Vec<RunResult>,
+    /// Settings not run, and why.
+    pub skipped: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchReport {
+    pub text: String,
+    pub n_tokens: usize,
+    pub models: Vec<ModelReport>,
+}
+
+/// What one pass leaves behind: per layer, the attention output and (DIFF) the branches.
+#[derive(Default)]
+struct Capture {
+    attn_out: Vec<Vec<f32>>,
+    branches: Vec<Vec<f32>>,
+    calibrator: Option<Calibrator>,
+}
+
+impl Observer for Capture {
+    fn observe(&mut self, probe: Probe, layer: usize, pos0: usize, data: &[f32], rows: usize, cols: usize) {
+        let slot = |v: &mut Vec<Vec<f32>>| {
+            if v.len() <= layer {
+                v.resize(layer + 1, Vec::new());
+            }
+            v[layer] = data.to_vec();
+        };
+        match probe {
+            Probe::AttnOut => slot(&mut self.attn_out),
+            Probe::AttnBranches => slot(&mut self.branches),
+            _ => {}
+        }
+        if let Some(c) = self.calibrator.as_mut() {
+            c.observe(probe, layer, pos0, data, rows, cols);
+        }
+    }
+}
+
+struct Pass {
+    logits: Vec<f32>,
+    capture: Capture,
+}
+
+/// `‖a − b‖ / ‖b‖` (0 when both are zero).
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
+
+/// Splits captured branches `[A1·V | A2·V]` per head pair (4·hd each) into (A1·V, A2·V,
+/// A1·V − λ·A2·V).
+fn split_branches(b: &[f32], hd: usize, lambda: f32) -> [Vec<f32>; 3] {
+    let mut out = [Vec::new(), Vec::new(), Vec::new()];
+    for pair in b.chunks_exact(4 * hd) {
+        let (a1, a2) = pair.split_at(2 * hd);
+        out[0].extend_from_slice(a1);
+        out[1].extend_from_slice(a2);
+        out[2].extend(a1.iter().zip(a2).map(|(x, y)| x - lambda * y));
+    }
+    out
+}
+
+/// Benchmarks one model file over `text`; `progress(done, total, label)` after each pass.
+pub fn bench_model(
+    path: &Path,
+    text: &str,
+    opts: &BenchOptions,
+    progress: &mut dyn FnMut(usize, usize, &str),
+) -> Result<ModelReport, RuntimeError> {
+    let mut e = Engine::load(
+        CpuBackend::new(opts.threads),
+        path,
+        &EngineOptions { n_ctx: 16, batch: 16, ..EngineOptions::default() },
+    )?;
+    let tokens = e.tokenizer.encode(text, e.tokenizer.add_bos)?;
+    if tokens.len() < 2 {
+        return Err(RuntimeError::Usage(format!("the text gives {} token(s); attn-bench needs at least 2", tokens.len())));
+    }
+    let tokens = &tokens[..tokens.len().min(opts.n_tokens.max(2))];
+    let cfg = e.model.config.clone();
+    let is_diff = e.model.layers.iter().any(|l| matches!(l.attention.kind, AttentionKind::Differential { .. }));
+    let lambdas: Vec<f32> = e
+        .model
+        .layers
+        .iter()
+        .map(|l| match l.attention.kind {
+            AttentionKind::Differential { lambda, .. } => lambda,
+            AttentionKind::Standard => 0.0,
+        })
+        .collect();
+    let calibrated = e.model.file.get("duet.calibration.logits.absmax").is_some();
+
+    // The settings, baseline first.
+    let mut settings: Vec<(Option<Target>, u32, Option<LogitGranularity>)> = vec![(None, 16, None)];
+    let mut skipped = Vec::new();
+    for &t in &opts.targets {
+        for &bits in opts.bits.iter().filter(|&&b| b != 16) {
+            if t == Target::Logits {
+                for &g in &opts.granularities {
+                    if g == LogitGranularity::Static && !calibrated {
+                        let why = "static logit scales: the file has no calibration (duet convert --calibrate TEXT)";
+                        if !skipped.iter().any(|s| s == why) {
+                            skipped.push(why.to_string());
+                        }
+                        continue;
+                    }
+                    settings.push((Some(t), bits, Some(g)));
+                }
+            } else {
+                if !matches!(bits, 8 | 6 | 4) {
+                    skipped.push(format!("{} at {bits} bits: caches come in 8, 6 and 4 bits", t.name()));
+                    continue;
+                }
+                settings.push((Some(t), bits, None));
+            }
+        }
+    }
+
+    let total = settings.len();
+    let run = |e: &mut Engine<CpuBackend>,
+                   target: Option<Target>,
+                   bits: u32,
+                   g: Option<LogitGranularity>,
+                   calibrate: bool|
+     -> Result<Pass, RuntimeError> {
+        let cache = match bits {
+            8 => CacheType::Q8,
+            6 => CacheType::Q6,
+            4 => CacheType::Q4,
+            _ => CacheType::F16,
+        };
+        let (kt, vt) = match target {
+            Some(Target::K) => (cache, CacheType::F16),
+            Some(Target::V) => (CacheType::F16, cache),
+            Some(Target::KV) => (cache, cache),
+            _ => (CacheType::F16, CacheType::F16),
+        };
+        let lq = if target == Some(Target::Logits) { g.map(|g| (bits, g)) } else { None };
+        e.model.set_logit_quant(&e.backend, lq)?;
+        let capture = Arc::new(Mutex::new(Capture {
+            calibrator: calibrate.then(|| Calibrator::new(&e.model.config)),
+            ..Capture::default()
+        }));
+        e.backend.set_observer(Some(Box::new(Arc::clone(&capture))));
+        let mut s = e.model.new_session(&mut e.backend, tokens.len(), tokens.len(), kt, vt)?;
+        let logits = e.model.forward(&mut e.backend, &mut s, tokens, Logits::All);
+        e.backend.set_observer(None);
+        e.model.set_logit_quant(&e.backend, None)?;
+        let capture = std::mem::take(&mut *capture.lock().unwrap_or_else(|p| p.into_inner()));
+        Ok(Pass { logits: logits?, capture })
+    };
+
+    let base = run(&mut e, None, 16, None, true)?;
+    progress(1, total, "16-bit baseline");
+    let report = base.capture.calibrator.as_ref().expect("baseline calibrates").report("attn-bench");
+    let n_vocab = cfg.n_vocab;
+    let base_rows: Vec<&[f32]> = base.logits.chunks_exact(n_vocab).collect();
+    let base_lsm: Vec<Vec<f64>> = base_rows.iter().map(|r| log_softmax(r)).collect();
+    let base_split: Vec<[Vec<f32>; 3]> = if is_diff {
+        base.capture.branches.iter().enumerate().map(|(l, b)| split_branches(b, cfg.head_dim, lambdas[l])).collect()
+    } else {
+        Vec::new()
+    };
+
+    let mut runs = Vec::new();
+    for (i, &(target, bits, g)) in settings.iter().enumerate() {
+        let pass = if i == 0 { None } else { Some(run(&mut e, target, bits, g, false)?) };
+        let p = pass.as_ref().unwrap_or(&base);
+        let rows: Vec<&[f32]> = p.logits.chunks_exact(n_vocab).collect();
+        let (mut nll, mut kl, mut agree) = (0f64, 0f64, 0usize);
+        for (t, row) in rows.iter().enumerate() {
+            let lsm = if i == 0 { base_lsm[t].clone() } else { log_softmax(row) };
+            if t + 1 < tokens.len() {
+                nll -= lsm[tokens[t + 1] as usize];
+            }
+            kl += if i == 0 { 0.0 } else { kl_divergence(base_rows[t], row) };
+            agree += usize::from(argmax(row) == argmax(base_rows[t]));
+        }
+        let n = rows.len() as f64;
+        let layer_rel_err =
+            p.capture.attn_out.iter().zip(&base.capture.attn_out).map(|(a, b)| rel_err(a, b)).collect();
+        let (mut b1, mut b2, mut bd) = (Vec::new(), Vec::new(), Vec::new());
+        for (l, b) in p.capture.branches.iter().enumerate() {
+            let s = split_branches(b, cfg.head_dim, lambdas[l]);
+            b1.push(rel_err(&s[0], &base_split[l][0]));
+            b2.push(rel_err(&s[1], &base_split[l][1]));
+            bd.push(rel_err(&s[2], &base_split[l][2]));
+        }
+        runs.push(RunResult {
+            target,
+            bits,
+            granularity: g,
+            ppl: (nll / (n - 1.0)).exp(),
+            mean_kl: kl / n,
+            top1: agree as f64 / n,
+            layer_rel_err,
+            branch1_rel_err: is_diff.then_some(b1),
+            branch2_rel_err: is_diff.then_some(b2),
+            diff_rel_err: is_diff.then_some(bd),
+        });
+        if i > 0 {
+            let label = match (target, g) {
+                (Some(t), Some(g)) => format!("{} {bits}-bit {}", t.name(), g.name()),
+                (Some(t), None) => format!("{} {bits}-bit", t.name()),
+                _ => String::new(),
+            };
+            progress(i + 1, total, &label);
+        }
+    }
+    Ok(ModelReport {
+        path: path.display().to_string(),
+        arch: format!("{:?}", cfg.arch).to_lowercase(),
+        n_layers: cfg.n_layers,
+        n_tokens: tokens.len(),
+        logits_top: report.logits_top,
+        hidden_top: report.hidden_top,
+        runs,
+        skipped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_error_and_branch_split() {
+        assert_eq!(rel_err(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
+        assert!((rel_err(&[3.0, 5.0], &[3.0, 4.0]) - 0.2).abs() < 1e-12);
+        // Two head pairs of hd = 1: [a1 a1' | a2 a2'].
+        let s = split_branches(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], 1, 0.5);
+        assert_eq!(s[0], vec![1.0, 2.0, 5.0, 6.0]);
+        assert_eq!(s[1], vec![3.0, 4.0, 7.0, 8.0]);
+        assert_eq!(s[2], vec![-0.5, 0.0, 1.5, 2.0]);
+    }
+}

@@ -1,0 +1,130 @@
+//! `duet attn-bench`: accuracy of low-bit attention (logits, K, V) for one or more models
+//! over a text. The measurement lives in duet_runtime::attn_bench; this parses flags,
+//! shows progress and writes the files.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use duet_runtime::attn_bench::{BenchOptions, BenchReport, Target, bench_model, output};
+use duet_runtime::model::LogitGranularity;
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A GGUF model to measure; repeat for several (e.g. a DIFF model and its Transformer twin)
+    #[arg(short = 'm', long = "model", required = true)]
+    pub models: Vec<PathBuf>,
+    /// Text to evaluate (its first --tokens tokens, in one batch)
+    #[arg(short = 'f', long)]
+    pub file: PathBuf,
+    /// Tokens of the text to evaluate
+    #[arg(short = 'c', long = "tokens", default_value_t = 512)]
+    pub tokens: usize,
+    /// Quantized bit widths (16, the baseline, always runs); comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "8,6,4")]
+    pub bits: Vec<u32>,
+    /// What to quantize: logits (before each softmax, both DIFF branches), k, v, kv (the
+    /// caches); comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "logits,k,v,kv", value_parser = parse_target)]
+    pub targets: Vec<Target>,
+    /// Absmax granularity of logit quantization: tensor (a layer's whole logit tensor), head,
+    /// row (each query row), static (per head, from the file's --calibrate statistics; skipped
+    /// for files without them); comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "tensor,head,row,static", value_parser = parse_granularity)]
+    pub granularity: Vec<LogitGranularity>,
+    /// Write PREFIX.json, PREFIX.csv and PREFIX.svg
+    #[arg(short = 'o', long = "output", default_value = "attn-bench")]
+    pub output: PathBuf,
+    /// A small run (64 tokens, 8 and 4 bits, tensor/row/static logits) for CI and smoke tests
+    #[arg(long)]
+    pub quick: bool,
+    /// CPU threads (0: all cores). attn-bench runs on the CPU backend, which implements
+    /// every setting
+    #[arg(short = 't', long, default_value_t = 0)]
+    pub threads: usize,
+    /// No progress bar
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    Target::parse(s).ok_or_else(|| format!("unknown target '{s}' (logits, k, v or kv)"))
+}
+
+fn parse_granularity(s: &str) -> Result<LogitGranularity, String> {
+    LogitGranularity::parse(s).ok_or_else(|| format!("unknown granularity '{s}' (tensor, head, row or static)"))
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let mut opts = BenchOptions {
+        n_tokens: args.tokens,
+        bits: args.bits.clone(),
+        targets: args.targets.clone(),
+        granularities: args.granularity.clone(),
+        threads: args.threads,
+    };
+    if args.quick {
+        opts.n_tokens = opts.n_tokens.min(64);
+        opts.bits = vec![8, 4];
+        opts.granularities = vec![LogitGranularity::Tensor, LogitGranularity::Row, LogitGranularity::Static];
+    }
+    if let Some(b) = opts.bits.iter().find(|&&b| !(2..=16).contains(&b)) {
+        bail!("--bits {b}: bit widths run from 2 to 16");
+    }
+    if opts.n_tokens < 2 {
+        bail!("--tokens must be at least 2");
+    }
+    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {wide_msg} ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let mut report = BenchReport { text: args.file.display().to_string(), n_tokens: 0, models: Vec::new() };
+    for path in &args.models {
+        bar.set_prefix(short(path));
+        bar.set_position(0);
+        let mut progress = |done: usize, total: usize, label: &str| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            bar.set_message(label.to_string());
+        };
+        let m = bench_model(path, &text, &opts, &mut progress).with_context(|| format!("benchmarking {}", path.display()))?;
+        report.models.push(m);
+    }
+    bar.finish_and_clear();
+    // Models with different tokenizers see different counts: the first model's is reported
+    // at the top, each model's in its own table.
+    report.n_tokens = report.models.first().map_or(0, |m| m.n_tokens);
+    print!("{}", output::to_table(&report));
+    let json = output::to_json_string(&report);
+    let written = [
+        write(&args.output, "json", &json)?,
+        write(&args.output, "csv", &output::to_csv(&report))?,
+        write(&args.output, "svg", &output::to_svg(&report))?,
+    ];
+    println!("\nwrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
+    Ok(())
+}
+
+fn short(p: &Path) -> String {
+    p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
+}
+
+/// Writes PREFIX.EXT through a temporary file, so a failed write leaves no partial file.
+fn write(prefix: &Path, ext: &str, contents: &str) -> Result<PathBuf> {
+    let mut name = prefix.as_os_str().to_owned();
+    name.push(format!(".{ext}"));
+    let path = PathBuf::from(name);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".part");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, contents)
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
