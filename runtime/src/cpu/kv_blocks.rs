@@ -42,11 +42,24 @@ fn for_blocks(
     }
 }
 
+/// Whether the whole-head AVX2 loops apply: block-aligned heads of 32 to 128 values.
+#[cfg(target_arch = "x86_64")]
+fn whole_blocks(col0: usize, n: usize) -> bool {
+    col0.is_multiple_of(BLOCK) && n.is_multiple_of(BLOCK) && (BLOCK..=4 * BLOCK).contains(&n) && simd()
+}
+
 /// `out[j] = scale · q · K_j[col0..col0 + q.len()]` for the first `out.len()` rows, row j at
 /// byte `j·row_bytes` of `rows`.
 pub fn scores(fmt: AbsmaxFormat, q: &[f32], rows: &[u8], row_bytes: usize, col0: usize, scale: f32, out: &mut [f32]) {
     let n = q.len();
     assert!(out.len() * row_bytes <= rows.len(), "attention rows out of the cache");
+    #[cfg(target_arch = "x86_64")]
+    if whole_blocks(col0, n) {
+        let bb = fmt.block_bytes();
+        // SAFETY: AVX2/FMA/F16C checked; every row j < out.len() holds the head's n/32 blocks
+        // at byte j·row_bytes + (col0/32)·bb (asserted above: rows are whole).
+        return unsafe { x86::scores(fmt, q, rows.as_ptr().add(col0 / BLOCK * bb), row_bytes, scale, out) };
+    }
     for (j, o) in out.iter_mut().enumerate() {
         let row = &rows[j * row_bytes..(j + 1) * row_bytes];
         let mut s = 0f32;
@@ -61,6 +74,12 @@ pub fn scores(fmt: AbsmaxFormat, q: &[f32], rows: &[u8], row_bytes: usize, col0:
 pub fn weighted_sum(fmt: AbsmaxFormat, p: &[f32], rows: &[u8], row_bytes: usize, col0: usize, out: &mut [f32]) {
     let n = out.len();
     assert!(p.len() * row_bytes <= rows.len(), "attention rows out of the cache");
+    #[cfg(target_arch = "x86_64")]
+    if whole_blocks(col0, n) {
+        let bb = fmt.block_bytes();
+        // SAFETY: as in `scores`.
+        return unsafe { x86::weighted_sum(fmt, p, rows.as_ptr().add(col0 / BLOCK * bb), row_bytes, out) };
+    }
     for (j, &w) in p.iter().enumerate() {
         let row = &rows[j * row_bytes..(j + 1) * row_bytes];
         for_blocks(fmt, row, col0, n, |d, qs, o, x0, len| {
@@ -97,12 +116,140 @@ fn axpy(w: f32, q: &[i8], out: &mut [f32]) {
 #[inline(always)]
 fn simd() -> bool {
     // std caches the CPUID answers: a couple of loads.
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    use duet_quant::absmax::{AbsmaxFormat, BLOCK};
+
+    /// A block's scale and a pointer to its 32 i8 values (q8: in place; q6/q4: unpacked
+    /// into `tmp`).
+    ///
+    /// # Safety
+    /// `block` points at a whole block of `fmt`; F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block(fmt: AbsmaxFormat, block: *const u8, tmp: &mut [i8; BLOCK]) -> (f32, *const i8) {
+        unsafe {
+            if fmt == AbsmaxFormat::Q8 {
+                let bits = (block as *const u16).read_unaligned();
+                (_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))), block.add(2) as *const i8)
+            } else {
+                let b = std::slice::from_raw_parts(block, fmt.block_bytes());
+                (fmt.unpack_block(b, tmp), tmp.as_ptr())
+            }
+        }
+    }
+
+    /// Whole-head scores, the head `NB` blocks wide: per row, one vector accumulator, the
+    /// block scale applied with one FMA per block, one horizontal sum.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; `head` + j·row_bytes holds the head's blocks for j < out.len();
+    /// q.len() = NB·32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_nb<const NB: usize>(
+        fmt: AbsmaxFormat,
+        q: &[f32],
+        head: *const u8,
+        row_bytes: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let bb = fmt.block_bytes();
+        let mut tmp = [0i8; BLOCK];
+        unsafe {
+            let qv: [[__m256; 4]; NB] =
+                std::array::from_fn(|b| std::array::from_fn(|k| _mm256_loadu_ps(q.as_ptr().add(32 * b + 8 * k))));
+            for (j, o) in out.iter_mut().enumerate() {
+                let row = head.add(j * row_bytes);
+                let mut acc = _mm256_setzero_ps();
+                for (b, qb) in qv.iter().enumerate() {
+                    let (d, qs) = block(fmt, row.add(b * bb), &mut tmp);
+                    let mut s = _mm256_mul_ps(qb[0], ld8(qs));
+                    s = _mm256_fmadd_ps(qb[1], ld8(qs.add(8)), s);
+                    s = _mm256_fmadd_ps(qb[2], ld8(qs.add(16)), s);
+                    s = _mm256_fmadd_ps(qb[3], ld8(qs.add(24)), s);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+                }
+                *o = hsum(acc) * scale;
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`scores_nb`] with NB = q.len()/32 in 1..=4.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores(fmt: AbsmaxFormat, q: &[f32], head: *const u8, row_bytes: usize, scale: f32, out: &mut [f32]) {
+        unsafe {
+            match q.len() / BLOCK {
+                1 => scores_nb::<1>(fmt, q, head, row_bytes, scale, out),
+                2 => scores_nb::<2>(fmt, q, head, row_bytes, scale, out),
+                3 => scores_nb::<3>(fmt, q, head, row_bytes, scale, out),
+                _ => scores_nb::<4>(fmt, q, head, row_bytes, scale, out),
+            }
+        }
+    }
+
+    /// Whole-head weighted sum with the output kept in registers across all rows.
+    ///
+    /// # Safety
+    /// As [`scores_nb`], with out.len() = NB·32 and p.len() rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weighted_sum_nb<const NB: usize>(
+        fmt: AbsmaxFormat,
+        p: &[f32],
+        head: *const u8,
+        row_bytes: usize,
+        out: &mut [f32],
+    ) {
+        let bb = fmt.block_bytes();
+        let mut tmp = [0i8; BLOCK];
+        unsafe {
+            let mut acc: [[__m256; 4]; NB] =
+                std::array::from_fn(|b| std::array::from_fn(|k| _mm256_loadu_ps(out.as_ptr().add(32 * b + 8 * k))));
+            for (j, &w) in p.iter().enumerate() {
+                let row = head.add(j * row_bytes);
+                for (b, ab) in acc.iter_mut().enumerate() {
+                    let (d, qs) = block(fmt, row.add(b * bb), &mut tmp);
+                    let wd = _mm256_set1_ps(w * d);
+                    for (k, a) in ab.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(wd, ld8(qs.add(8 * k)), *a);
+                    }
+                }
+            }
+            for (b, ab) in acc.iter().enumerate() {
+                for (k, a) in ab.iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(32 * b + 8 * k), *a);
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`weighted_sum_nb`] with NB = out.len()/32 in 1..=4.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum(fmt: AbsmaxFormat, p: &[f32], head: *const u8, row_bytes: usize, out: &mut [f32]) {
+        unsafe {
+            match out.len() / BLOCK {
+                1 => weighted_sum_nb::<1>(fmt, p, head, row_bytes, out),
+                2 => weighted_sum_nb::<2>(fmt, p, head, row_bytes, out),
+                3 => weighted_sum_nb::<3>(fmt, p, head, row_bytes, out),
+                _ => weighted_sum_nb::<4>(fmt, p, head, row_bytes, out),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
 
     /// 8 i8 at `q` as f32 lanes.
     ///
@@ -164,7 +311,8 @@ mod tests {
             for (b, x) in bytes.chunks(rb).zip(deq.chunks_mut(kv_dim)) {
                 fmt.dequantize_row(b, x);
             }
-            for (col0, hd) in [(0, 64), (64, 64), (16, 16), (48, 32), (8, 40)] {
+            // Whole-block heads of 1 to 4 blocks (the AVX2 loops) and unaligned ones.
+            for (col0, hd) in [(0, 64), (64, 64), (0, 128), (32, 96), (96, 32), (16, 16), (48, 32), (8, 40)] {
                 let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
                 let mut got = vec![0f32; n_rows];
                 scores(fmt, &q, &bytes, rb, col0, 0.5, &mut got);
