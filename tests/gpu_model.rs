@@ -302,20 +302,11 @@ fn smollm2_gpu_matches_cpu() {
     eprintln!("{test}: CPU vs transformers: mean KL {c_kl:.6}, top-1 {:.2}%", 100.0 * c_top1);
     assert!(g_top1 >= 0.99, "GPU vs transformers: top-1 agreement {g_top1} < 0.99");
     assert!(g_kl <= 0.005, "GPU vs transformers: mean KL {g_kl} > 0.005");
-    if c_kl <= 0.0025 && c_top1 >= 0.995 {
-        assert!(top1 >= 0.99, "GPU vs CPU: top-1 agreement {top1} < 0.99");
-        assert!(kl <= 0.005, "GPU vs CPU: mean KL {kl} > 0.005");
-    } else {
-        skip(
-            "smollm2_gpu_matches_cpu (GPU vs CPU bound)",
-            &format!(
-                "not asserted: the CPU backend is itself KL {c_kl:.4} / top-1 {:.1}% from transformers (GPU: KL {g_kl:.4} / {:.1}%), so GPU vs CPU (KL {kl:.4}, top-1 {:.1}%) measures the CPU's 8-bit activations",
-                100.0 * c_top1,
-                100.0 * g_top1,
-                100.0 * top1
-            ),
-        );
-    }
+    // The bound. It holds because the CPU backend's two-level activations put it
+    // within ~1e-4 KL of transformers (with ggml's single Q8 it is ~0.013 away, and so is
+    // the GPU from it).
+    assert!(top1 >= 0.99, "GPU vs CPU: top-1 agreement {top1} < 0.99");
+    assert!(kl <= 0.005, "GPU vs CPU: mean KL {kl} > 0.005");
 }
 
 /// `--device gpu|cpu|auto` on the CLI: the adapter is named at start, `bench` and `run`
