@@ -3,13 +3,15 @@
 converter's memory and speed (converter/bench/measure_rss.sh). numpy only; nothing here is
 committed but this script.
 
-    python3 converter/bench/make_random_llama.py OUT_DIR [--dtype bf16|f16] [--shards N]
+    python3 converter/bench/make_random_llama.py OUT_DIR [--dtype bf16|f16] [--shards N] [--diff]
 
 Shape (TinyLlama-1.1B): hidden 2048, 22 layers, 32 heads, 4 KV heads, ffn 5632, vocab
 32000, untied embeddings: 1.1 B parameters, 2.2 GB of BF16. The weights are N(0, 0.02²)
 (norms 1 + N(0, 0.1²)), streamed to disk one tensor at a time so that making the file needs
 no more memory than its largest tensor. The tokenizer is the committed fixtures' byte-level
-BPE tokenizer.json (320 ids; the converter pads the vocabulary to 32000).
+BPE tokenizer.json (320 ids; the converter pads the vocabulary to 32000). --diff writes the
+DiffLlama of the same shape instead (plus the four λ vectors of head_dim per layer), for
+comparing DIFF and Llama decode speed.
 """
 
 import argparse
@@ -26,7 +28,7 @@ HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = 2048, 22, 32, 4, 5632, 32000
 HEAD_DIM = HIDDEN // HEADS
 
 
-def tensor_shapes():
+def tensor_shapes(diff=False):
     yield "model.embed_tokens.weight", (VOCAB, HIDDEN)
     for l in range(LAYERS):
         p = f"model.layers.{l}"
@@ -35,6 +37,9 @@ def tensor_shapes():
         yield f"{p}.self_attn.k_proj.weight", (KV_HEADS * HEAD_DIM, HIDDEN)
         yield f"{p}.self_attn.v_proj.weight", (KV_HEADS * HEAD_DIM, HIDDEN)
         yield f"{p}.self_attn.o_proj.weight", (HIDDEN, HEADS * HEAD_DIM)
+        if diff:
+            for lam in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                yield f"{p}.self_attn.{lam}", (HEAD_DIM,)
         yield f"{p}.post_attention_layernorm.weight", (HIDDEN,)
         yield f"{p}.mlp.gate_proj.weight", (FFN, HIDDEN)
         yield f"{p}.mlp.up_proj.weight", (FFN, HIDDEN)
@@ -76,10 +81,11 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--diff", action="store_true", help="a DiffLlama of the same shape")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(args.seed)
-    items = list(tensor_shapes())
+    items = list(tensor_shapes(args.diff))
     n_params = sum(int(np.prod(s)) for _, s in items)
     if args.shards == 1:
         write_shard(os.path.join(args.out, "model.safetensors"), items, args.dtype, rng)
@@ -101,6 +107,8 @@ def main():
         "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
         "torch_dtype": "bfloat16" if args.dtype == "bf16" else "float16",
     }
+    if args.diff:
+        config.update({"architectures": ["DiffLlamaForCausalLM"], "model_type": "diffllama", "lambda_std_dev": 0.1})
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -68,6 +68,11 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         k_type: args.model.cache_type_k,
         v_type: args.model.cache_type_v,
     };
+    let f16_kv = duet_runtime::kv_cache::KvCacheSpec {
+        k_type: duet_runtime::kv_cache::CacheType::F16,
+        v_type: duet_runtime::kv_cache::CacheType::F16,
+        ..kv.clone()
+    };
     println!(
         "| model | size | params | backend | KV cache ({}/{}, {} ctx) | test | t/s (median) | spread (min–max) |",
         args.model.cache_type_k,
@@ -108,10 +113,11 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
         let med = median(&mut rates);
         println!(
-            "| {name} | {} | {:.2} M | {device} | {} | {label} | {med:.2} | {lo:.2}–{hi:.2} |",
+            "| {name} | {} | {:.2} M | {device} | {} ({:.3}× f16) | {label} | {med:.2} | {lo:.2}–{hi:.2} |",
             human_bytes(model_bytes),
             params as f64 / 1e6,
-            human_bytes(kv.bytes() as u64)
+            human_bytes(kv.bytes() as u64),
+            kv.bytes() as f64 / f16_kv.bytes() as f64
         );
     }
     Ok(())
