@@ -4,8 +4,9 @@
 //!
 //! The matrix products are checked twice: against exact arithmetic on the CPU backend's
 //! own dequantized weights (what the GPU computes: dequantized weights × f32 activations),
-//! and against the CPU backend's matmul, which rounds activations to 8 bits for its
-//! integer dot products, so that comparison has per-type bounds. Runs on any adapter,
+//! and against the CPU backend's matmul with ggml's single Q8 activations (the coarser of
+//! its two settings: it rounds activations to 8 bits for its integer dot products), so that
+//! comparison has per-type bounds. Runs on any adapter,
 //! lavapipe included; without one every test skips with the reason.
 
 use std::sync::Arc;
@@ -111,6 +112,13 @@ const TYPES: [GgmlType; 11] = [
     GgmlType::Q6_K,
 ];
 
+/// The CPU backend with ggml's single Q8 activation rounding (`--cpu-acts q8`).
+fn ggml_cpu() -> CpuBackend {
+    let mut b = CpuBackend::new(2);
+    b.set_act_precision(duet_runtime::cpu::ActPrecision::Q8);
+    b
+}
+
 /// Bound of GPU vs CPU-backend matmul: the CPU rounds activations to Q8 (Q8_K for the
 /// K-quants), so this is the CPU's activation rounding, not a GPU error.
 fn cpu_matmul_bound(t: GgmlType) -> f64 {
@@ -122,7 +130,7 @@ fn cpu_matmul_bound(t: GgmlType) -> f64 {
 
 fn matmul_checks(test: &str, f16: bool, exact_bound: f64) {
     let Some(gpu) = gpu(test, f16, None) else { return };
-    let mut p = Pair { cpu: CpuBackend::new(2), gpu };
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
     eprintln!("{test}: {}", p.gpu.describe());
     let mut rng = Rng::new(7);
     for ty in TYPES {
@@ -191,7 +199,7 @@ fn matmul_and_embed_every_type_f16() {
 fn split_weights_match() {
     let test = "split_weights_match";
     let Some(gpu) = gpu(test, false, Some(4096)) else { return };
-    let mut p = Pair { cpu: CpuBackend::new(2), gpu };
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
     let mut rng = Rng::new(11);
     let (rows, cols) = (301, 64);
     let file = weights_file(&[("w", GgmlType::Q8_0, rows, cols, rng.normals(rows * cols))]);
@@ -220,7 +228,7 @@ fn split_weights_match() {
 fn row_and_element_ops() {
     let test = "row_and_element_ops";
     let Some(gpu) = gpu(test, false, None) else { return };
-    let mut p = Pair { cpu: CpuBackend::new(2), gpu };
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
     let mut rng = Rng::new(3);
     let (rows, cols) = (37, 300);
     let nw = rng.normals(cols);
@@ -325,7 +333,7 @@ fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheTy
 fn attention_standard_and_differential() {
     let test = "attention_standard_and_differential";
     let Some(gpu) = gpu(test, false, None) else { return };
-    let mut p = Pair { cpu: CpuBackend::new(2), gpu };
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
     let mut rng = Rng::new(5);
     // Prefill chunks (odd sizes, crossing the 32-key tiles), then single-token decode steps.
     let steps = [37, 1, 1, 29, 1];
@@ -337,6 +345,7 @@ fn attention_standard_and_differential() {
             head_dim: hd,
             scale: (hd as f32).powf(-0.5),
             rms_eps: 1e-5,
+            logit_quant: None,
         };
         let sub = Some(rng.normals(2 * hd).iter().map(|v| 1.0 + 0.1 * v).collect());
         for kind in [

@@ -1,0 +1,93 @@
+//! Decode-step attention over a long K/V cache, per cache type, on the CPU backend:
+//! `cargo bench -p duet-runtime --bench attention [-- CONTEXT]` (default 2048 cached
+//! positions). One query row attends over the whole cache, as in decode; cache types are
+//! timed round-robin so they share the machine's noise, and the medians are compared with
+//! f16. Shapes: SmolLM2's attention (9 query heads, 3 KV heads, head_dim 64) and a DIFF
+//! layer of the same width (8 query heads in 4 pairs, 4 KV heads).
+
+use std::time::Instant;
+
+use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend};
+use duet_runtime::cpu::CpuBackend;
+use duet_runtime::kv_cache::{CacheType, KvCacheSpec};
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let h = (i as u32 ^ seed).wrapping_mul(2_654_435_761).rotate_left(11).wrapping_mul(747_796_405);
+            (h >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let ctx: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2048);
+    let types = [CacheType::F16, CacheType::Q8, CacheType::Q6, CacheType::Q4];
+    let shapes = [
+        ("standard 9/3 heads, hd 64", AttentionKind::Standard, 9, 3),
+        ("DIFF 8/4 heads, hd 64", AttentionKind::Differential { lambda: 0.5, lambda_init: 0.2, sub_norm: None }, 8, 4),
+    ];
+    println!("decode attention over {ctx} cached positions, 2 threads; median of 300 calls");
+    println!("| shape | cache | bytes/position | µs per call | vs f16 |");
+    println!("|---|---|---|---|---|");
+    for (name, kind, n_heads, n_kv) in shapes {
+        let hd = 64;
+        let spec = AttentionSpec {
+            kind,
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            scale: (hd as f32).powf(-0.5),
+            rms_eps: 1e-5,
+            logit_quant: None,
+        };
+        let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
+        let mut b = CpuBackend::new(2);
+        let mut caches: Vec<_> = types
+            .iter()
+            .map(|&t| {
+                let kv = KvCacheSpec { n_layers: 1, n_ctx: ctx + 1, kv_dim, head_dim: hd, k_type: t, v_type: t };
+                let mut cache = b.new_kv_cache(&kv).unwrap();
+                // Fill the cache in chunks of 256 positions.
+                for p0 in (0..ctx).step_by(256) {
+                    let rows = 256.min(ctx - p0);
+                    let mut q = b.new_tensor(rows, q_dim);
+                    let mut k = b.new_tensor(rows, kv_dim);
+                    let mut v = b.new_tensor(rows, kv_dim);
+                    q.data.copy_from_slice(&values(rows * q_dim, 1 + p0 as u32));
+                    k.data.copy_from_slice(&values(rows * kv_dim, 2 + p0 as u32));
+                    v.data.copy_from_slice(&values(rows * kv_dim, 3 + p0 as u32));
+                    let mut out = b.new_tensor(rows, q_dim);
+                    b.attention(&q, &k, &v, &mut cache, 0, p0, &spec, &mut out);
+                }
+                cache
+            })
+            .collect();
+        let mut q = b.new_tensor(1, q_dim);
+        let mut k = b.new_tensor(1, kv_dim);
+        let mut v = b.new_tensor(1, kv_dim);
+        q.data.copy_from_slice(&values(q_dim, 7));
+        k.data.copy_from_slice(&values(kv_dim, 8));
+        v.data.copy_from_slice(&values(kv_dim, 9));
+        let mut out = b.new_tensor(1, q_dim);
+        let mut times = vec![Vec::new(); types.len()];
+        for round in 0..310 {
+            for (i, cache) in caches.iter_mut().enumerate() {
+                let t0 = Instant::now();
+                b.attention(&q, &k, &v, cache, 0, ctx, &spec, &mut out);
+                if round >= 10 {
+                    times[i].push(t0.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+        }
+        let med: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
+        for (i, t) in types.iter().enumerate() {
+            println!("| {name} | {t} | {} | {:.1} | {:.2}× |", 2 * t.bytes(kv_dim), med[i], med[i] / med[0]);
+        }
+    }
+}
