@@ -160,6 +160,10 @@ pub trait Backend {
 
     /// A one-line description (device name, threads, kernel set).
     fn describe(&self) -> String;
+    /// The largest tensor `new_tensor` can make, in bytes (None: no limit but memory).
+    fn max_tensor_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Whether [`AttentionSpec::logit_quant`] is honoured.
     fn supports_logit_quant(&self) -> bool {
         false

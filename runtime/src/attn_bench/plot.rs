@@ -30,6 +30,8 @@ fn esc(s: &str) -> String {
 }
 
 /// "Nice" tick values covering [lo, hi].
+// `!(hi > lo)` also catches NaN bounds, which `hi <= lo` would not.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
     if !(hi > lo) {
         return vec![lo];

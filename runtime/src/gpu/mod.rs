@@ -196,6 +196,10 @@ impl Backend for GpuBackend {
         matmul::load_weight(self, w)
     }
 
+    fn max_tensor_bytes(&self) -> Option<u64> {
+        Some(self.ctx.limits.max_storage_buffer_binding_size.min(self.ctx.limits.max_buffer_size))
+    }
+
     fn new_tensor(&mut self, rows: usize, cols: usize) -> GpuTensor {
         let bytes = (rows.max(1) * cols * 4) as u64;
         let limit = self.ctx.limits.max_storage_buffer_binding_size.min(self.ctx.limits.max_buffer_size);

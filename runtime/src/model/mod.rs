@@ -189,6 +189,24 @@ impl<B: Backend> Model<B> {
             KvCacheSpec { n_layers: c.n_layers, n_ctx, kv_dim: c.kv_dim(), head_dim: c.head_dim, k_type, v_type };
         spec.check()?;
         let mb = max_batch.max(1);
+        if let Some(limit) = b.max_tensor_bytes() {
+            let widest = [c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff].into_iter().max().unwrap_or(0);
+            if (c.n_vocab * 4) as u64 > limit {
+                return Err(RuntimeError::Device(format!(
+                    "one row of logits ({} values) exceeds the largest buffer {} binds ({limit} bytes)",
+                    c.n_vocab,
+                    b.describe()
+                )));
+            }
+            if (mb * widest * 4) as u64 > limit {
+                return Err(RuntimeError::Device(format!(
+                    "a batch of {mb} tokens needs activations of {} bytes, more than {} binds at once ({limit} bytes): lower --batch-size to {} or less",
+                    mb * widest * 4,
+                    b.describe(),
+                    limit as usize / (widest * 4)
+                )));
+            }
+        }
         Ok(Session {
             cache: b.new_kv_cache(&spec)?,
             n_past: 0,
@@ -233,7 +251,13 @@ impl<B: Backend> Model<B> {
         }
         let mut all = Vec::new();
         let mut last = Vec::new();
-        for chunk in tokens.chunks(s.max_batch) {
+        // All logits of a batch live in one tensor: on backends with a buffer limit, batches
+        // shrink so that it fits (new_session checked that one row does).
+        let batch = match (want, b.max_tensor_bytes()) {
+            (Logits::All, Some(limit)) => s.max_batch.min((limit as usize / (4 * self.config.n_vocab)).max(1)),
+            _ => s.max_batch,
+        };
+        for chunk in tokens.chunks(batch) {
             let out = self.forward_batch(b, s, chunk, want)?;
             match want {
                 Logits::All => all.extend(out),
