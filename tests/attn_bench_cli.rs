@@ -120,7 +120,15 @@ fn quick_run_writes_valid_json_csv_svg() {
 fn bad_input_is_refused_cleanly() {
     let t = temp("bad");
     let text = root().join("tests/smollm2/text.txt");
-    let o = duet(&["attn-bench", "-m", "/nonexistent.gguf", "-f", text.to_str().unwrap(), "-o", t.0.join("x").to_str().unwrap()]);
+    let o = duet(&[
+        "attn-bench",
+        "-m",
+        "/nonexistent.gguf",
+        "-f",
+        text.to_str().unwrap(),
+        "-o",
+        t.0.join("x").to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("/nonexistent.gguf") && !err.contains("panicked"), "{err}");
     assert!(!t.0.join("x.json").exists(), "no output after a failure");

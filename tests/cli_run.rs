@@ -26,7 +26,10 @@ fn fixture_gguf() -> PathBuf {
 fn assert_clean_failure(o: &Output, needles: &[&str]) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
-    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE") && !err.contains("stack backtrace"), "panic: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE") && !err.contains("stack backtrace"),
+        "panic: {err}"
+    );
     for n in needles {
         assert!(err.contains(n), "stderr lacks {n:?}: {err}");
     }
@@ -34,7 +37,10 @@ fn assert_clean_failure(o: &Output, needles: &[&str]) {
 
 #[test]
 fn missing_model() {
-    assert_clean_failure(&duet(&["run", "-m", "/nonexistent/model.gguf", "-p", "hi"]), &["/nonexistent/model.gguf", "no such"]);
+    assert_clean_failure(
+        &duet(&["run", "-m", "/nonexistent/model.gguf", "-p", "hi"]),
+        &["/nonexistent/model.gguf", "no such"],
+    );
     assert_clean_failure(&duet(&["chat", "-m", "/nonexistent/model.gguf"]), &["/nonexistent/model.gguf"]);
     assert_clean_failure(&duet(&["bench", "-m", "/nonexistent/model.gguf"]), &["/nonexistent/model.gguf"]);
 }

@@ -631,7 +631,8 @@ fn tensor_type_overrides_apply() {
 
 #[test]
 fn ctrl_c_leaves_no_file() {
-    let Some(smol) = duet_test_support::asset("convert Ctrl-C", "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf") else {
+    let Some(smol) = duet_test_support::asset("convert Ctrl-C", "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    else {
         return;
     };
     let dir = TempDir::new("ctrl-c");

@@ -84,7 +84,11 @@ fn teacher_forced_logits_match_transformers() {
     }
     let n = reference.rows.len() as f64;
     let (mean_kl, top1) = (kl_sum / n, agree as f64 / n);
-    eprintln!("SmolLM2 vs transformers over {n} tokens (k={}): mean KL {mean_kl:.5}, top-1 {:.2}%", reference.k, 100.0 * top1);
+    eprintln!(
+        "SmolLM2 vs transformers over {n} tokens (k={}): mean KL {mean_kl:.5}, top-1 {:.2}%",
+        reference.k,
+        100.0 * top1
+    );
     assert!(top1 >= 0.98, "top-1 agreement {:.2}% < 98%", 100.0 * top1);
     assert!(mean_kl <= 0.01, "mean KL {mean_kl} > 0.01");
 }
@@ -92,10 +96,12 @@ fn teacher_forced_logits_match_transformers() {
 #[test]
 fn greedy_completions_agree_for_eight_tokens() {
     let Some(path) = smollm2("smollm2 greedy completions") else { return };
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(here().join("greedy.json")).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(here().join("greedy.json")).unwrap()).unwrap();
     let (mut b, model) = load(&path);
     for case in json.as_array().unwrap() {
-        let ids = |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
+        let ids =
+            |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
         let (prompt, want) = (ids("prompt_ids"), ids("greedy_ids"));
         let mut s = model.new_session(&mut b, 64, 64, CacheType::F16, CacheType::F16).unwrap();
         let mut logits = model.forward(&mut b, &mut s, &prompt, Logits::Last).unwrap();

@@ -90,7 +90,8 @@ pub fn run(args: Args) -> Result<()> {
             bar.set_position(done as u64);
             bar.set_message(label.to_string());
         };
-        let m = bench_model(path, &text, &opts, &mut progress).with_context(|| format!("benchmarking {}", path.display()))?;
+        let m = bench_model(path, &text, &opts, &mut progress)
+            .with_context(|| format!("benchmarking {}", path.display()))?;
         report.models.push(m);
     }
     bar.finish_and_clear();

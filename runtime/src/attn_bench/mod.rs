@@ -23,7 +23,7 @@ use crate::engine::{Engine, EngineOptions};
 use crate::error::RuntimeError;
 use crate::kv_cache::CacheType;
 use crate::logits_file::{argmax, kl_divergence, log_softmax};
-use crate::model::{Logits, LogitGranularity};
+use crate::model::{LogitGranularity, Logits};
 
 /// What is quantized in a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -178,7 +178,10 @@ pub fn bench_model(
     )?;
     let tokens = e.tokenizer.encode(text, e.tokenizer.add_bos)?;
     if tokens.len() < 2 {
-        return Err(RuntimeError::Usage(format!("the text gives {} token(s); attn-bench needs at least 2", tokens.len())));
+        return Err(RuntimeError::Usage(format!(
+            "the text gives {} token(s); attn-bench needs at least 2",
+            tokens.len()
+        )));
     }
     let tokens = &tokens[..tokens.len().min(opts.n_tokens.max(2))];
     let cfg = e.model.config.clone();
@@ -222,10 +225,10 @@ pub fn bench_model(
 
     let total = settings.len();
     let run = |e: &mut Engine<CpuBackend>,
-                   target: Option<Target>,
-                   bits: u32,
-                   g: Option<LogitGranularity>,
-                   calibrate: bool|
+               target: Option<Target>,
+               bits: u32,
+               g: Option<LogitGranularity>,
+               calibrate: bool|
      -> Result<Pass, RuntimeError> {
         let cache = match bits {
             8 => CacheType::Q8,
@@ -281,8 +284,7 @@ pub fn bench_model(
             agree += usize::from(argmax(row) == argmax(base_rows[t]));
         }
         let n = rows.len() as f64;
-        let layer_rel_err =
-            p.capture.attn_out.iter().zip(&base.capture.attn_out).map(|(a, b)| rel_err(a, b)).collect();
+        let layer_rel_err = p.capture.attn_out.iter().zip(&base.capture.attn_out).map(|(a, b)| rel_err(a, b)).collect();
         let (mut b1, mut b2, mut bd) = (Vec::new(), Vec::new(), Vec::new());
         for (l, b) in p.capture.branches.iter().enumerate() {
             let s = split_branches(b, cfg.head_dim, lambdas[l]);

@@ -183,7 +183,8 @@ pub fn to_svg(r: &BenchReport) -> String {
     let mut kl = Vec::new();
     let mut top1 = Vec::new();
     let mut ppl = Vec::new();
-    let short = |p: &str| std::path::Path::new(p).file_name().map_or(p.to_string(), |f| f.to_string_lossy().into_owned());
+    let short =
+        |p: &str| std::path::Path::new(p).file_name().map_or(p.to_string(), |f| f.to_string_lossy().into_owned());
     for m in &r.models {
         let Some(base) = m.runs.iter().find(|r| r.target.is_none()) else { continue };
         let mut targets: Vec<(&str, &str)> = Vec::new();
@@ -197,7 +198,8 @@ pub fn to_svg(r: &BenchReport) -> String {
         for (t, g) in targets {
             let runs: Vec<&RunResult> =
                 m.runs.iter().filter(|r| target_name(r) == t && granularity_name(r) == g).collect();
-            let label = if t == "logits" { format!("{} {t} ({g})", short(&m.path)) } else { format!("{} {t}", short(&m.path)) };
+            let label =
+                if t == "logits" { format!("{} {t} ({g})", short(&m.path)) } else { format!("{} {t}", short(&m.path)) };
             let pts = |f: &dyn Fn(&RunResult) -> f64, with_base: bool| {
                 let mut p: Vec<(f64, f64)> = Vec::new();
                 if with_base {

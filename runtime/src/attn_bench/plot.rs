@@ -50,7 +50,11 @@ fn ticks(lo: f64, hi: f64, n: usize) -> Vec<f64> {
 }
 
 fn fmt_num(v: f64) -> String {
-    if v != 0.0 && (v.abs() < 1e-3 || v.abs() >= 1e5) { format!("{v:.0e}") } else { format!("{}", (v * 1e4).round() / 1e4) }
+    if v != 0.0 && (v.abs() < 1e-3 || v.abs() >= 1e5) {
+        format!("{v:.0e}")
+    } else {
+        format!("{}", (v * 1e4).round() / 1e4)
+    }
 }
 
 /// Renders `panels` side by side. `x_ticks` are the x values to label (e.g. 16, 8, 6, 4);
@@ -68,13 +72,15 @@ pub fn render(title: &str, x_label: &str, x_ticks: &[f64], reverse_x: bool, pane
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(s, r#"<text x="{}" y="20" text-anchor="middle" font-size="15">{}</text>"#, width / 2.0, esc(title));
+    let _ =
+        writeln!(s, r#"<text x="{}" y="20" text-anchor="middle" font-size="15">{}</text>"#, width / 2.0, esc(title));
     let (xmin, xmax) = x_ticks.iter().fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
     for (pi, p) in panels.iter().enumerate() {
         let ox = pw * pi as f64;
         let (x0, x1, y0, y1) = (ox + ml, ox + pw - mr, 30.0 + mt, 30.0 + ph - mb);
         let tr_y = |v: f64| if p.log_y { v.max(1e-12).log10() } else { v };
-        let ys: Vec<f64> = p.series.iter().flat_map(|s| s.points.iter().map(|pt| tr_y(pt.1))).filter(|v| v.is_finite()).collect();
+        let ys: Vec<f64> =
+            p.series.iter().flat_map(|s| s.points.iter().map(|pt| tr_y(pt.1))).filter(|v| v.is_finite()).collect();
         let (mut ylo, mut yhi) = ys.iter().fold((f64::MAX, f64::MIN), |(a, b), &y| (a.min(y), b.max(y)));
         if ys.is_empty() {
             (ylo, yhi) = (0.0, 1.0);
@@ -90,13 +96,36 @@ pub fn render(title: &str, x_label: &str, x_ticks: &[f64], reverse_x: bool, pane
             if reverse_x { x1 - f * (x1 - x0) } else { x0 + f * (x1 - x0) }
         };
         let py = |y: f64| y1 - (tr_y(y) - ylo) / (yhi - ylo) * (y1 - y0);
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{}</text>"#, (x0 + x1) / 2.0, y0 - 12.0, esc(&p.title));
-        let _ = writeln!(s, r##"<rect x="{x0}" y="{y0}" width="{}" height="{}" fill="none" stroke="#333"/>"##, x1 - x0, y1 - y0);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" font-size="13">{}</text>"#,
+            (x0 + x1) / 2.0,
+            y0 - 12.0,
+            esc(&p.title)
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x0}" y="{y0}" width="{}" height="{}" fill="none" stroke="#333"/>"##,
+            x1 - x0,
+            y1 - y0
+        );
         for &t in x_ticks {
             let x = px(t);
-            let _ = writeln!(s, r##"<line x1="{x}" y1="{y1}" x2="{x}" y2="{}" stroke="#333"/><text x="{x}" y="{}" text-anchor="middle">{}</text>"##, y1 + 4.0, y1 + 17.0, fmt_num(t));
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x}" y1="{y1}" x2="{x}" y2="{}" stroke="#333"/><text x="{x}" y="{}" text-anchor="middle">{}</text>"##,
+                y1 + 4.0,
+                y1 + 17.0,
+                fmt_num(t)
+            );
         }
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, (x0 + x1) / 2.0, y1 + 34.0, esc(x_label));
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            (x0 + x1) / 2.0,
+            y1 + 34.0,
+            esc(x_label)
+        );
         let yt = if p.log_y {
             (ylo.ceil() as i64..=yhi.floor() as i64).map(|e| e as f64).collect::<Vec<_>>()
         } else {

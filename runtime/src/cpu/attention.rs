@@ -16,7 +16,11 @@ pub enum CacheRows {
     F32(Vec<f32>),
     F16(Vec<f16>),
     /// Each row in absmax blocks of 32 (`row_bytes` per row).
-    Absmax { fmt: AbsmaxFormat, bytes: Vec<u8>, row_bytes: usize },
+    Absmax {
+        fmt: AbsmaxFormat,
+        bytes: Vec<u8>,
+        row_bytes: usize,
+    },
 }
 
 impl CacheRows {
@@ -420,9 +424,14 @@ impl CpuKvCache {
 enum Lq {
     Off,
     /// Against the row's own absmax.
-    Row { qmax: f32 },
+    Row {
+        qmax: f32,
+    },
     /// Against a given absmax.
-    Fixed { qmax: f32, absmax: f32 },
+    Fixed {
+        qmax: f32,
+        absmax: f32,
+    },
 }
 
 /// `scale · q · K_j` for cache positions 0..=pos of one KV head (its K columns at `k_off`).
@@ -432,7 +441,9 @@ fn logits(q: &[f32], k: &CacheRows, kv_dim: usize, k_off: usize, pos: usize, sca
     match k {
         CacheRows::F32(v) => vec::scores_f32(q, &v[k_off..], kv_dim, scale, scores),
         CacheRows::F16(v) => vec::scores_f16(q, &v[k_off..], kv_dim, scale, scores),
-        CacheRows::Absmax { fmt, bytes, row_bytes } => kv_blocks::scores(*fmt, q, bytes, *row_bytes, k_off, scale, scores),
+        CacheRows::Absmax { fmt, bytes, row_bytes } => {
+            kv_blocks::scores(*fmt, q, bytes, *row_bytes, k_off, scale, scores)
+        }
     }
 }
 
@@ -723,7 +734,8 @@ mod tests {
         for ty in QUANT {
             let fmt = ty.absmax().unwrap();
             let got = run(ty, ty, &k, &v, &q, &s);
-            let eps = |x: &[f32]| x.chunks(32).map(|b| fmt.error_bound(absmax(b)) + absmax(b) / 2048.0).fold(0f32, f32::max);
+            let eps =
+                |x: &[f32]| x.chunks(32).map(|b| fmt.error_bound(absmax(b)) + absmax(b) / 2048.0).fold(0f32, f32::max);
             let (eps_k, eps_v) = (eps(&k), eps(&v));
             let qsum = q.chunks(HD).map(|h| h.iter().map(|x| x.abs()).sum::<f32>()).fold(0f32, f32::max);
             let delta = s.scale * qsum * eps_k;
@@ -750,7 +762,8 @@ mod tests {
                             .map(|j| {
                                 (0..HD)
                                     .map(|i| {
-                                        q[r * N_HEADS * HD + h * HD + i] as f64 * k[j * KV_DIM + (h / gqa) * HD + i] as f64
+                                        q[r * N_HEADS * HD + h * HD + i] as f64
+                                            * k[j * KV_DIM + (h / gqa) * HD + i] as f64
                                     })
                                     .sum::<f64>()
                                     * sc
@@ -790,7 +803,8 @@ mod tests {
                 for h in 0..N_HEADS {
                     let p = softmax(&lg[h][r]);
                     for i in 0..HD {
-                        let o: f64 = p.iter().enumerate().map(|(j, pj)| pj * v[j * KV_DIM + (h / gqa) * HD + i] as f64).sum();
+                        let o: f64 =
+                            p.iter().enumerate().map(|(j, pj)| pj * v[j * KV_DIM + (h / gqa) * HD + i] as f64).sum();
                         out[r * N_HEADS * HD + h * HD + i] = o as f32;
                     }
                 }
@@ -834,10 +848,16 @@ mod tests {
                     let want = reference(&q, &k, &v, diff, bits, scale);
                     let tol = if diff { 1e-3 } else { 1e-4 };
                     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                        assert!((a - b).abs() <= tol * (1.0 + b.abs()), "diff={diff} {bits} bits {scale:?} [{i}]: {a} vs {b}");
+                        assert!(
+                            (a - b).abs() <= tol * (1.0 + b.abs()),
+                            "diff={diff} {bits} bits {scale:?} [{i}]: {a} vs {b}"
+                        );
                     }
                     // Quantization changed something (the test sees the setting at all).
-                    assert!(got.iter().zip(&full).any(|(a, b)| (a - b).abs() > 1e-4), "{bits} bits {scale:?} had no effect");
+                    assert!(
+                        got.iter().zip(&full).any(|(a, b)| (a - b).abs() > 1e-4),
+                        "{bits} bits {scale:?} had no effect"
+                    );
                 }
             }
         }

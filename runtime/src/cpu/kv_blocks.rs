@@ -152,7 +152,8 @@ mod x86 {
                 AbsmaxFormat::Q6 => {
                     let lo = nibbles(_mm_loadu_si128(data as *const __m128i));
                     let hb = _mm256_set1_epi64x((data.add(16) as *const i64).read_unaligned());
-                    let hi = _mm256_and_si256(_mm256_srlv_epi64(hb, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(3));
+                    let hi =
+                        _mm256_and_si256(_mm256_srlv_epi64(hb, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(3));
                     let u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
                     _mm256_sub_epi8(u, _mm256_set1_epi8(32))
                 }
@@ -335,14 +336,20 @@ mod tests {
                 scores(fmt, &q, &bytes, rb, col0, 0.5, &mut got);
                 for (j, g) in got.iter().enumerate() {
                     let want: f32 = (0..hd).map(|i| q[i] * deq[j * kv_dim + col0 + i]).sum::<f32>() * 0.5;
-                    assert!((g - want).abs() <= 1e-5 * (1.0 + want.abs()), "{fmt:?} {col0}+{hd} row {j}: {g} vs {want}");
+                    assert!(
+                        (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{fmt:?} {col0}+{hd} row {j}: {g} vs {want}"
+                    );
                 }
                 let p: Vec<f32> = (0..n_rows).map(|j| 1.0 / (j + 2) as f32).collect();
                 let mut out = vec![0.25f32; hd];
                 weighted_sum(fmt, &p, &bytes, rb, col0, &mut out);
                 for (i, o) in out.iter().enumerate() {
                     let want: f32 = 0.25 + (0..n_rows).map(|j| p[j] * deq[j * kv_dim + col0 + i]).sum::<f32>();
-                    assert!((o - want).abs() <= 1e-5 * (1.0 + want.abs()), "{fmt:?} {col0}+{hd} col {i}: {o} vs {want}");
+                    assert!(
+                        (o - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{fmt:?} {col0}+{hd} col {i}: {o} vs {want}"
+                    );
                 }
             }
         }

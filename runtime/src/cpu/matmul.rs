@@ -310,7 +310,11 @@ mod tests {
                 matmul(pool, kernels(), None, &w, &x, &mut reference, cache);
                 let scale = reference.view().iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (j, (a, b)) in packed.view().iter().zip(reference.view()).enumerate() {
-                    assert!((a - b).abs() <= 1e-5 * scale.max(1.0), "{:?} {ty} tokens={n_tok} [{j}]: {a} vs {b}", cache.precision);
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale.max(1.0),
+                        "{:?} {ty} tokens={n_tok} [{j}]: {a} vs {b}",
+                        cache.precision
+                    );
                 }
             }
         }
@@ -338,8 +342,7 @@ mod tests {
                 let mut e = 0f64;
                 for t in 0..n_tok {
                     for r in 0..rows {
-                        let exact: f64 =
-                            (0..cols).map(|i| wd[r * cols + i] as f64 * x.data[t * cols + i] as f64).sum();
+                        let exact: f64 = (0..cols).map(|i| wd[r * cols + i] as f64 * x.data[t * cols + i] as f64).sum();
                         e += (out.data[t * rows + r] as f64 - exact).powi(2);
                     }
                 }

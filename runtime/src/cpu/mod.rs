@@ -240,7 +240,8 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         cache.store(layer, pos0, k.view(), v.view());
-        let capture = self.observer.is_some() && matches!(spec.kind, crate::backend::AttentionKind::Differential { .. });
+        let capture =
+            self.observer.is_some() && matches!(spec.kind, crate::backend::AttentionKind::Differential { .. });
         let mut branches = if capture { vec![0f32; q.rows * 2 * q.cols] } else { Vec::new() };
         let b = capture.then_some(branches.as_mut_slice());
         attention::attention(&self.pool, cache, layer, q.view(), q.rows, pos0, spec, out.view_mut(), b);
