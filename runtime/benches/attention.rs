@@ -2,8 +2,9 @@
 //! `cargo bench -p duet-runtime --bench attention [-- CONTEXT]` (default 2048 cached
 //! positions). One query row attends over the whole cache, as in decode; cache types are
 //! timed round-robin so they share the machine's noise, and the medians are compared with
-//! f16. Shapes: SmolLM2's attention (9 query heads, 3 KV heads, head_dim 64) and a DIFF
-//! layer of the same width (8 query heads in 4 pairs, 4 KV heads).
+//! f16. Shapes: SmolLM2's attention (9 query heads, 3 KV heads, head_dim 64), a DIFF layer
+//! of that width (8 query heads in 4 pairs, 4 KV heads), and both at an 8B-class width (32
+//! query / 8 KV heads of 128), whose cache no longer fits in L2.
 
 use std::time::Instant;
 
@@ -29,14 +30,16 @@ fn main() {
     let ctx: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2048);
     let types = [CacheType::F16, CacheType::Q8, CacheType::Q6, CacheType::Q4];
     let shapes = [
-        ("standard 9/3 heads, hd 64", AttentionKind::Standard, 9, 3),
-        ("DIFF 8/4 heads, hd 64", AttentionKind::Differential { lambda: 0.5, lambda_init: 0.2, sub_norm: None }, 8, 4),
+        ("standard 9/3 heads, hd 64", AttentionKind::Standard, 9, 3, 64),
+        ("DIFF 8/4 heads, hd 64", AttentionKind::Differential { lambda: 0.5, lambda_init: 0.2, sub_norm: None }, 8, 4, 64),
+        // An 8B-class layer (Llama 3 8B's 32/8 heads of 128): 8 MiB of f16 K+V at 2k, past L2.
+        ("standard 32/8 heads, hd 128", AttentionKind::Standard, 32, 8, 128),
+        ("DIFF 32/8 heads, hd 128", AttentionKind::Differential { lambda: 0.5, lambda_init: 0.2, sub_norm: None }, 32, 8, 128),
     ];
     println!("decode attention over {ctx} cached positions, 2 threads; median of 300 calls");
     println!("| shape | cache | bytes/position | µs per call | vs f16 |");
     println!("|---|---|---|---|---|");
-    for (name, kind, n_heads, n_kv) in shapes {
-        let hd = 64;
+    for (name, kind, n_heads, n_kv, hd) in shapes {
         let spec = AttentionSpec {
             kind,
             n_heads,
