@@ -214,6 +214,13 @@ pub fn bench_model(
                     settings.push((Some(t), bits, Some(g)));
                 }
             } else {
+                if !cfg.kv_dim().is_multiple_of(duet_quant::absmax::BLOCK) {
+                    let why = format!("K/V caches: rows of {} values do not split into blocks of 32", cfg.kv_dim());
+                    if !skipped.contains(&why) {
+                        skipped.push(why);
+                    }
+                    continue;
+                }
                 if !matches!(bits, 8 | 6 | 4) {
                     skipped.push(format!("{} at {bits} bits: caches come in 8, 6 and 4 bits", t.name()));
                     continue;
