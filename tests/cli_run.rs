@@ -78,3 +78,33 @@ fn empty_prompt_and_prompt_longer_than_context() {
     let ok = duet(&["run", "-m", m, "-p", "Call me", "-n", "4", "--temp", "0", "-q"]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
 }
+
+/// `duet chat` without -m runs the bundled DIFF model and names it; a DUET_DEFAULT_MODEL
+/// that does not exist is a clean error.
+#[test]
+fn chat_without_model_uses_the_bundled_one() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(["chat", "-n", "8", "--seed", "1", "--device", "cpu"])
+        .env_remove("DUET_DEFAULT_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"Call me Ishmael.\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("no -m given: using duet's") && err.contains("DIFF"), "the model is not named: {err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty(), "no reply");
+
+    let o = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(["chat"])
+        .env("DUET_DEFAULT_MODEL", "/nonexistent/default.gguf")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_clean_failure(&o, &["DUET_DEFAULT_MODEL", "/nonexistent/default.gguf"]);
+}

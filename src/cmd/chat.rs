@@ -38,28 +38,40 @@ pub struct Args {
 static GENERATING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
 
-/// The bundled default model (the trained DIFF reference model, see models/README.md).
-pub fn bundled_model() -> PathBuf {
-    if let Some(p) = std::env::var_os("DUET_DEFAULT_MODEL") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models").join(BUNDLED_FILE)
-}
+/// The bundled default models, best first, with how `duet chat` names them: the trained
+/// DIFF reference model (models/README.md), else the small interim DIFF model committed
+/// until that training finishes.
+pub const BUNDLED: [(&str, &str); 2] = [
+    ("duet-diff-ref.q8_0.gguf", "duet's bundled DIFF reference model"),
+    (
+        "duet-diff-interim.q8_0.gguf",
+        "duet's small interim DIFF model (0.6M parameters, a placeholder until the reference model is trained; expect babble)",
+    ),
+];
 
-pub const BUNDLED_FILE: &str = "duet-diff-ref.q8_0.gguf";
+/// The bundled model to use and its description (`DUET_DEFAULT_MODEL` overrides).
+pub fn bundled_model() -> Option<(PathBuf, &'static str)> {
+    if let Some(p) = std::env::var_os("DUET_DEFAULT_MODEL") {
+        return Some((PathBuf::from(p), "the model in DUET_DEFAULT_MODEL"));
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models");
+    BUNDLED.iter().map(|(f, what)| (dir.join(f), *what)).find(|(p, _)| p.exists())
+}
 
 pub fn run(args: Args) -> Result<()> {
     let path = match &args.model.model {
         Some(p) => p.clone(),
         None => {
-            let p = bundled_model();
-            if !p.exists() {
+            let Some((p, what)) = bundled_model() else {
                 anyhow::bail!(
-                    "no -m given and the bundled model {} is missing (regenerate it with models/make_models.sh, or pass -m MODEL.gguf)",
-                    p.display()
+                    "no -m given and no bundled model in models/ ({}; regenerate with models/make_models.sh, or pass -m MODEL.gguf)",
+                    BUNDLED.map(|b| b.0).join(", ")
                 );
+            };
+            if !p.exists() {
+                anyhow::bail!("no -m given and DUET_DEFAULT_MODEL names {}, which does not exist", p.display());
             }
-            eprintln!("no -m given: using duet's bundled DIFF reference model {} (see models/README.md)", p.display());
+            eprintln!("no -m given: using {what}, {} (see models/README.md)", p.display());
             p
         }
     };
