@@ -306,7 +306,10 @@ fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheTy
     let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
     let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
     let mut pos0 = 0;
-    let bound = if kt == CacheType::F32 && vt == CacheType::F32 { 1e-7 } else { 1e-6 };
+    // f32 and the absmax types (both backends quantize the same f32 rows into the same
+    // bytes, checked below, so the dequantized K/V are bit-identical): only the order of
+    // the f32 sums differs. f16 caches keep their looser bound.
+    let bound = if kt == CacheType::F16 || vt == CacheType::F16 { 1e-6 } else { 1e-7 };
     for &n in steps {
         let qv: Vec<f32> = rng.normals(n * h * hd).iter().map(|v| v * 2.0).collect();
         let kvv = rng.normals(n * hkv * hd);
@@ -325,6 +328,27 @@ fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheTy
         };
         eprintln!("attention {kind} H={h} Hkv={hkv} hd={hd} K {kt} V {vt} rows {n} at {pos0}: nmse {e:.2e}");
         assert!(e <= bound, "attention {kind} rows {n} at {pos0}: nmse {e:.3e} > {bound:.0e}");
+        // The absmax rows the GPU wrote: the CPU's quantize_row bytes, then zero padding.
+        for (ty, vals, is_v) in [(kt, &kvv, false), (vt, &vv, true)] {
+            let Some(fmt) = ty.absmax() else { continue };
+            let kv_dim = hkv * hd;
+            let got = p.gpu.read_kv_rows(&cg, 1, is_v, pos0..pos0 + n).unwrap();
+            let row_bytes = got.len() / n;
+            assert_eq!(row_bytes, fmt.bytes(kv_dim).next_multiple_of(4));
+            let mut want = vec![0u8; fmt.bytes(kv_dim)];
+            for r in 0..n {
+                fmt.quantize_row(&vals[r * kv_dim..(r + 1) * kv_dim], &mut want);
+                let row = &got[r * row_bytes..(r + 1) * row_bytes];
+                assert_eq!(
+                    &row[..want.len()],
+                    &want[..],
+                    "{ty} {} cache row {}: bytes",
+                    if is_v { "V" } else { "K" },
+                    pos0 + r
+                );
+                assert!(row[want.len()..].iter().all(|&b| b == 0), "{ty} cache row {}: padding", pos0 + r);
+            }
+        }
         pos0 += n;
     }
 }
@@ -362,5 +386,101 @@ fn attention_standard_and_differential() {
         };
         attention_case(&mut p, &mut rng, &diff, CacheType::F16, CacheType::F16, &steps);
         attention_case(&mut p, &mut rng, &std, CacheType::F16, CacheType::F32, &steps);
+    }
+}
+
+/// q8, q6 and q4 caches, alone and mixed with f16: the GPU writes the CPU's block bytes and
+/// its attention matches the CPU backend's over the same cache types. Shapes include a row
+/// of an odd number of blocks (padded on the GPU) and head_dim 16 (heads sharing blocks).
+#[test]
+fn attention_quantized_caches() {
+    let test = "attention_quantized_caches";
+    let Some(gpu) = gpu(test, false, None) else { return };
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
+    let mut rng = Rng::new(9);
+    let steps = [37, 1, 1, 29, 1];
+    let pairs = [
+        (CacheType::Q8, CacheType::Q8),
+        (CacheType::Q6, CacheType::Q6),
+        (CacheType::Q4, CacheType::Q4),
+        (CacheType::Q8, CacheType::F16),
+        (CacheType::F16, CacheType::Q4),
+    ];
+    for (h, hkv, hd) in [(6, 2, 64), (8, 2, 128), (6, 6, 16), (4, 2, 48)] {
+        let std = AttentionSpec {
+            kind: AttentionKind::Standard,
+            n_heads: h,
+            n_kv_heads: hkv,
+            head_dim: hd,
+            scale: (hd as f32).powf(-0.5),
+            rms_eps: 1e-5,
+            logit_quant: None,
+        };
+        let sub = Some(rng.normals(2 * hd).iter().map(|v| 1.0 + 0.1 * v).collect());
+        let diff = AttentionSpec {
+            kind: AttentionKind::Differential { lambda: 0.6, lambda_init: 0.3, sub_norm: sub },
+            ..std.clone()
+        };
+        for (kt, vt) in pairs {
+            attention_case(&mut p, &mut rng, &std, kt, vt, &steps);
+            attention_case(&mut p, &mut rng, &diff, kt, vt, &steps);
+        }
+    }
+}
+
+/// The GPU's absmax K/V write on edge rows, byte for byte against the CPU's quantize_row:
+/// exact rounding ties (halves away from zero), an all-zero block, scales that are f16
+/// subnormals, f32 subnormals, and scales that overflow f16; rows of an odd block count.
+#[test]
+fn absmax_cache_write_edge_rows() {
+    let test = "absmax_cache_write_edge_rows";
+    let Some(mut g) = gpu(test, false, None) else { return };
+    let mut rng = Rng::new(13);
+    let (h, hkv, hd) = (4, 2, 48);
+    let kv_dim = hkv * hd; // 3 blocks
+    let spec = AttentionSpec {
+        kind: AttentionKind::Standard,
+        n_heads: h,
+        n_kv_heads: hkv,
+        head_dim: hd,
+        scale: 0.1,
+        rms_eps: 1e-5,
+        logit_quant: None,
+    };
+    for ty in [CacheType::Q8, CacheType::Q6, CacheType::Q4] {
+        let fmt = ty.absmax().unwrap();
+        let qmax = fmt.qmax();
+        // Block of ties: qmax·d, then (k + ½)·d, d = 0.25 (exact in f16, 1/d exact).
+        let ties: Vec<f32> = (0..32)
+            .map(|i| if i == 0 { qmax as f32 * 0.25 } else { ((i % (2 * qmax)) - qmax) as f32 * 0.25 + 0.125 })
+            .collect();
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        let scaled = |rng: &mut Rng, s: f32| rng.normals(kv_dim).iter().map(|v| v * s).collect::<Vec<f32>>();
+        rows.push([ties.clone(), vec![0.0; 32], ties.iter().map(|v| -v).collect()].concat());
+        rows.push(scaled(&mut rng, 1e-6));
+        rows.push(scaled(&mut rng, 1e-38));
+        rows.push(scaled(&mut rng, 3e5));
+        rows.push(scaled(&mut rng, 1.0));
+        let n = rows.len();
+        let kvv: Vec<f32> = rows.concat();
+        let kv = KvCacheSpec { n_layers: 1, n_ctx: n, kv_dim, head_dim: hd, k_type: ty, v_type: ty };
+        let mut cache = g.new_kv_cache(&kv).unwrap();
+        let qt = g.new_tensor(n, h * hd);
+        g.upload(&qt, &vec![0.0; n * h * hd]);
+        let kt = g.new_tensor(n, kv_dim);
+        g.upload(&kt, &kvv);
+        let mut out = g.new_tensor(n, h * hd);
+        g.attention(&qt, &kt, &kt, &mut cache, 0, 0, &spec, &mut out);
+        for is_v in [false, true] {
+            let got = g.read_kv_rows(&cache, 0, is_v, 0..n).unwrap();
+            let rb = got.len() / n;
+            let mut want = vec![0u8; fmt.bytes(kv_dim)];
+            for (r, x) in rows.iter().enumerate() {
+                fmt.quantize_row(x, &mut want);
+                assert_eq!(&got[r * rb..r * rb + want.len()], &want[..], "{ty} row {r}");
+                assert!(got[r * rb + want.len()..(r + 1) * rb].iter().all(|&b| b == 0), "{ty} row {r}: padding");
+            }
+        }
+        eprintln!("{ty}: {n} edge rows of {kv_dim} values written byte for byte as the CPU");
     }
 }

@@ -89,6 +89,50 @@ pub enum CacheElem {
     F32,
     /// Two IEEE halves per u32.
     F16,
+    /// Symmetric absmax blocks of 32 values (`duet_quant::absmax`): an f16 scale, then the
+    /// values in 8, 6 or 4 bits — 34, 26 and 18 bytes a block. The blocks of a row are
+    /// stored back to back; each row is padded with zero bytes to a whole u32 word
+    /// ([`CacheElem::row_bytes`]) so that rows start word-aligned.
+    Q8,
+    Q6,
+    Q4,
+}
+
+impl CacheElem {
+    pub const ALL: [CacheElem; 5] = [CacheElem::F32, CacheElem::F16, CacheElem::Q8, CacheElem::Q6, CacheElem::Q4];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheElem::F32 => "f32",
+            CacheElem::F16 => "f16",
+            CacheElem::Q8 => "q8",
+            CacheElem::Q6 => "q6",
+            CacheElem::Q4 => "q4",
+        }
+    }
+
+    /// Bits per value of an absmax block type.
+    pub fn absmax_bits(self) -> Option<u32> {
+        match self {
+            CacheElem::F32 | CacheElem::F16 => None,
+            CacheElem::Q8 => Some(8),
+            CacheElem::Q6 => Some(6),
+            CacheElem::Q4 => Some(4),
+        }
+    }
+
+    /// Bytes of one cache row of `kv_dim` values as the GPU stores it (absmax rows padded to
+    /// a multiple of 4 bytes; `kv_dim` a multiple of 32 for them).
+    pub fn row_bytes(self, kv_dim: usize) -> usize {
+        match self {
+            CacheElem::F32 => 4 * kv_dim,
+            CacheElem::F16 => 2 * kv_dim,
+            q => {
+                let bits = q.absmax_bits().expect("absmax type") as usize;
+                (kv_dim / 32 * (2 + 4 * bits)).next_multiple_of(4)
+            }
+        }
+    }
 }
 
 /// Attention shape: one query row per workgroup (decode) or a tile of rows (prefill).
@@ -133,13 +177,13 @@ impl Op {
             v.extend([Op::MatVec(t), Op::MatMul(t), Op::Embed(t)]);
         }
         v.extend([Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow, Op::Dex]);
-        for c in [CacheElem::F32, CacheElem::F16] {
+        for c in CacheElem::ALL {
             v.push(Op::KvWrite(c));
         }
         for diff in [false, true] {
             for shape in [AttnShape::Decode, AttnShape::Prefill] {
-                for k in [CacheElem::F32, CacheElem::F16] {
-                    for vv in [CacheElem::F32, CacheElem::F16] {
+                for k in CacheElem::ALL {
+                    for vv in CacheElem::ALL {
                         v.push(Op::Attention { diff, shape, k, v: vv });
                     }
                 }
@@ -178,7 +222,7 @@ impl Variant {
     /// A short name for labels and error messages.
     pub fn label(&self) -> String {
         let f = if self.f16 { "-f16" } else { "" };
-        let c = |c: CacheElem| if c == CacheElem::F16 { "f16" } else { "f32" };
+        let c = |c: CacheElem| c.name();
         match self.op {
             Op::MatVec(t) => format!("matvec-{t}{f}"),
             Op::MatMul(t) => format!("matmul-{t}{f}"),
@@ -226,14 +270,23 @@ const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 const WEIGHTS_COMMON: &str = include_str!("wgsl/weights/common.wgsl");
 const KSCALE: &str = include_str!("wgsl/weights/kscale.wgsl");
 
-fn cache_snippet(which: char, e: CacheElem) -> &'static str {
+/// The reader of the K (`which` = 'k': binding 2, `k_at`) or V ('v': binding 3, `v_at`)
+/// cache: `{k,v}_at(row, col)` is the value at column `col` of cache row `row`.
+fn cache_reader(which: char, e: CacheElem) -> String {
     match (which, e) {
-        ('k', CacheElem::F32) => include_str!("wgsl/cache/k_f32.wgsl"),
-        ('k', CacheElem::F16) => include_str!("wgsl/cache/k_f16.wgsl"),
-        ('v', CacheElem::F32) => include_str!("wgsl/cache/v_f32.wgsl"),
-        ('v', CacheElem::F16) => include_str!("wgsl/cache/v_f16.wgsl"),
-        ('s', CacheElem::F32) => include_str!("wgsl/cache/store_f32.wgsl"),
-        _ => include_str!("wgsl/cache/store_f16.wgsl"),
+        ('k', CacheElem::F32) => include_str!("wgsl/cache/k_f32.wgsl").into(),
+        ('k', CacheElem::F16) => include_str!("wgsl/cache/k_f16.wgsl").into(),
+        ('v', CacheElem::F32) => include_str!("wgsl/cache/v_f32.wgsl").into(),
+        ('v', CacheElem::F16) => include_str!("wgsl/cache/v_f16.wgsl").into(),
+        (w, q) => {
+            let bits = q.absmax_bits().expect("absmax type");
+            let (binding, buf, func) = if w == 'k' { ("2", "KC", "k_at") } else { ("3", "VC", "v_at") };
+            include_str!("wgsl/cache/absmax_read.wgsl")
+                .replace("$BINDING", binding)
+                .replace("$BUF", buf)
+                .replace("$FN", func)
+                .replace("$BITS", &bits.to_string())
+        }
     }
 }
 
@@ -277,10 +330,20 @@ pub fn source(v: &Variant) -> String {
         Op::Add => s.push_str(include_str!("wgsl/add.wgsl")),
         Op::CopyRow => s.push_str(include_str!("wgsl/copy_row.wgsl")),
         Op::Dex => s.push_str(include_str!("wgsl/dex.wgsl")),
-        Op::KvWrite(e) => {
-            s.push_str(cache_snippet('s', e));
-            s.push_str(include_str!("wgsl/kv_write.wgsl"));
-        }
+        Op::KvWrite(e) => match e.absmax_bits() {
+            None => {
+                s.push_str(if e == CacheElem::F32 {
+                    include_str!("wgsl/cache/store_f32.wgsl")
+                } else {
+                    include_str!("wgsl/cache/store_f16.wgsl")
+                });
+                s.push_str(include_str!("wgsl/kv_write.wgsl"));
+            }
+            Some(bits) => {
+                let _ = writeln!(s, "const QBITS: u32 = {bits}u;");
+                s.push_str(include_str!("wgsl/kv_write_absmax.wgsl"));
+            }
+        },
         Op::Attention { diff, shape, k, v: ve } => {
             let ns = if diff { 2 } else { 1 };
             let (br, bc) = attn_tile(shape);
@@ -289,8 +352,8 @@ pub fn source(v: &Variant) -> String {
                 s,
                 "const ATT_NS: u32 = {ns}u;\nconst ATT_BR: u32 = {br}u;\nconst ATT_BC: u32 = {bc}u;\nconst ATT_WG: u32 = {ATT_WG}u;\nconst ATT_ACC: u32 = {acc}u;"
             );
-            s.push_str(cache_snippet('k', k));
-            s.push_str(cache_snippet('v', ve));
+            s.push_str(&cache_reader('k', k));
+            s.push_str(&cache_reader('v', ve));
             s.push_str(include_str!("wgsl/attention.wgsl"));
         }
     }

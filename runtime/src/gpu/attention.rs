@@ -64,7 +64,12 @@ pub fn attention(
     assert!(pos0 + rows <= cache.n_ctx, "attention past the cache's {} positions", cache.n_ctx);
     // Store the new K and V rows.
     for (src, dst, elem) in [(k, &cache.k[layer], cache.k_elem), (v, &cache.v[layer], cache.v_elem)] {
-        let g = grid(rows * kv_dim / 2, EW_WG as usize);
+        // f32/f16: one invocation per pair of values; absmax: per pair of 32-value blocks.
+        let items = match elem.absmax_bits() {
+            None => rows * kv_dim / 2,
+            Some(_) => rows * (kv_dim / 32).div_ceil(2),
+        };
+        let g = grid(items, EW_WG as usize);
         let params = [rows as u32, kv_dim as u32, pos0 as u32, g.0];
         b.run(Op::KvWrite(elem), &params, &[&src.buf, dst], g);
     }

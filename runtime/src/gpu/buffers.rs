@@ -168,20 +168,24 @@ pub struct GpuKvCache {
     pub kv_dim: usize,
 }
 
-pub fn cache_elem(t: CacheType) -> Result<CacheElem, RuntimeError> {
+pub fn cache_elem(t: CacheType) -> CacheElem {
     match t {
-        CacheType::F32 => Ok(CacheElem::F32),
-        CacheType::F16 => Ok(CacheElem::F16),
-        q => Err(RuntimeError::Unsupported(format!(
-            "the GPU backend has no {q} K/V cache yet (f32 or f16; --device cpu runs q8, q6 and q4)"
-        ))),
+        CacheType::F32 => CacheElem::F32,
+        CacheType::F16 => CacheElem::F16,
+        CacheType::Q8 => CacheElem::Q8,
+        CacheType::Q6 => CacheElem::Q6,
+        CacheType::Q4 => CacheElem::Q4,
     }
 }
 
 impl GpuKvCache {
+    /// q8, q6 and q4 rows are [`CacheElem::row_bytes`]: the CPU's block bytes padded to a
+    /// whole u32 word.
     pub fn new(ctx: &GpuContext, alloc: &Allocator, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
-        let k_bytes = spec.k_type.bytes(spec.n_ctx * spec.kv_dim) as u64;
-        let v_bytes = spec.v_type.bytes(spec.n_ctx * spec.kv_dim) as u64;
+        spec.check()?;
+        let (k_elem, v_elem) = (cache_elem(spec.k_type), cache_elem(spec.v_type));
+        let k_bytes = (spec.n_ctx * k_elem.row_bytes(spec.kv_dim)) as u64;
+        let v_bytes = (spec.n_ctx * v_elem.row_bytes(spec.kv_dim)) as u64;
         let limit = ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size);
         if k_bytes.max(v_bytes) > limit {
             return Err(RuntimeError::Device(format!(
@@ -202,13 +206,6 @@ impl GpuKvCache {
             k.push(ctx.checked("the K/V cache", || alloc.storage(ctx, k_bytes, &format!("K cache {il}")))?);
             v.push(ctx.checked("the K/V cache", || alloc.storage(ctx, v_bytes, &format!("V cache {il}")))?);
         }
-        Ok(GpuKvCache {
-            k,
-            v,
-            k_elem: cache_elem(spec.k_type)?,
-            v_elem: cache_elem(spec.v_type)?,
-            n_ctx: spec.n_ctx,
-            kv_dim: spec.kv_dim,
-        })
+        Ok(GpuKvCache { k, v, k_elem, v_elem, n_ctx: spec.n_ctx, kv_dim: spec.kv_dim })
     }
 }

@@ -143,6 +143,27 @@ impl GpuBackend {
         self.ctx.queue.write_buffer(&t.buf.buffer, 0, bytemuck::cast_slice(data));
     }
 
+    /// The bytes of K (`v` false) or V cache rows `rows` of `layer` as stored, each
+    /// [`duet_shaders::CacheElem::row_bytes`] long (tests and tools). Recorded work runs first.
+    pub fn read_kv_rows(
+        &mut self,
+        cache: &GpuKvCache,
+        layer: usize,
+        v: bool,
+        rows: std::ops::Range<usize>,
+    ) -> Result<Vec<u8>, RuntimeError> {
+        let (buf, elem) = if v { (&cache.v[layer], cache.v_elem) } else { (&cache.k[layer], cache.k_elem) };
+        assert!(rows.end <= cache.n_ctx, "read_kv_rows past the cache's positions");
+        let rb = elem.row_bytes(cache.kv_dim) as u64;
+        let (off, size) = (rows.start as u64 * rb, rows.len() as u64 * rb);
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        self.rec.submit(&self.ctx, &self.alloc, Some((buf, off, size)));
+        self.ids_pending = false;
+        Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
+    }
+
     /// Records one dispatch of `op`.
     fn run(&mut self, op: Op, params: &[u32], bufs: &[&Arc<Buf>], groups: (u32, u32)) {
         let v = Variant::new(op, self.ctx.f16);

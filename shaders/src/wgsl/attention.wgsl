@@ -27,7 +27,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> Q: array<f32>;
-// binding 2: KC (k_at), binding 3: VC (v_at), from the cache snippets
+// binding 2: KC (k_at), binding 3: VC (v_at), from the cache readers
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
 @group(0) @binding(5) var<storage, read> SN: array<f32>;
 
@@ -85,10 +85,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (r < nr && key <= P.pos0 + r0 + r) {
                 let qh = u + s * (P.n_heads / 2u);
                 let qb = (r0 + r) * P.q_dim + qh * hd;
-                let kb = key * P.kv_dim + (qh / gqa) * hd;
+                let kc = (qh / gqa) * hd;
                 var d = 0.0;
                 for (var i = 0u; i < hd; i++) {
-                    d += Q[qb + i] * k_at(kb + i);
+                    d += Q[qb + i] * k_at(key, kc + i);
                 }
                 v = d * P.scale;
             }
@@ -127,7 +127,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     let pb = (s * ATT_BR + r) * ATT_BC;
                     var x = acc[s * ATT_ACC + i] * a_s[s * ATT_BR + r];
                     for (var c = 0u; c < n_keys; c++) {
-                        x += sc[pb + c] * v_at((kt + c) * P.kv_dim + vo);
+                        x += sc[pb + c] * v_at(kt + c, vo);
                     }
                     acc[s * ATT_ACC + i] = x;
                 }

@@ -1,5 +1,7 @@
 @group(0) @binding(2) var<storage, read> KC: array<u32>;
 
-fn k_at(i: u32) -> f32 {
+// Column c of cache row `row`.
+fn k_at(row: u32, c: u32) -> f32 {
+    let i = row * P.kv_dim + c;
     return unpack2x16float(KC[i >> 1u])[i & 1u];
 }
