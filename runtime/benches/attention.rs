@@ -31,10 +31,22 @@ fn main() {
     let types = [CacheType::F16, CacheType::Q8, CacheType::Q6, CacheType::Q4];
     let shapes = [
         ("standard 9/3 heads, hd 64", AttentionKind::Standard, 9, 3, 64),
-        ("DIFF 8/4 heads, hd 64", AttentionKind::Differential { lambda: 0.5, lambda_init: 0.2, sub_norm: None }, 8, 4, 64),
+        (
+            "DIFF 8/4 heads, hd 64",
+            AttentionKind::Differential { lambda: 0.5, lambda_init: 0.2, sub_norm: None },
+            8,
+            4,
+            64,
+        ),
         // An 8B-class layer (Llama 3 8B's 32/8 heads of 128): 8 MiB of f16 K+V at 2k, past L2.
         ("standard 32/8 heads, hd 128", AttentionKind::Standard, 32, 8, 128),
-        ("DIFF 32/8 heads, hd 128", AttentionKind::Differential { lambda: 0.5, lambda_init: 0.2, sub_norm: None }, 32, 8, 128),
+        (
+            "DIFF 32/8 heads, hd 128",
+            AttentionKind::Differential { lambda: 0.5, lambda_init: 0.2, sub_norm: None },
+            32,
+            8,
+            128,
+        ),
     ];
     println!("decode attention over {ctx} cached positions, 2 threads; median of 300 calls");
     println!("| shape | cache | bytes/position | µs per call | vs f16 |");
