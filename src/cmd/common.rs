@@ -27,7 +27,7 @@ pub struct ModelArgs {
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
     /// K cache element type: f32, f16, or q8/q6/q4 (absmax blocks of 32 values with an f16
-    /// scale: 0.53, 0.41 and 0.28 of f16's bytes; the CPU backend only)
+    /// scale: 0.53, 0.41 and 0.28 of f16's bytes)
     #[arg(long = "cache-type-k", default_value = "f16", value_parser = parse_cache_type)]
     pub cache_type_k: CacheType,
     /// V cache element type, as for K
