@@ -398,3 +398,39 @@ fn cli_device_flag_run_and_bench() {
     assert!(!se.contains("GPU adapter"), "{se}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// A small buffer limit (GpuOptions::max_binding, 16 KiB here) makes a batch's logits too
+/// big for one tensor: forward shrinks the batches so they fit and gives the same logits as
+/// an unlimited run, and a session whose activations cannot fit is refused with advice
+/// instead of a panic.
+#[test]
+fn batches_shrink_to_the_buffer_limit() {
+    let test = "batches_shrink_to_the_buffer_limit";
+    let Some(mut free) = gpu(test, false) else { return };
+    let mut capped =
+        GpuBackend::new(&GpuOptions { f16: Some(false), max_binding: Some(16 << 10), ..Default::default() })
+            .expect("the adapter just opened");
+    let path = convert("diffllama-gqa", Preset::Q8_0, false);
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 320).collect();
+    let run = |b: &mut GpuBackend, max_batch: usize| {
+        let model = Model::load(b, Arc::clone(&file)).unwrap();
+        let mut s = model.new_session(b, 64, max_batch, CacheType::F32, CacheType::F32)?;
+        model.forward(b, &mut s, &tokens, Logits::All)
+    };
+    let want = run(&mut free, 16).unwrap();
+    // 16 rows of 256-wide activations fit in 16 KiB; 16 rows of 320 logits (20 KiB) do not.
+    let got = run(&mut capped, 16).unwrap();
+    assert_eq!(got.len(), want.len());
+    let diff = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff <= 1e-5, "logits of shrunk batches differ by {diff}");
+    assert!(free.largest_tensor_bytes() > 16 << 10, "the unlimited run should use 16-row logits");
+    assert!(
+        capped.largest_tensor_bytes() <= 16 << 10,
+        "a tensor of {} bytes exceeds the cap",
+        capped.largest_tensor_bytes()
+    );
+    let err = run(&mut capped, 64).unwrap_err().to_string();
+    assert!(err.contains("lower --batch-size to 16"), "{err}");
+    let _ = std::fs::remove_file(&path);
+}

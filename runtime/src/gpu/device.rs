@@ -23,7 +23,8 @@ pub struct GpuOptions {
     /// (software adapters such as lavapipe emulate f16 arithmetic, slower than f32;
     /// `DUET_GPU_F16=0|1` overrides); Some(b) forces it (Some(true) fails without it).
     pub f16: Option<bool>,
-    /// Caps the bytes bound per weight chunk (tests use it to exercise splitting).
+    /// Caps the bytes bound per weight chunk and the activation batches the model plans for
+    /// (tests use it to exercise splitting and batch shrinking).
     pub max_binding: Option<u64>,
 }
 

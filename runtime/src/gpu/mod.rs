@@ -51,6 +51,8 @@ pub struct GpuBackend {
     sub_norms: HashMap<u64, Arc<Buf>>,
     /// Bound where a kernel's optional input is absent.
     dummy: Arc<Buf>,
+    /// Bytes of the largest activation tensor made so far.
+    largest_tensor: u64,
 }
 
 /// A RoPE (cos, sin) table: the spec's key (n_rot, base, scale, factors hash), the
@@ -87,6 +89,7 @@ impl GpuBackend {
             rope: None,
             sub_norms: HashMap::new(),
             dummy,
+            largest_tensor: 0,
         };
         b.prepare(&[Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow])?;
         Ok(b)
@@ -132,6 +135,11 @@ impl GpuBackend {
     /// Command submissions so far.
     pub fn submissions(&self) -> usize {
         self.rec.submissions
+    }
+
+    /// Bytes of the largest activation tensor made so far (tests of batch planning).
+    pub fn largest_tensor_bytes(&self) -> u64 {
+        self.largest_tensor
     }
 
     /// Writes `data` into the first rows of `t` (tests and tools; the model itself only
@@ -218,7 +226,8 @@ impl Backend for GpuBackend {
     }
 
     fn max_tensor_bytes(&self) -> Option<u64> {
-        Some(self.ctx.limits.max_storage_buffer_binding_size.min(self.ctx.limits.max_buffer_size))
+        // The binding limit, or GpuOptions::max_binding's smaller cap (tests).
+        Some(self.ctx.max_chunk_bytes)
     }
 
     fn new_tensor(&mut self, rows: usize, cols: usize) -> GpuTensor {
@@ -230,6 +239,7 @@ impl Backend for GpuBackend {
             device::describe(&self.ctx.info)
         );
         let buf = self.alloc.storage(&self.ctx, bytes, "activations");
+        self.largest_tensor = self.largest_tensor.max(bytes);
         GpuTensor { buf, rows, cap_rows: rows, cols }
     }
 
