@@ -9,6 +9,7 @@ use crate::backend::{AttentionKind, AttentionSpec, LogitQuant, LogitScale};
 use crate::kv_cache::{CacheType, KvCacheSpec};
 use duet_quant::absmax::AbsmaxFormat;
 
+use super::SharedMut;
 use super::kv_blocks;
 
 /// One layer's K or V rows (`n_ctx × kv_dim`).
@@ -158,13 +159,7 @@ mod vec {
 
         use half::f16;
 
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn hsum(v: __m256) -> f32 {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-        }
+        use crate::cpu::simd::{exp, hsum};
 
         /// 8 values at element `i` of a row of f16 (`F16`) or f32.
         ///
@@ -285,27 +280,8 @@ mod vec {
             }
         }
 
-        /// e^x for x ≤ 0 (Cephes' expf: range reduction by ln 2 in two parts, degree-6
-        /// polynomial; within 2 ulp; inputs below −87.3 give 0 or a tiny subnormal).
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn exp_neg(x: __m256) -> __m256 {
-            let x = _mm256_max_ps(x, _mm256_set1_ps(-87.3));
-            let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-                x,
-                _mm256_set1_ps(std::f32::consts::LOG2_E),
-            ));
-            let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
-            let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
-            let mut y = _mm256_set1_ps(1.987_569_1e-4);
-            for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-                y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-            }
-            let y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-            let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)));
-            _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
-        }
-
+        /// The softmax of the plain path, with the exponentials of `s − max` 8 at a time
+        /// (Cephes' expf, within 2 ulp).
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn softmax(s: &mut [f32]) {
             let n = s.len();
@@ -329,7 +305,7 @@ mod vec {
             i = 0;
             unsafe {
                 while i + 8 <= n {
-                    let e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(i)), maxv));
+                    let e = exp(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(i)), maxv));
                     _mm256_storeu_ps(s.as_mut_ptr().add(i), e);
                     sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
                     sum = _mm256_add_pd(sum, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
@@ -488,7 +464,7 @@ fn head_absmax(
     let (hd, nh) = (spec.head_dim, spec.n_heads);
     let (kv_dim, q_dim, gqa) = (spec.n_kv_heads * hd, nh * hd, nh / spec.n_kv_heads);
     let mut item_max = vec![0f32; rows * nh];
-    let outp = SharedMut(item_max.as_mut_ptr());
+    let outp = SharedMut::new(item_max.as_mut_ptr());
     pool.for_chunks_tid(rows * nh, 1, &|_, range| {
         let outp = outp;
         let mut scores = Vec::new();
@@ -497,7 +473,7 @@ fn head_absmax(
             let qh = &q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd];
             logits(qh, k, kv_dim, (h / gqa) * hd, pos0 + r, spec.scale, &mut scores);
             // SAFETY: each item writes its own slot.
-            unsafe { *outp.0.add(item) = absmax(&scores) };
+            unsafe { *outp.get().add(item) = absmax(&scores) };
         }
     });
     let mut per_head = vec![0f32; nh];
@@ -520,11 +496,6 @@ fn weighted_values(p: &[f32], v: &CacheRows, kv_dim: usize, v_off: usize, out: &
     }
 }
 
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
-
 /// Attention for `rows` query rows (row r at position pos0 + r) of layer `layer`.
 /// `q` is rows × (n_heads·head_dim); `out` the same shape. For DIFF, `branches` (rows ×
 /// 2·n_heads·head_dim) receives each head pair's `[A1·V | A2·V]` when given.
@@ -545,11 +516,11 @@ pub fn attention(
     let q_dim = spec.n_heads * hd;
     let gqa = spec.n_heads / spec.n_kv_heads;
     let (k, v) = (&cache.k[layer], &cache.v[layer]);
-    let outp = SharedMut(out.as_mut_ptr());
+    let outp = SharedMut::new(out.as_mut_ptr());
     if let Some(b) = &branches {
         assert_eq!(b.len(), 2 * rows * q_dim, "branch capture is rows × 2·n_heads·head_dim");
     }
-    let branchp = branches.map(|b| SharedMut(b.as_mut_ptr()));
+    let branchp = branches.map(|b| SharedMut::new(b.as_mut_ptr()));
     // Logit quantization of query head h.
     let fixed = match spec.logit_quant.as_ref().map(|l| &l.scale) {
         Some(LogitScale::Tensor) => Some(head_absmax(pool, k, q, rows, pos0, spec, true)),
@@ -575,7 +546,7 @@ pub fn attention(
                     let kv_off = (h / gqa) * hd;
                     attend(qh, k, kv_dim, kv_off, pos, spec.scale, lq(h), &mut scores);
                     // SAFETY: item (r, h) owns out[r][h·hd..(h+1)·hd].
-                    let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(r * q_dim + h * hd), hd) };
+                    let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + h * hd), hd) };
                     o.fill(0.0);
                     weighted_values(&scores, v, kv_dim, kv_off, o);
                 }
@@ -602,7 +573,7 @@ pub fn attention(
                     let c = j / gqa;
                     let (va, vb) = (c * hd, (c + half_kv) * hd);
                     // SAFETY: item (r, j) owns out[r][j·2hd..(j+1)·2hd].
-                    let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(r * q_dim + j * 2 * hd), 2 * hd) };
+                    let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + j * 2 * hd), 2 * hd) };
                     o.fill(0.0);
                     tmp.fill(0.0);
                     weighted_values(&p1, v, kv_dim, va, &mut o[..hd]);
@@ -611,7 +582,8 @@ pub fn attention(
                     weighted_values(&p2, v, kv_dim, vb, &mut tmp[hd..]);
                     if let Some(bp) = branchp {
                         // SAFETY: item (r, j) owns branches[r][j·4hd..(j+1)·4hd].
-                        let b = unsafe { std::slice::from_raw_parts_mut(bp.0.add(2 * r * q_dim + j * 4 * hd), 4 * hd) };
+                        let b =
+                            unsafe { std::slice::from_raw_parts_mut(bp.get().add(2 * r * q_dim + j * 4 * hd), 4 * hd) };
                         b[..2 * hd].copy_from_slice(o);
                         b[2 * hd..].copy_from_slice(&tmp);
                     }

@@ -125,6 +125,8 @@ mod x86 {
 
     use duet_quant::absmax::{AbsmaxFormat, BLOCK};
 
+    use crate::cpu::simd::hsum;
+
     /// A block's scale and a pointer to its 32 i8 values (q8: in place; q6/q4: unpacked
     /// into `tmp`).
     ///
@@ -261,14 +263,6 @@ mod x86 {
         }
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-    }
-
     /// 8 i8 at `q` as f32 lanes.
     ///
     /// # Safety
@@ -288,10 +282,7 @@ mod x86 {
             let mut b = _mm256_mul_ps(_mm256_loadu_ps(x.add(8)), ld8(q.add(8)));
             a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(16)), ld8(q.add(16)), a);
             b = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(24)), ld8(q.add(24)), b);
-            let s = _mm256_add_ps(a, b);
-            let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+            hsum(_mm256_add_ps(a, b))
         }
     }
 

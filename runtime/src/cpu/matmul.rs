@@ -22,6 +22,7 @@ use duet_quant::GgmlType;
 use duet_quant::dot::{ActRow, Kernels, act_type};
 use duet_quant::gemm::{ActKind, GROUP, GemmKernels, PackedMatrix, QActs};
 
+use super::SharedMut;
 use super::pool::ThreadPool;
 use super::tensor::{CpuTensor, CpuWeight};
 
@@ -57,19 +58,6 @@ pub struct ActCache {
 impl ActCache {
     pub fn new(precision: ActPrecision) -> ActCache {
         ActCache { precision, ..ActCache::default() }
-    }
-}
-
-/// A raw pointer that may be shared between threads because every thread writes disjoint
-/// elements.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    fn get(self) -> *mut f32 {
-        self.0
     }
 }
 
@@ -142,7 +130,7 @@ pub fn matmul(
     let n = w.rows;
     let row_bytes = w.row_bytes();
     let wb = w.bytes();
-    let outp = SharedMut(out.view_mut().as_mut_ptr());
+    let outp = SharedMut::new(out.view_mut().as_mut_ptr());
     let acts_rows = &acts.rows;
     let acts_lo = &acts.lo;
     let ty = w.ty;
@@ -232,7 +220,7 @@ fn run_groups(pool: &ThreadPool, gk: &GemmKernels, w: &PackedMatrix, qa: &QActs,
     let groups = w.groups();
     // Enough chunks per thread to balance a busy machine; whole groups of 16 rows each.
     let chunk = (groups / (pool.n_threads() * 6)).max(1);
-    let outp = SharedMut(out.as_mut_ptr());
+    let outp = SharedMut::new(out.as_mut_ptr());
     debug_assert!(groups * GROUP >= w.rows());
     pool.for_chunks(groups, chunk, &|range| {
         // SAFETY: `out` holds qa.n_tok() × ld (ld ≥ w.rows) and this chunk's groups own their

@@ -7,6 +7,8 @@ mod kv_blocks;
 mod matmul;
 pub mod ops;
 pub mod pool;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 mod tensor;
 
 use std::sync::{Arc, OnceLock};
@@ -86,13 +88,17 @@ impl CpuBackend {
 /// A raw pointer that may be shared between threads because every thread writes disjoint
 /// elements.
 #[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
+pub(crate) struct SharedMut(*mut f32);
 // SAFETY: see above; users document which elements each thread writes.
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
 impl SharedMut {
-    fn get(self) -> *mut f32 {
+    pub(crate) fn new(p: *mut f32) -> SharedMut {
+        SharedMut(p)
+    }
+
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }
@@ -197,7 +203,7 @@ impl Backend for CpuBackend {
         let cols = x.cols;
         let w = weight.values();
         let xv = x.view();
-        let o = SharedMut(out.view_mut().as_mut_ptr());
+        let o = SharedMut::new(out.view_mut().as_mut_ptr());
         self.pool.for_chunks(x.rows, 8, &|rows| {
             for r in rows {
                 // SAFETY: row r of `out` (rows × cols) is written by this chunk only.
@@ -262,7 +268,7 @@ impl Backend for CpuBackend {
     fn swiglu(&mut self, gate: &mut CpuTensor, up: &CpuTensor) {
         let cols = gate.cols;
         let u = up.view();
-        let g = SharedMut(gate.view_mut().as_mut_ptr());
+        let g = SharedMut::new(gate.view_mut().as_mut_ptr());
         self.pool.for_chunks(u.len() / cols, 4, &|rows| {
             // SAFETY: these rows of `gate` are written by this chunk only.
             let gr = unsafe { std::slice::from_raw_parts_mut(g.get().add(rows.start * cols), rows.len() * cols) };

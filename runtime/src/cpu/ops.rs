@@ -70,6 +70,8 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::super::simd::exp;
+
     // SAFETY (both): vector loads/stores stay below the slices' common length; tails scalar.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn sum_squares_f64(x: &[f32]) -> f64 {
@@ -88,26 +90,6 @@ mod x86 {
             _mm256_storeu_pd(lanes.as_mut_ptr(), _mm256_add_pd(a, b));
             lanes.iter().sum::<f64>() + x[i..].iter().map(|&v| v as f64 * v as f64).sum::<f64>()
         }
-    }
-
-    /// e^x, Cephes' expf (within 2 ulp over [−87.3, 88.7]; clamped outside).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn exp(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3)), _mm256_set1_ps(88.7));
-        let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-            x,
-            _mm256_set1_ps(std::f32::consts::LOG2_E),
-        ));
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut y = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-        }
-        let y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-        let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)));
-        _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
     }
 
     #[target_feature(enable = "avx2,fma")]
