@@ -80,8 +80,12 @@ pub fn log_softmax(row: &[f32]) -> Vec<f64> {
 
 /// KL(P_base ‖ P_test) of two logit rows.
 pub fn kl_divergence(base: &[f32], test: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(base), log_softmax(test));
-    lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum()
+    kl_divergence_log(&log_softmax(base), &log_softmax(test))
+}
+
+/// KL(P_base ‖ P_test) of two rows already through [`log_softmax`].
+pub fn kl_divergence_log(base: &[f64], test: &[f64]) -> f64 {
+    base.iter().zip(test).map(|(p, q)| p.exp() * (p - q)).sum()
 }
 
 pub fn argmax(row: &[f32]) -> usize {

@@ -22,7 +22,7 @@ use crate::cpu::CpuBackend;
 use crate::engine::{Engine, EngineOptions};
 use crate::error::RuntimeError;
 use crate::kv_cache::CacheType;
-use crate::logits_file::{argmax, kl_divergence, log_softmax};
+use crate::logits_file::{argmax, kl_divergence_log, log_softmax};
 use crate::model::{LogitGranularity, Logits};
 
 /// What is quantized in a run.
@@ -283,11 +283,18 @@ pub fn bench_model(
         let rows: Vec<&[f32]> = p.logits.chunks_exact(n_vocab).collect();
         let (mut nll, mut kl, mut agree) = (0f64, 0f64, 0usize);
         for (t, row) in rows.iter().enumerate() {
-            let lsm = if i == 0 { base_lsm[t].clone() } else { log_softmax(row) };
+            // Each row's log-softmax once: the baseline's from base_lsm.
+            let own;
+            let lsm: &[f64] = if i == 0 {
+                &base_lsm[t]
+            } else {
+                own = log_softmax(row);
+                kl += kl_divergence_log(&base_lsm[t], &own);
+                &own
+            };
             if t + 1 < tokens.len() {
                 nll -= lsm[tokens[t + 1] as usize];
             }
-            kl += if i == 0 { 0.0 } else { kl_divergence(base_rows[t], row) };
             agree += usize::from(argmax(row) == argmax(base_rows[t]));
         }
         let n = rows.len() as f64;
