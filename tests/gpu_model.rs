@@ -5,11 +5,13 @@
 //! `duet perplexity --device gpu --save-logits`; and the pipeline/layout counters (nothing
 //! created after the first token, one submission per token). Skips without an adapter.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use duet_convert::{Conversion, Options, Preset, Quiet};
+use duet_convert::Preset;
 use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::cpu::CpuBackend;
@@ -17,6 +19,8 @@ use duet_runtime::gpu::{GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::logits_file::{LogitsFile, argmax, kl_divergence, log_softmax};
 use duet_runtime::model::{Logits, Model};
+
+use common::{convert, dequantized, fixture};
 use duet_test_support::{asset, skip};
 
 fn gpu(test: &str, f16: bool) -> Option<GpuBackend> {
@@ -32,26 +36,6 @@ fn gpu(test: &str, f16: bool) -> Option<GpuBackend> {
             None
         }
     }
-}
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
-}
-
-/// Converts a fixture to a temporary file of its own: tests run in parallel and each
-/// removes its files, so every call gets a fresh name.
-fn convert(name: &str, preset: Preset, keep_dex: bool) -> PathBuf {
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let out = std::env::temp_dir().join(format!(
-        "duet-gpu-model-{}-{call}-{name}-{}-{keep_dex}.gguf",
-        std::process::id(),
-        preset.name()
-    ));
-    let opts =
-        Options { input: fixture(name), preset, overrides: vec![], imatrix: None, keep_dex, threads: 2, name: None };
-    Conversion::prepare(&opts).unwrap().write(&out, 2, &Quiet).unwrap();
-    out
 }
 
 /// Logits of every position: the first `split` tokens in one batch (prefill), the rest
@@ -99,22 +83,6 @@ fn compare(reference: &[f32], got: &[f32], n_vocab: usize) -> Stats {
         agree += usize::from(argmax(r) == argmax(g));
     }
     Stats { max_abs, mean_kl: kl / n as f64, top1: agree as f64 / n as f64 }
-}
-
-/// The same GGUF dequantized to F32 (every tensor exactly), for exact-arithmetic references.
-fn dequantized(q: &Path) -> PathBuf {
-    let f = q.with_extension("f32.gguf");
-    let opts = Options {
-        input: q.to_path_buf(),
-        preset: Preset::F32,
-        overrides: vec![],
-        imatrix: None,
-        keep_dex: true,
-        threads: 2,
-        name: None,
-    };
-    Conversion::prepare(&opts).unwrap().write(&f, 2, &Quiet).unwrap();
-    f
 }
 
 /// GPU vs CPU on every fixture (64 positions: 40 in one batch, then 24 decoded one by one).

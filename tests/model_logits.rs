@@ -2,35 +2,19 @@
 //! Q4_K_M) and its logits for the fixed 64-token prompt compared with transformers' float32
 //! reference at every position.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::sync::Arc;
 
-use duet_convert::{Conversion, Options, Preset, Quiet};
+use duet_convert::Preset;
 use duet_quant::gguf::GgufFile;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::logits_file::{LogitsFile, argmax, kl_divergence};
 use duet_runtime::model::{Logits, Model};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
-}
-
-/// Converts a fixture to a temporary file of its own (tests run in parallel and remove
-/// their files, so every call gets a fresh name).
-fn convert(name: &str, preset: Preset, keep_dex: bool) -> PathBuf {
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let out = std::env::temp_dir().join(format!(
-        "duet-logits-{}-{call}-{name}-{}-{keep_dex}.gguf",
-        std::process::id(),
-        preset.name()
-    ));
-    let opts =
-        Options { input: fixture(name), preset, overrides: vec![], imatrix: None, keep_dex, threads: 2, name: None };
-    Conversion::prepare(&opts).unwrap().write(&out, 2, &Quiet).unwrap();
-    out
-}
+use common::{convert, dequantized, fixture};
 
 /// Logits of every position for `tokens`, fed `batch` tokens at a time.
 fn run(path: &Path, tokens: &[u32], batch: usize) -> Vec<f32> {
@@ -176,17 +160,7 @@ fn quantized_inference_matches_dequantized_f32() {
         let reference = LogitsFile::read(&fixture(m).join("reference.logits")).unwrap();
         for preset in [Preset::Q8_0, Preset::Q4KM, Preset::Q4_0] {
             let q = convert(m, preset, false);
-            let f = q.with_extension("f32.gguf");
-            let opts = Options {
-                input: q.clone(),
-                preset: Preset::F32,
-                overrides: vec![],
-                imatrix: None,
-                keep_dex: false,
-                threads: 2,
-                name: None,
-            };
-            Conversion::prepare(&opts).unwrap().write(&f, 2, &Quiet).unwrap();
+            let f = dequantized(&q);
             let exact = run(&f, &reference.tokens, 64);
             let got = run(&q, &reference.tokens, 64);
             let base = LogitsFile { tokens: reference.tokens.clone(), n_vocab: reference.n_vocab, logits: exact };
