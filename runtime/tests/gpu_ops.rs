@@ -353,6 +353,19 @@ fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheTy
     }
 }
 
+/// Standard attention of `h` query and `hkv` KV heads of `hd`, scale hd^−½.
+fn standard_spec(h: usize, hkv: usize, hd: usize) -> AttentionSpec {
+    AttentionSpec {
+        kind: AttentionKind::Standard,
+        n_heads: h,
+        n_kv_heads: hkv,
+        head_dim: hd,
+        scale: (hd as f32).powf(-0.5),
+        rms_eps: 1e-5,
+        logit_quant: None,
+    }
+}
+
 #[test]
 fn attention_standard_and_differential() {
     let test = "attention_standard_and_differential";
@@ -362,15 +375,7 @@ fn attention_standard_and_differential() {
     // Prefill chunks (odd sizes, crossing the 32-key tiles), then single-token decode steps.
     let steps = [37, 1, 1, 29, 1];
     for (h, hkv, hd) in [(6, 2, 64), (4, 4, 32), (8, 2, 128)] {
-        let std = AttentionSpec {
-            kind: AttentionKind::Standard,
-            n_heads: h,
-            n_kv_heads: hkv,
-            head_dim: hd,
-            scale: (hd as f32).powf(-0.5),
-            rms_eps: 1e-5,
-            logit_quant: None,
-        };
+        let std = standard_spec(h, hkv, hd);
         let sub = Some(rng.normals(2 * hd).iter().map(|v| 1.0 + 0.1 * v).collect());
         for kind in [
             AttentionKind::Standard,
@@ -407,15 +412,7 @@ fn attention_quantized_caches() {
         (CacheType::F16, CacheType::Q4),
     ];
     for (h, hkv, hd) in [(6, 2, 64), (8, 2, 128), (6, 6, 16), (4, 2, 48)] {
-        let std = AttentionSpec {
-            kind: AttentionKind::Standard,
-            n_heads: h,
-            n_kv_heads: hkv,
-            head_dim: hd,
-            scale: (hd as f32).powf(-0.5),
-            rms_eps: 1e-5,
-            logit_quant: None,
-        };
+        let std = standard_spec(h, hkv, hd);
         let sub = Some(rng.normals(2 * hd).iter().map(|v| 1.0 + 0.1 * v).collect());
         let diff = AttentionSpec {
             kind: AttentionKind::Differential { lambda: 0.6, lambda_init: 0.3, sub_norm: sub },
