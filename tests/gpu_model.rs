@@ -18,7 +18,7 @@ use duet_runtime::cpu::CpuBackend;
 use duet_runtime::gpu::{GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::logits_file::{LogitsFile, argmax, kl_divergence, log_softmax};
-use duet_runtime::model::{Logits, Model};
+use duet_runtime::model::{LogitGranularity, Logits, Model};
 
 use common::{convert, dequantized, fixture};
 use duet_test_support::{asset, skip};
@@ -42,10 +42,11 @@ fn gpu(test: &str, f16: bool) -> Option<GpuBackend> {
 /// one at a time (decode over the cache). An f32 cache, as the transformers comparison of
 /// tests/model_logits.rs (the f16 cache is covered by the op tests and the SmolLM2 run).
 fn logits<B: Backend>(b: &mut B, path: &Path, tokens: &[u32], split: usize) -> Vec<f32> {
-    logits_with(b, path, tokens, split, CacheType::F32, CacheType::F32)
+    logits_with(b, path, tokens, split, CacheType::F32, CacheType::F32, None)
 }
 
-/// [`logits`] over a K cache of type `kt` and a V cache of type `vt`.
+/// [`logits`] over a K cache of type `kt` and a V cache of type `vt`, the attention logits
+/// quantized as `attn_logits` says.
 fn logits_with<B: Backend>(
     b: &mut B,
     path: &Path,
@@ -53,8 +54,10 @@ fn logits_with<B: Backend>(
     split: usize,
     kt: CacheType,
     vt: CacheType,
+    attn_logits: Option<(u32, LogitGranularity)>,
 ) -> Vec<f32> {
-    let model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
+    let mut model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
+    model.set_logit_quant(attn_logits).unwrap();
     let mut s = model.new_session(b, 128, 64, kt, vt).unwrap();
     let mut out = model.forward(b, &mut s, &tokens[..split], Logits::All).unwrap();
     for &t in &tokens[split..] {
@@ -175,8 +178,8 @@ fn quantized_cache_gpu_matches_cpu() {
             (CacheType::Q8, CacheType::F16),
             (CacheType::F16, CacheType::Q4),
         ] {
-            let cpu = logits_with(&mut CpuBackend::new(2), &path, tokens, 40, kt, vt);
-            let got = logits_with(&mut g, &path, tokens, 40, kt, vt);
+            let cpu = logits_with(&mut CpuBackend::new(2), &path, tokens, 40, kt, vt, None);
+            let got = logits_with(&mut g, &path, tokens, 40, kt, vt, None);
             let c = compare(&cpu, &got, v);
             eprintln!(
                 "{name:<14} K {kt} V {vt}: vs CPU backend max|Δ| {:.2e} KL {:.2e} top-1 {:.3}",
@@ -184,6 +187,48 @@ fn quantized_cache_gpu_matches_cpu() {
             );
             if c.mean_kl > 1e-5 || c.top1 < 0.95 {
                 failures.push(format!("{name} K {kt} V {vt}"));
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    assert!(failures.is_empty(), "outside the bounds: {failures:?}");
+}
+
+/// Quantized attention logits through whole models (DIFF and Llama, prefill then decode):
+/// per tensor, head and row at 8, 6 and 4 bits, GPU against the CPU backend, over an f32
+/// cache (static scales are covered op by op in runtime/tests/gpu_ops.rs: these fixtures
+/// carry no calibration). Bounds as for the quantized caches (a logit on a rounding
+/// boundary may fall either way), and the quantization must have changed the logits.
+#[test]
+fn quantized_logits_gpu_matches_cpu() {
+    let test = "quantized_logits_gpu_matches_cpu";
+    let Some(mut g) = gpu(test, false) else { return };
+    let mut failures = Vec::new();
+    for name in ["diffllama-gqa", "llama-gqa"] {
+        let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
+        let (tokens, v) = (&reference.tokens, reference.n_vocab);
+        let path = convert(name, Preset::F32, false);
+        let plain = logits(&mut CpuBackend::new(2), &path, tokens, 40);
+        for bits in [8, 6, 4] {
+            for gran in [LogitGranularity::Tensor, LogitGranularity::Head, LogitGranularity::Row] {
+                let setting = Some((bits, gran));
+                let (f32c, cpu) = (CacheType::F32, &mut CpuBackend::new(2));
+                let cpu = logits_with(cpu, &path, tokens, 40, f32c, f32c, setting);
+                let got = logits_with(&mut g, &path, tokens, 40, f32c, f32c, setting);
+                let c = compare(&cpu, &got, v);
+                let effect = compare(&plain, &cpu, v);
+                eprintln!(
+                    "{name:<14} logits {bits}-bit per {}: vs CPU max|Δ| {:.2e} KL {:.2e} top-1 {:.3}; \
+                     vs unquantized max|Δ| {:.2e}",
+                    gran.name(),
+                    c.max_abs,
+                    c.mean_kl,
+                    c.top1,
+                    effect.max_abs
+                );
+                if c.mean_kl > 1e-5 || c.top1 < 0.95 || effect.max_abs < 1e-4 {
+                    failures.push(format!("{name} {bits}-bit {}", gran.name()));
+                }
             }
         }
         let _ = std::fs::remove_file(&path);

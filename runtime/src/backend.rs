@@ -164,10 +164,6 @@ pub trait Backend {
     fn max_tensor_bytes(&self) -> Option<u64> {
         None
     }
-    /// Whether [`AttentionSpec::logit_quant`] is honoured.
-    fn supports_logit_quant(&self) -> bool {
-        false
-    }
 
     fn load_weight(&mut self, w: &WeightView<'_>) -> Result<Self::Weight, RuntimeError>;
     fn new_tensor(&mut self, rows: usize, cols: usize) -> Self::Tensor;

@@ -299,7 +299,16 @@ fn row_and_element_ops() {
     check("dex", &g, &c);
 }
 
-fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheType, vt: CacheType, steps: &[usize]) {
+/// Runs `steps` (query rows per call) of attention on both backends over caches of types
+/// kt/vt, checks the GPU against the CPU and returns the CPU's outputs, concatenated.
+fn attention_case(
+    p: &mut Pair,
+    rng: &mut Rng,
+    spec: &AttentionSpec,
+    kt: CacheType,
+    vt: CacheType,
+    steps: &[usize],
+) -> Vec<f32> {
     let (h, hkv, hd) = (spec.n_heads, spec.n_kv_heads, spec.head_dim);
     let n_ctx = steps.iter().sum::<usize>() + 3;
     let kv = KvCacheSpec { n_layers: 2, n_ctx, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
@@ -309,7 +318,11 @@ fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheTy
     // f32 and the absmax types (both backends quantize the same f32 rows into the same
     // bytes, checked below, so the dequantized K/V are bit-identical): only the order of
     // the f32 sums differs. f16 caches keep their looser bound.
-    let bound = if kt == CacheType::F16 || vt == CacheType::F16 { 1e-6 } else { 1e-7 };
+    // Quantized logits: a logit within rounding distance of a step boundary may land on
+    // either side on the two backends (about one in 10^5 at 8 bits), moving that one logit
+    // by a step; 1e-6 leaves room for a few such flips and none for a wrong scale (≥ 1e-4).
+    let bound = if spec.logit_quant.is_some() || kt == CacheType::F16 || vt == CacheType::F16 { 1e-6 } else { 1e-7 };
+    let mut cpu_out = Vec::new();
     for &n in steps {
         let qv: Vec<f32> = rng.normals(n * h * hd).iter().map(|v| v * 2.0).collect();
         let kvv = rng.normals(n * hkv * hd);
@@ -322,11 +335,16 @@ fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheTy
         p.gpu.attention(&qg, &kg, &vg, &mut cg, 1, pos0, spec, &mut og);
         let (g, c) = p.read(&oc, &og);
         let e = nmse(&g, &c);
+        cpu_out.extend_from_slice(&c);
         let kind = match &spec.kind {
             AttentionKind::Standard => "standard".to_string(),
             AttentionKind::Differential { sub_norm, .. } => format!("differential(sub-norm {})", sub_norm.is_some()),
         };
-        eprintln!("attention {kind} H={h} Hkv={hkv} hd={hd} K {kt} V {vt} rows {n} at {pos0}: nmse {e:.2e}");
+        let lq = match &spec.logit_quant {
+            Some(l) => format!(" logits {}-bit {:?}", l.bits, l.scale),
+            None => String::new(),
+        };
+        eprintln!("attention {kind} H={h} Hkv={hkv} hd={hd} K {kt} V {vt}{lq} rows {n} at {pos0}: nmse {e:.2e}");
         assert!(e <= bound, "attention {kind} rows {n} at {pos0}: nmse {e:.3e} > {bound:.0e}");
         // The absmax rows the GPU wrote: the CPU's quantize_row bytes, then zero padding.
         for (ty, vals, is_v) in [(kt, &kvv, false), (vt, &vv, true)] {
@@ -351,6 +369,7 @@ fn attention_case(p: &mut Pair, rng: &mut Rng, spec: &AttentionSpec, kt: CacheTy
         }
         pos0 += n;
     }
+    cpu_out
 }
 
 /// Standard attention of `h` query and `hkv` KV heads of `hd`, scale hd^−½.
@@ -421,6 +440,45 @@ fn attention_quantized_caches() {
         for (kt, vt) in pairs {
             attention_case(&mut p, &mut rng, &std, kt, vt, &steps);
             attention_case(&mut p, &mut rng, &diff, kt, vt, &steps);
+        }
+    }
+}
+
+/// Attention-logit quantization at 8, 6 and 4 bits with every scale source (per tensor, per
+/// head, per row, static), standard and differential, over f32, q8 and mixed q4/q6 caches,
+/// prefill and decode: the GPU matches the CPU backend, and the quantization visibly changes
+/// the output (so agreement is not that of two unquantized runs).
+#[test]
+fn attention_quantized_logits() {
+    use duet_runtime::backend::{LogitQuant, LogitScale};
+    let test = "attention_quantized_logits";
+    let Some(gpu) = gpu(test, false, None) else { return };
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
+    let mut rng = Rng::new(17);
+    let steps = [37, 1, 29, 1];
+    let (h, hkv, hd) = (6, 2, 64);
+    let std = standard_spec(h, hkv, hd);
+    let diff = AttentionSpec {
+        kind: AttentionKind::Differential { lambda: 0.6, lambda_init: 0.3, sub_norm: None },
+        ..std.clone()
+    };
+    // Static absmax below the largest logits (about 6), so clamping is exercised too.
+    let statics: Vec<f32> = (0..h).map(|i| 1.5 + 0.5 * i as f32).collect();
+    let scales = [LogitScale::Tensor, LogitScale::Head, LogitScale::Row, LogitScale::Static(statics)];
+    for (kt, vt) in [(CacheType::F32, CacheType::F32), (CacheType::Q8, CacheType::Q8), (CacheType::Q4, CacheType::Q6)] {
+        for base in [&std, &diff] {
+            for bits in [8, 6, 4] {
+                for scale in &scales {
+                    let spec =
+                        AttentionSpec { logit_quant: Some(LogitQuant { bits, scale: scale.clone() }), ..base.clone() };
+                    let data = rng.clone();
+                    let quantized = attention_case(&mut p, &mut rng, &spec, kt, vt, &steps);
+                    let plain = attention_case(&mut p, &mut data.clone(), base, kt, vt, &steps);
+                    let effect = nmse(&quantized, &plain);
+                    eprintln!("  {bits}-bit {scale:?}: quantized vs full-precision logits nmse {effect:.2e}");
+                    assert!(effect > 1e-5, "{bits}-bit {scale:?} logits changed nothing ({effect:.2e})");
+                }
+            }
         }
     }
 }

@@ -161,6 +161,11 @@ pub enum Op {
         k: CacheElem,
         v: CacheElem,
     },
+    /// Per (query row, head) absmax of the attention logits over a K cache of this type
+    /// (the dynamic attention-logit quantizations).
+    LogitAbsmax(CacheElem),
+    /// That table reduced to one absmax per head, or one for the whole tensor.
+    LogitReduce,
     Dex,
 }
 
@@ -176,9 +181,9 @@ impl Op {
         for t in WeightType::ALL {
             v.extend([Op::MatVec(t), Op::MatMul(t), Op::Embed(t)]);
         }
-        v.extend([Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow, Op::Dex]);
+        v.extend([Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow, Op::Dex, Op::LogitReduce]);
         for c in CacheElem::ALL {
-            v.push(Op::KvWrite(c));
+            v.extend([Op::KvWrite(c), Op::LogitAbsmax(c)]);
         }
         for diff in [false, true] {
             for shape in [AttnShape::Decode, AttnShape::Prefill] {
@@ -234,6 +239,8 @@ impl Variant {
             Op::CopyRow => "copy_row".into(),
             Op::Dex => "dex".into(),
             Op::KvWrite(e) => format!("kv_write-{}", c(e)),
+            Op::LogitAbsmax(e) => format!("logit_absmax-k{}", c(e)),
+            Op::LogitReduce => "logit_reduce".into(),
             Op::Attention { diff, shape, k, v } => format!(
                 "attention-{}-{}-k{}-v{}",
                 if diff { "diff" } else { "std" },
@@ -261,6 +268,8 @@ pub const fn attn_tile(shape: AttnShape) -> (u32, u32) {
         AttnShape::Prefill => (8, 32),
     }
 }
+/// Threads per workgroup of the logit-absmax kernels.
+pub const LA_WG: u32 = 64;
 /// Largest head_dim of the DEX kernel.
 pub const DEX_MAX_HEAD_DIM: u32 = 256;
 /// Threads per workgroup of the element-wise kernels (rope, swiglu, add, copy_row, kv_write).
@@ -302,7 +311,7 @@ pub fn source(v: &Variant) -> String {
     }
     let _ = writeln!(s, "const MV_WG: u32 = {MV_WG}u;\nconst MV_ROWS: u32 = {MV_ROWS}u;");
     let _ = writeln!(s, "const MM_TM: u32 = {MM_TM}u;\nconst MM_TN: u32 = {MM_TN}u;");
-    let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;");
+    let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;\nconst LA_WG: u32 = {LA_WG}u;");
     s.push_str(PRELUDE);
     let weights = |s: &mut String, t: WeightType| {
         s.push_str(WEIGHTS_COMMON);
@@ -344,6 +353,11 @@ pub fn source(v: &Variant) -> String {
                 s.push_str(include_str!("wgsl/kv_write_absmax.wgsl"));
             }
         },
+        Op::LogitAbsmax(k) => {
+            s.push_str(&cache_reader('k', k));
+            s.push_str(include_str!("wgsl/logit_absmax.wgsl"));
+        }
+        Op::LogitReduce => s.push_str(include_str!("wgsl/logit_reduce.wgsl")),
         Op::Attention { diff, shape, k, v: ve } => {
             let ns = if diff { 2 } else { 1 };
             let (br, bc) = attn_tile(shape);

@@ -36,9 +36,10 @@ fn every_variant_validates() {
         all.len(),
         failures.join("\n")
     );
-    // 11 weight types × 3 weight ops, 6 plain ops, 5 cache writes, 4 × 25 attention variants,
-    // plus the f16 forms of the 22 matrix products.
-    assert_eq!(all.len(), 33 + 6 + 5 + 100 + 22);
+    // 11 weight types × 3 weight ops, 7 plain ops (logit_reduce included), 5 cache writes,
+    // 5 logit-absmax readers, 4 × 25 attention variants, plus the f16 forms of the 22
+    // matrix products.
+    assert_eq!(all.len(), 33 + 7 + 5 + 5 + 100 + 22);
 }
 
 #[test]

@@ -250,7 +250,7 @@ pub fn bench_model(
             _ => (CacheType::F16, CacheType::F16),
         };
         let lq = if target == Some(Target::Logits) { g.map(|g| (bits, g)) } else { None };
-        e.model.set_logit_quant(&e.backend, lq)?;
+        e.model.set_logit_quant(lq)?;
         let capture = Arc::new(Mutex::new(Capture {
             calibrator: calibrate.then(|| Calibrator::new(&e.model.config)),
             ..Capture::default()
@@ -259,7 +259,7 @@ pub fn bench_model(
         let mut s = e.model.new_session(&mut e.backend, tokens.len(), tokens.len(), kt, vt)?;
         let logits = e.model.forward(&mut e.backend, &mut s, tokens, Logits::All);
         e.backend.set_observer(None);
-        e.model.set_logit_quant(&e.backend, None)?;
+        e.model.set_logit_quant(None)?;
         let capture = std::mem::take(&mut *capture.lock().unwrap_or_else(|p| p.into_inner()));
         Ok(Pass { logits: logits?, capture })
     };

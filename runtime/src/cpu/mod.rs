@@ -113,10 +113,6 @@ impl Backend for CpuBackend {
     type Weight = CpuWeight;
     type KvCache = CpuKvCache;
 
-    fn supports_logit_quant(&self) -> bool {
-        true
-    }
-
     fn describe(&self) -> String {
         let acts = match self.acts.precision {
             ActPrecision::Q8 => "Q8 activations",

@@ -100,8 +100,9 @@ pub fn describe(info: &wgpu::AdapterInfo) -> String {
 /// The limits the kernels need (everything else stays at the downlevel defaults).
 fn required_limits(adapter: &wgpu::Limits) -> wgpu::Limits {
     wgpu::Limits {
-        // Attention binds Q, K, V, the output and the sub-norm weight.
-        max_storage_buffers_per_shader_stage: 5,
+        // Attention binds Q, K, V, the output, the sub-norm weight and the logit absmax
+        // table (WebGPU guarantees 8).
+        max_storage_buffers_per_shader_stage: 6,
         max_dynamic_uniform_buffers_per_pipeline_layout: 1,
         max_uniform_buffer_binding_size: 256,
         max_compute_workgroup_storage_size: 8192,
@@ -277,6 +278,6 @@ mod tests {
         );
         // WebGL2-class adapters have no storage buffers in compute: say which limit.
         let l = lacking_limits(&wgpu::Limits::downlevel_webgl2_defaults());
-        assert!(l.iter().any(|m| m.starts_with("max_storage_buffers_per_shader_stage 5 (it has 0)")), "{l:?}");
+        assert!(l.iter().any(|m| m.starts_with("max_storage_buffers_per_shader_stage 6 (it has 0)")), "{l:?}");
     }
 }

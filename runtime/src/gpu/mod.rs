@@ -47,8 +47,11 @@ pub struct GpuBackend {
     ids_pending: bool,
     /// (cos, sin) per (position, pair) for one RoPE spec.
     rope: Option<RopeTable>,
-    /// DIFF sub-norm weights by content hash.
-    sub_norms: HashMap<u64, Arc<Buf>>,
+    /// Small constant vectors (DIFF sub-norm weights, static logit scales) by content hash.
+    constants: HashMap<u64, Arc<Buf>>,
+    /// Scratch of the dynamic logit quantizations: its capacity in (row, head) slots, the
+    /// per-(row, head) absmax table, the per-head one.
+    logit_scratch: Option<(usize, Arc<Buf>, Arc<Buf>)>,
     /// Bound where a kernel's optional input is absent.
     dummy: Arc<Buf>,
     /// Bytes of the largest activation tensor made so far.
@@ -87,7 +90,8 @@ impl GpuBackend {
             ids,
             ids_pending: false,
             rope: None,
-            sub_norms: HashMap::new(),
+            constants: HashMap::new(),
+            logit_scratch: None,
             dummy,
             largest_tensor: 0,
         };

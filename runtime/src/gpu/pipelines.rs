@@ -11,19 +11,21 @@ use duet_shaders::{Op, Variant};
 /// with a dynamic offset), then storage buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LayoutKind {
-    /// read, read, read_write (matvec, matmul, embed, rms_norm).
+    /// read, read, read_write (matvec, matmul, embed, rms_norm, logit_absmax).
     In2Out1,
-    /// read, read_write (rope, swiglu, add, copy_row, kv_write, dex).
+    /// read, read_write (rope, swiglu, add, copy_row, kv_write, dex, logit_reduce).
     In1Out1,
-    /// read Q, K, V, read_write O, read sub-norm (attention).
+    /// read Q, K, V, read_write O, read sub-norm, read logit absmax (attention).
     Attention,
 }
 
 impl LayoutKind {
     pub fn of(op: Op) -> LayoutKind {
         match op {
-            Op::MatVec(_) | Op::MatMul(_) | Op::Embed(_) | Op::RmsNorm => LayoutKind::In2Out1,
-            Op::Rope | Op::SwiGlu | Op::Add | Op::CopyRow | Op::KvWrite(_) | Op::Dex => LayoutKind::In1Out1,
+            Op::MatVec(_) | Op::MatMul(_) | Op::Embed(_) | Op::RmsNorm | Op::LogitAbsmax(_) => LayoutKind::In2Out1,
+            Op::Rope | Op::SwiGlu | Op::Add | Op::CopyRow | Op::KvWrite(_) | Op::Dex | Op::LogitReduce => {
+                LayoutKind::In1Out1
+            }
             Op::Attention { .. } => LayoutKind::Attention,
         }
     }
@@ -33,7 +35,7 @@ impl LayoutKind {
         match self {
             LayoutKind::In2Out1 => &[true, true, false],
             LayoutKind::In1Out1 => &[true, false],
-            LayoutKind::Attention => &[true, true, true, false, true],
+            LayoutKind::Attention => &[true, true, true, false, true, true],
         }
     }
 

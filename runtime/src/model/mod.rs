@@ -115,19 +115,13 @@ impl<B: Backend> Model<B> {
     /// Quantizes the attention logits of every layer (`None`: full precision). `bits` 2 to
     /// 16; `granularity` one of tensor, head, row, or static (scales from the file's
     /// calibration, `duet.calibration.logits.absmax`).
-    pub fn set_logit_quant(&mut self, b: &B, setting: Option<(u32, LogitGranularity)>) -> Result<(), RuntimeError> {
+    pub fn set_logit_quant(&mut self, setting: Option<(u32, LogitGranularity)>) -> Result<(), RuntimeError> {
         let Some((bits, granularity)) = setting else {
             for l in &mut self.layers {
                 l.attention.logit_quant = None;
             }
             return Ok(());
         };
-        if !b.supports_logit_quant() {
-            return Err(RuntimeError::Unsupported(format!(
-                "{} does not quantize attention logits yet (--device cpu does)",
-                b.describe()
-            )));
-        }
         if !(2..=16).contains(&bits) {
             return Err(RuntimeError::Usage(format!("attention-logit bits must be 2 to 16, got {bits}")));
         }

@@ -7,6 +7,12 @@
 // the accumulators and adds P·V. Both DIFF softmaxes run in the same pass over K/V and
 // weight the same 2·head_dim-wide V (KV heads c and c + Hkv/2). The DIFF output is
 // RMSNorm(o1 − λ·o2) · (optional sub-norm weight) · (1 − λ_init). All arithmetic is f32.
+//
+// With lq_qmax > 0 each logit is absmax-quantized before its softmax (the DIFF paper's
+// §3.7): s' = step · clamp(round(s / step), −m, m), m = lq_qmax, step = absmax / m, round
+// halves away from zero (as the CPU backend's LogitQuant::apply). The absmax of query row r,
+// query head h is LA[r · lq_stride + h]: per row (stride n_heads, from logit_absmax) or per
+// head (stride 0: static scales, or logit_reduce's per-head / whole-tensor maxima).
 
 struct Params {
     rows: u32,       // query rows (positions pos0 ..)
@@ -23,6 +29,8 @@ struct Params {
     eps: f32,
     has_sub_norm: u32,
     units: u32,      // n_heads (standard) or n_heads / 2 (differential)
+    lq_qmax: f32,    // 2^(bits−1) − 1 of the logit quantization, 0: off
+    lq_stride: u32,  // LA's row stride (n_heads or 0)
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -30,6 +38,7 @@ struct Params {
 // binding 2: KC (k_at), binding 3: VC (v_at), from the cache readers
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
 @group(0) @binding(5) var<storage, read> SN: array<f32>;
+@group(0) @binding(6) var<storage, read> LA: array<f32>;
 
 const NSC: u32 = ATT_NS * ATT_BR * ATT_BC;
 
@@ -39,6 +48,23 @@ var<workgroup> l_s: array<f32, ATT_NS * ATT_BR>;
 var<workgroup> a_s: array<f32, ATT_NS * ATT_BR>;
 var<workgroup> ss: array<f32, ATT_BR * ATT_WG>;
 var<workgroup> inv_s: array<f32, ATT_BR>;
+
+// Logit s absmax-quantized against `absmax` (see the header).
+fn quantize_logit(s: f32, absmax: f32) -> f32 {
+    let step = absmax / P.lq_qmax;
+    if (step == 0.0) {
+        return 0.0;
+    }
+    if (!(step < 3.0e38)) {
+        return s;  // an infinite or NaN absmax leaves the logits as they are
+    }
+    let x = s / step;
+    var n = trunc(x);
+    if (abs(x - n) >= 0.5) {
+        n += sign(x);
+    }
+    return step * clamp(n, -P.lq_qmax, P.lq_qmax);
+}
 
 // Where dimension d of the unit's V lives inside a cache row.
 fn v_offset(u: u32, d: u32, gqa: u32) -> u32 {
@@ -91,6 +117,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     d += Q[qb + i] * k_at(key, kc + i);
                 }
                 v = d * P.scale;
+                if (P.lq_qmax > 0.0) {
+                    v = quantize_logit(v, LA[(r0 + r) * P.lq_stride + qh]);
+                }
             }
             sc[e] = v;
         }

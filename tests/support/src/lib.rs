@@ -78,6 +78,7 @@ pub fn run_python(python: &Path, script: &Path, args: &[&std::ffi::OsStr]) -> St
 
 /// Deterministic pseudo-random numbers for tests (xorshift64*), so fixtures and tests never
 /// depend on an external RNG crate's stream.
+#[derive(Clone)]
 pub struct Rng(u64);
 
 impl Rng {
