@@ -108,3 +108,30 @@ fn chat_without_model_uses_the_bundled_one() {
         .unwrap();
     assert_clean_failure(&o, &["DUET_DEFAULT_MODEL", "/nonexistent/default.gguf"]);
 }
+
+/// `--attn-logits`: bad values and static scales without calibration are clean errors; a
+/// valid setting runs and changes the perplexity (4-bit logits are a real perturbation).
+#[test]
+fn attn_logits_flag() {
+    let m = fixture_gguf();
+    let m = m.to_str().unwrap();
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prompt.txt");
+    let ppl = |extra: &[&str]| -> f64 {
+        let mut args = vec!["perplexity", "-m", m, "-f", text.to_str().unwrap(), "--device", "cpu"];
+        args.extend(extra);
+        let o = duet(&args);
+        let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "{err}");
+        let line = out.lines().find(|l| l.starts_with("PPL = ")).unwrap_or_else(|| panic!("no PPL line: {out}"));
+        line["PPL = ".len()..].split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (plain, quantized) = (ppl(&[]), ppl(&["--attn-logits", "4:head"]));
+    assert!((plain - quantized).abs() > 1e-3 * plain, "4-bit logits left the perplexity at {plain}");
+    let bad = |value: &str, needles: &[&str]| {
+        assert_clean_failure(&duet(&["run", "-m", m, "-p", "hi", "--attn-logits", value]), needles);
+    };
+    bad("1", &["bits must be 2 to 16"]);
+    bad("4:diag", &["unknown granularity 'diag'"]);
+    bad("x", &["'x' is not a bit count"]);
+    bad("8:static", &[m, "no attention-logit calibration", "--calibrate"]);
+}

@@ -10,6 +10,7 @@ use duet_runtime::cpu::{ActPrecision, CpuBackend};
 use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::gpu::{AdapterChoice, GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheType;
+use duet_runtime::model::{LogitGranularity, Model};
 use duet_runtime::sampler::SamplerConfig;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -39,6 +40,12 @@ pub struct ModelArgs {
     /// llama.cpp's arithmetic
     #[arg(long = "cpu-acts", value_enum, default_value_t = CpuActs::Q8x2)]
     pub cpu_acts: CpuActs,
+    /// Quantize the attention logits (each DIFF softmax branch's) before the softmax, as the
+    /// DIFF paper's §3.7: BITS (2 to 16) with an absmax from GRANULARITY — row (each query
+    /// row, the default), head (per head over the rows of a batch), tensor (over a batch's
+    /// whole logit tensor) or static (per head, from `duet convert --calibrate` statistics)
+    #[arg(long = "attn-logits", value_name = "BITS[:GRANULARITY]", value_parser = parse_attn_logits)]
+    pub attn_logits: Option<(u32, LogitGranularity)>,
     /// Where to run: auto (a hardware GPU if there is one, else the CPU), gpu (any Vulkan,
     /// Metal or DX12 adapter, software ones such as lavapipe included) or cpu
     #[arg(long, value_enum, default_value_t = Device::Auto)]
@@ -77,6 +84,17 @@ macro_rules! with_engine {
     };
 }
 pub(crate) use with_engine;
+
+fn parse_attn_logits(s: &str) -> Result<(u32, LogitGranularity), String> {
+    let (bits, gran) = s.split_once(':').unwrap_or((s, "row"));
+    let bits: u32 = bits.parse().map_err(|_| format!("'{bits}' is not a bit count (e.g. --attn-logits 4:row)"))?;
+    if !(2..=16).contains(&bits) {
+        return Err(format!("attention-logit bits must be 2 to 16, got {bits}"));
+    }
+    let gran = LogitGranularity::parse(gran)
+        .ok_or_else(|| format!("unknown granularity '{gran}' (row, head, tensor or static)"))?;
+    Ok((bits, gran))
+}
 
 fn parse_cache_type(s: &str) -> Result<CacheType, String> {
     CacheType::parse(s).ok_or_else(|| format!("unknown cache type '{s}' ({})", CacheType::NAMES))
@@ -162,7 +180,8 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
                     );
                 }
                 match Engine::load(gpu, path, &opts) {
-                    Ok(engine) => {
+                    Ok(mut engine) => {
+                        set_attn_logits(&mut engine.model, args, path, quiet)?;
                         let engine = AnyEngine::Gpu(engine);
                         report(&engine, path, t0, quiet);
                         return Ok(engine);
@@ -188,10 +207,24 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
         CpuActs::Q8x2 => ActPrecision::Q8x2,
         CpuActs::Q8 => ActPrecision::Q8,
     });
-    let engine = Engine::load(backend, path, &opts).with_context(|| format!("loading {}", path.display()))?;
+    let mut engine = Engine::load(backend, path, &opts).with_context(|| format!("loading {}", path.display()))?;
+    set_attn_logits(&mut engine.model, args, path, quiet)?;
     let engine = AnyEngine::Cpu(engine);
     report(&engine, path, t0, quiet);
     Ok(engine)
+}
+
+/// Applies --attn-logits, saying so on stderr unless `quiet`.
+fn set_attn_logits<B: Backend>(model: &mut Model<B>, args: &ModelArgs, path: &Path, quiet: bool) -> Result<()> {
+    model.set_logit_quant(args.attn_logits).with_context(|| format!("--attn-logits on {}", path.display()))?;
+    if let (Some((bits, gran)), false) = (args.attn_logits, quiet) {
+        let source = match gran {
+            LogitGranularity::Static => "static per-head absmax from calibration".to_string(),
+            g => format!("absmax per {}", g.name()),
+        };
+        eprintln!("attention logits quantized to {bits} bits, {source}");
+    }
+    Ok(())
 }
 
 fn report(engine: &AnyEngine, path: &Path, t0: Instant, quiet: bool) {
