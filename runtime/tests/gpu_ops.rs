@@ -300,7 +300,8 @@ fn row_and_element_ops() {
 }
 
 /// Runs `steps` (query rows per call) of attention on both backends over caches of types
-/// kt/vt, checks the GPU against the CPU and returns the CPU's outputs, concatenated.
+/// kt/vt, checks each step's GPU output against the CPU's (nmse within the bound for the
+/// cache types; `None`: the caller checks) and returns both outputs, concatenated.
 fn attention_case(
     p: &mut Pair,
     rng: &mut Rng,
@@ -308,7 +309,8 @@ fn attention_case(
     kt: CacheType,
     vt: CacheType,
     steps: &[usize],
-) -> Vec<f32> {
+    check: bool,
+) -> (Vec<f32>, Vec<f32>) {
     let (h, hkv, hd) = (spec.n_heads, spec.n_kv_heads, spec.head_dim);
     let n_ctx = steps.iter().sum::<usize>() + 3;
     let kv = KvCacheSpec { n_layers: 2, n_ctx, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
@@ -318,11 +320,8 @@ fn attention_case(
     // f32 and the absmax types (both backends quantize the same f32 rows into the same
     // bytes, checked below, so the dequantized K/V are bit-identical): only the order of
     // the f32 sums differs. f16 caches keep their looser bound.
-    // Quantized logits: a logit within rounding distance of a step boundary may land on
-    // either side on the two backends (about one in 10^5 at 8 bits), moving that one logit
-    // by a step; 1e-6 leaves room for a few such flips and none for a wrong scale (≥ 1e-4).
-    let bound = if spec.logit_quant.is_some() || kt == CacheType::F16 || vt == CacheType::F16 { 1e-6 } else { 1e-7 };
-    let mut cpu_out = Vec::new();
+    let bound = if kt == CacheType::F16 || vt == CacheType::F16 { 1e-6 } else { 1e-7 };
+    let (mut cpu_out, mut gpu_out) = (Vec::new(), Vec::new());
     for &n in steps {
         let qv: Vec<f32> = rng.normals(n * h * hd).iter().map(|v| v * 2.0).collect();
         let kvv = rng.normals(n * hkv * hd);
@@ -336,6 +335,7 @@ fn attention_case(
         let (g, c) = p.read(&oc, &og);
         let e = nmse(&g, &c);
         cpu_out.extend_from_slice(&c);
+        gpu_out.extend_from_slice(&g);
         let kind = match &spec.kind {
             AttentionKind::Standard => "standard".to_string(),
             AttentionKind::Differential { sub_norm, .. } => format!("differential(sub-norm {})", sub_norm.is_some()),
@@ -345,7 +345,7 @@ fn attention_case(
             None => String::new(),
         };
         eprintln!("attention {kind} H={h} Hkv={hkv} hd={hd} K {kt} V {vt}{lq} rows {n} at {pos0}: nmse {e:.2e}");
-        assert!(e <= bound, "attention {kind} rows {n} at {pos0}: nmse {e:.3e} > {bound:.0e}");
+        assert!(!check || e <= bound, "attention {kind} rows {n} at {pos0}: nmse {e:.3e} > {bound:.0e}");
         // The absmax rows the GPU wrote: the CPU's quantize_row bytes, then zero padding.
         for (ty, vals, is_v) in [(kt, &kvv, false), (vt, &vv, true)] {
             let Some(fmt) = ty.absmax() else { continue };
@@ -369,7 +369,7 @@ fn attention_case(
         }
         pos0 += n;
     }
-    cpu_out
+    (cpu_out, gpu_out)
 }
 
 /// Standard attention of `h` query and `hkv` KV heads of `hd`, scale hd^−½.
@@ -402,14 +402,14 @@ fn attention_standard_and_differential() {
             AttentionKind::Differential { lambda: 0.8, lambda_init: 0.62, sub_norm: sub },
         ] {
             let spec = AttentionSpec { kind, ..std.clone() };
-            attention_case(&mut p, &mut rng, &spec, CacheType::F32, CacheType::F32, &steps);
+            attention_case(&mut p, &mut rng, &spec, CacheType::F32, CacheType::F32, &steps, true);
         }
         let diff = AttentionSpec {
             kind: AttentionKind::Differential { lambda: 0.5, lambda_init: 0.35, sub_norm: None },
             ..std.clone()
         };
-        attention_case(&mut p, &mut rng, &diff, CacheType::F16, CacheType::F16, &steps);
-        attention_case(&mut p, &mut rng, &std, CacheType::F16, CacheType::F32, &steps);
+        attention_case(&mut p, &mut rng, &diff, CacheType::F16, CacheType::F16, &steps, true);
+        attention_case(&mut p, &mut rng, &std, CacheType::F16, CacheType::F32, &steps, true);
     }
 }
 
@@ -438,8 +438,8 @@ fn attention_quantized_caches() {
             ..std.clone()
         };
         for (kt, vt) in pairs {
-            attention_case(&mut p, &mut rng, &std, kt, vt, &steps);
-            attention_case(&mut p, &mut rng, &diff, kt, vt, &steps);
+            attention_case(&mut p, &mut rng, &std, kt, vt, &steps, true);
+            attention_case(&mut p, &mut rng, &diff, kt, vt, &steps, true);
         }
     }
 }
@@ -472,11 +472,23 @@ fn attention_quantized_logits() {
                     let spec =
                         AttentionSpec { logit_quant: Some(LogitQuant { bits, scale: scale.clone() }), ..base.clone() };
                     let data = rng.clone();
-                    let quantized = attention_case(&mut p, &mut rng, &spec, kt, vt, &steps);
-                    let plain = attention_case(&mut p, &mut data.clone(), base, kt, vt, &steps);
-                    let effect = nmse(&quantized, &plain);
-                    eprintln!("  {bits}-bit {scale:?}: quantized vs full-precision logits nmse {effect:.2e}");
+                    let (cpu, gpu) = attention_case(&mut p, &mut rng, &spec, kt, vt, &steps, false);
+                    let (plain, _) = attention_case(&mut p, &mut data.clone(), base, kt, vt, &steps, true);
+                    let (e, effect) = (nmse(&gpu, &cpu), nmse(&cpu, &plain));
+                    // A logit within the backends' difference of a step boundary rounds to
+                    // either side, moving by one step. Over an f32 cache the logits agree to
+                    // ~1e-7 and flips are rare; over a quantized K the CPU rounds the query to
+                    // i16 (~1e-5 per logit), so about 12·2·1e-5/step of the quantization's own
+                    // nmse comes back as disagreement (measured ≤ 5%). A fifth of that effect
+                    // (and ≤ 1e-6 where it is small) still fails a missing or wrong scale,
+                    // which disagrees by about the whole effect.
+                    let bound = (effect / 5.0).max(1e-6);
+                    eprintln!(
+                        "  {bits}-bit {scale:?}: GPU vs CPU nmse {e:.2e} (bound {bound:.1e}); \
+                         vs full-precision logits {effect:.2e}"
+                    );
                     assert!(effect > 1e-5, "{bits}-bit {scale:?} logits changed nothing ({effect:.2e})");
+                    assert!(e <= bound, "{bits}-bit {scale:?} K {kt} V {vt}: GPU vs CPU nmse {e:.2e} > {bound:.1e}");
                 }
             }
         }
