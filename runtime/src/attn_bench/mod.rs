@@ -8,8 +8,8 @@
 //! granularity runs the same tokens in one batch and is compared with it: perplexity, mean
 //! KL divergence and top-1 agreement of the next-token distributions, and per layer the
 //! relative error ‖o − o₁₆‖ / ‖o₁₆‖ of the attention output (DIFF: also of A1·V, A2·V and
-//! A1·V − λ·A2·V). Runs on the CPU backend, the one that observes activations (the per-layer errors come from
-//! its probes; both backends run every setting).
+//! A1·V − λ·A2·V). Runs on the CPU backend: the per-layer errors come from its activation
+//! probes (both backends run every setting).
 
 pub mod output;
 pub mod plot;
