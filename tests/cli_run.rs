@@ -83,18 +83,12 @@ fn empty_prompt_and_prompt_longer_than_context() {
 /// that does not exist is a clean error.
 #[test]
 fn chat_without_model_uses_the_bundled_one() {
-    use std::io::Write;
-    use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args(["chat", "-n", "8", "--seed", "1", "--device", "cpu"])
-        .env_remove("DUET_DEFAULT_MODEL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"Call me Ishmael.\n").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = duet_test_support::output_with_stdin(
+        Command::new(env!("CARGO_BIN_EXE_duet"))
+            .args(["chat", "-n", "8", "--seed", "1", "--device", "cpu"])
+            .env_remove("DUET_DEFAULT_MODEL"),
+        b"Call me Ishmael.\n",
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("no -m given: using duet's") && err.contains("DIFF"), "the model is not named: {err}");
@@ -103,7 +97,7 @@ fn chat_without_model_uses_the_bundled_one() {
     let o = Command::new(env!("CARGO_BIN_EXE_duet"))
         .args(["chat"])
         .env("DUET_DEFAULT_MODEL", "/nonexistent/default.gguf")
-        .stdin(Stdio::null())
+        .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
     assert_clean_failure(&o, &["DUET_DEFAULT_MODEL", "/nonexistent/default.gguf"]);

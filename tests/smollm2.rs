@@ -3,9 +3,8 @@
 //! (tests/smollm2/make_reference.py): teacher-forced top-1 agreement and KL divergence
 //! over 512 tokens of English text, greedy completions, and a chat answer.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
 use duet_quant::gguf::GgufFile;
@@ -118,17 +117,13 @@ fn greedy_completions_agree_for_eight_tokens() {
 #[test]
 fn chat_answers_paris() {
     let Some(path) = smollm2("smollm2 chat answers Paris") else { return };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args(["chat", "-m"])
-        .arg(&path)
-        .args(["--temp", "0", "-n", "48", "-t", "2", "-q"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"What is the capital of France?\n").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = duet_test_support::output_with_stdin(
+        Command::new(env!("CARGO_BIN_EXE_duet"))
+            .args(["chat", "-m"])
+            .arg(&path)
+            .args(["--temp", "0", "-n", "48", "-t", "2", "-q"]),
+        b"What is the capital of France?\n",
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "duet chat failed: {}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("Paris"), "the answer does not mention Paris: {stdout:?}");

@@ -53,6 +53,15 @@ pub fn asset(test: &str, var: &str, what: &str) -> Option<PathBuf> {
 }
 
 /// The repository root (two levels above this crate).
+/// Runs `cmd` with `input` on its stdin (then closed) and captures stdout and stderr, as a
+/// user typing into `duet chat` and ending with Ctrl-D.
+pub fn output_with_stdin(cmd: &mut std::process::Command, input: &[u8]) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
 }
