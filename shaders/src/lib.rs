@@ -278,6 +278,7 @@ pub const EW_WG: u32 = 256;
 const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 const WEIGHTS_COMMON: &str = include_str!("wgsl/weights/common.wgsl");
 const KSCALE: &str = include_str!("wgsl/weights/kscale.wgsl");
+const WORKGROUP_MAX: &str = include_str!("wgsl/workgroup_max.wgsl");
 
 /// The reader of the K (`which` = 'k': binding 2, `k_at`) or V ('v': binding 3, `v_at`)
 /// cache: `{k,v}_at(row, col)` is the value at column `col` of cache row `row`.
@@ -355,9 +356,13 @@ pub fn source(v: &Variant) -> String {
         },
         Op::LogitAbsmax(k) => {
             s.push_str(&cache_reader('k', k));
+            s.push_str(WORKGROUP_MAX);
             s.push_str(include_str!("wgsl/logit_absmax.wgsl"));
         }
-        Op::LogitReduce => s.push_str(include_str!("wgsl/logit_reduce.wgsl")),
+        Op::LogitReduce => {
+            s.push_str(WORKGROUP_MAX);
+            s.push_str(include_str!("wgsl/logit_reduce.wgsl"));
+        }
         Op::Attention { diff, shape, k, v: ve } => {
             let ns = if diff { 2 } else { 1 };
             let (br, bc) = attn_tile(shape);

@@ -21,8 +21,6 @@ struct Params {
 // binding 2: KC (k_at), from the cache reader
 @group(0) @binding(3) var<storage, read_write> LA: array<f32>;   // rows × n_heads
 
-var<workgroup> red: array<f32, LA_WG>;
-
 @compute @workgroup_size(LA_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let item = wg_index(wid, P.grid_x);
@@ -42,15 +40,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         m = max(m, abs(d * P.scale));
     }
-    red[lid] = m;
-    workgroupBarrier();
-    for (var w = LA_WG / 2u; w > 0u; w /= 2u) {
-        if (lid < w) {
-            red[lid] = max(red[lid], red[lid + w]);
-        }
-        workgroupBarrier();
-    }
+    let all = workgroup_max(lid, m);
     if (lid == 0u) {
-        LA[item] = red[0];
+        LA[item] = all;
     }
 }

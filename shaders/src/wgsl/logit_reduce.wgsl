@@ -11,8 +11,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> LA: array<f32>;         // rows × n_heads
 @group(0) @binding(2) var<storage, read_write> LH: array<f32>;   // n_heads
 
-var<workgroup> red: array<f32, LA_WG>;
-
 @compute @workgroup_size(LA_WG)
 fn main(@builtin(local_invocation_index) lid: u32) {
     var t = 0.0;
@@ -24,16 +22,8 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         LH[h] = m;
         t = max(t, m);
     }
-    red[lid] = t;
-    workgroupBarrier();
-    for (var w = LA_WG / 2u; w > 0u; w /= 2u) {
-        if (lid < w) {
-            red[lid] = max(red[lid], red[lid + w]);
-        }
-        workgroupBarrier();
-    }
+    let all = workgroup_max(lid, t);
     if (P.whole_tensor != 0u) {
-        let all = red[0];
         for (var h = lid; h < P.n_heads; h += LA_WG) {
             LH[h] = all;
         }
