@@ -129,6 +129,19 @@ mod x86 {
 
     use crate::cpu::simd::hsum;
 
+    /// The f16 scale at the start of a block.
+    ///
+    /// # Safety
+    /// Two bytes readable at `block`; F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_scale(block: *const u8) -> f32 {
+        unsafe {
+            let bits = (block as *const u16).read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+        }
+    }
+
     /// A block's scale and its 32 values as i8 lanes.
     ///
     /// # Safety
@@ -137,8 +150,7 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block_i8(fmt: AbsmaxFormat, block: *const u8) -> (f32, __m256i) {
         unsafe {
-            let bits = (block as *const u16).read_unaligned();
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+            let d = block_scale(block);
             let data = block.add(2);
             let nibbles = |bytes: __m128i| {
                 let m = _mm_set1_epi8(0x0F);
@@ -175,8 +187,7 @@ mod x86 {
     unsafe fn block(fmt: AbsmaxFormat, block: *const u8, tmp: &mut [i8; BLOCK]) -> (f32, *const i8) {
         unsafe {
             if fmt == AbsmaxFormat::Q8 {
-                let bits = (block as *const u16).read_unaligned();
-                return (_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))), block.add(2) as *const i8);
+                return (block_scale(block), block.add(2) as *const i8);
             }
             let (d, q) = block_i8(fmt, block);
             _mm256_storeu_si256(tmp.as_mut_ptr() as *mut __m256i, q);
