@@ -157,6 +157,17 @@ fn fixtures_gpu_matches_cpu() {
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
 }
 
+/// `f(name, F32 file, reference tokens, n_vocab)` for the DiffLlama and Llama GQA fixtures,
+/// each converted to F32 for the call and removed after it.
+fn on_f32_fixtures(mut f: impl FnMut(&str, &Path, &[u32], usize)) {
+    for name in ["diffllama-gqa", "llama-gqa"] {
+        let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
+        let path = convert(name, Preset::F32, false);
+        f(name, &path, &reference.tokens, reference.n_vocab);
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
 /// q8/q6/q4 K/V caches on the GPU (f32 arithmetic) against the CPU backend with the same
 /// cache types, on the F32 DiffLlama and Llama fixtures. The backends quantize K/V rows the
 /// same way, but their K/V activations differ in the last bits, which can move a value
@@ -167,10 +178,7 @@ fn quantized_cache_gpu_matches_cpu() {
     let test = "quantized_cache_gpu_matches_cpu";
     let Some(mut g) = gpu(test, false) else { return };
     let mut failures = Vec::new();
-    for name in ["diffllama-gqa", "llama-gqa"] {
-        let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
-        let (tokens, v) = (&reference.tokens, reference.n_vocab);
-        let path = convert(name, Preset::F32, false);
+    on_f32_fixtures(|name, path, tokens, v| {
         for (kt, vt) in [
             (CacheType::Q8, CacheType::Q8),
             (CacheType::Q6, CacheType::Q6),
@@ -178,8 +186,8 @@ fn quantized_cache_gpu_matches_cpu() {
             (CacheType::Q8, CacheType::F16),
             (CacheType::F16, CacheType::Q4),
         ] {
-            let cpu = logits_with(&mut CpuBackend::new(2), &path, tokens, 40, kt, vt, None);
-            let got = logits_with(&mut g, &path, tokens, 40, kt, vt, None);
+            let cpu = logits_with(&mut CpuBackend::new(2), path, tokens, 40, kt, vt, None);
+            let got = logits_with(&mut g, path, tokens, 40, kt, vt, None);
             let c = compare(&cpu, &got, v);
             eprintln!(
                 "{name:<14} K {kt} V {vt}: vs CPU backend max|Δ| {:.2e} KL {:.2e} top-1 {:.3}",
@@ -189,8 +197,7 @@ fn quantized_cache_gpu_matches_cpu() {
                 failures.push(format!("{name} K {kt} V {vt}"));
             }
         }
-        let _ = std::fs::remove_file(&path);
-    }
+    });
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
 }
 
@@ -204,17 +211,14 @@ fn quantized_logits_gpu_matches_cpu() {
     let test = "quantized_logits_gpu_matches_cpu";
     let Some(mut g) = gpu(test, false) else { return };
     let mut failures = Vec::new();
-    for name in ["diffllama-gqa", "llama-gqa"] {
-        let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
-        let (tokens, v) = (&reference.tokens, reference.n_vocab);
-        let path = convert(name, Preset::F32, false);
-        let plain = logits(&mut CpuBackend::new(2), &path, tokens, 40);
+    on_f32_fixtures(|name, path, tokens, v| {
+        let plain = logits(&mut CpuBackend::new(2), path, tokens, 40);
         for bits in [8, 6, 4] {
             for gran in [LogitGranularity::Tensor, LogitGranularity::Head, LogitGranularity::Row] {
                 let setting = Some((bits, gran));
                 let (f32c, cpu) = (CacheType::F32, &mut CpuBackend::new(2));
-                let cpu = logits_with(cpu, &path, tokens, 40, f32c, f32c, setting);
-                let got = logits_with(&mut g, &path, tokens, 40, f32c, f32c, setting);
+                let cpu = logits_with(cpu, path, tokens, 40, f32c, f32c, setting);
+                let got = logits_with(&mut g, path, tokens, 40, f32c, f32c, setting);
                 let c = compare(&cpu, &got, v);
                 let effect = compare(&plain, &cpu, v);
                 eprintln!(
@@ -231,8 +235,7 @@ fn quantized_logits_gpu_matches_cpu() {
                 }
             }
         }
-        let _ = std::fs::remove_file(&path);
-    }
+    });
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
 }
 
