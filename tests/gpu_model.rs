@@ -17,10 +17,10 @@ use duet_runtime::backend::Backend;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::gpu::{GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheType;
-use duet_runtime::logits_file::{LogitsFile, argmax, kl_divergence, log_softmax};
+use duet_runtime::logits_file::{LogitsFile, argmax, log_softmax};
 use duet_runtime::model::{LogitGranularity, Logits, Model};
 
-use common::{convert, dequantized, fixture};
+use common::{compare, convert, dequantized, fixture};
 use duet_test_support::{asset, skip};
 
 fn gpu(test: &str, f16: bool) -> Option<GpuBackend> {
@@ -64,28 +64,6 @@ fn logits_with<B: Backend>(
         out.extend(model.forward(b, &mut s, &[t], Logits::All).unwrap());
     }
     out
-}
-
-struct Stats {
-    max_abs: f32,
-    mean_kl: f64,
-    top1: f64,
-}
-
-fn compare(reference: &[f32], got: &[f32], n_vocab: usize) -> Stats {
-    assert_eq!(reference.len(), got.len());
-    let n = reference.len() / n_vocab;
-    let (mut max_abs, mut kl, mut agree) = (0f32, 0f64, 0usize);
-    for t in 0..n {
-        let (r, g) = (&reference[t * n_vocab..(t + 1) * n_vocab], &got[t * n_vocab..(t + 1) * n_vocab]);
-        for (&a, &b) in r.iter().zip(g) {
-            assert!(b.is_finite(), "non-finite GPU logit");
-            max_abs = max_abs.max((a - b).abs());
-        }
-        kl += kl_divergence(r, g);
-        agree += usize::from(argmax(r) == argmax(g));
-    }
-    Stats { max_abs, mean_kl: kl / n as f64, top1: agree as f64 / n as f64 }
 }
 
 /// GPU vs CPU on every fixture (64 positions: 40 in one batch, then 24 decoded one by one).

@@ -4,59 +4,16 @@
 
 mod common;
 
-use std::path::Path;
-use std::sync::Arc;
-
 use duet_convert::Preset;
-use duet_quant::gguf::GgufFile;
-use duet_runtime::cpu::CpuBackend;
-use duet_runtime::kv_cache::CacheType;
-use duet_runtime::logits_file::{LogitsFile, argmax, kl_divergence};
-use duet_runtime::model::{Logits, Model};
+use duet_runtime::logits_file::LogitsFile;
 
-use common::{convert, dequantized, fixture};
-
-/// Logits of every position for `tokens`, fed `batch` tokens at a time.
-fn run(path: &Path, tokens: &[u32], batch: usize) -> Vec<f32> {
-    let file = Arc::new(GgufFile::open(path).unwrap());
-    let mut b = CpuBackend::new(2);
-    let model = Model::load(&mut b, file).unwrap();
-    let mut s = model.new_session(&mut b, 128, batch, CacheType::F32, CacheType::F32).unwrap();
-    let mut out = Vec::new();
-    for chunk in tokens.chunks(batch) {
-        out.extend(model.forward(&mut b, &mut s, chunk, Logits::All).unwrap());
-    }
-    out
-}
-
-struct Stats {
-    max_abs: f32,
-    mean_kl: f64,
-    top1: f64,
-}
-
-fn compare(reference: &LogitsFile, got: &[f32]) -> Stats {
-    let v = reference.n_vocab;
-    let n = reference.tokens.len();
-    let mut max_abs = 0f32;
-    let mut kl = 0f64;
-    let mut agree = 0usize;
-    for t in 0..n {
-        let (r, g) = (reference.row(t), &got[t * v..(t + 1) * v]);
-        for (a, b) in r.iter().zip(g) {
-            max_abs = max_abs.max((a - b).abs());
-        }
-        kl += kl_divergence(r, g);
-        agree += usize::from(argmax(r) == argmax(g));
-    }
-    Stats { max_abs, mean_kl: kl / n as f64, top1: agree as f64 / n as f64 }
-}
+use common::{Stats, compare, convert, cpu_logits, dequantized, fixture};
 
 fn check(name: &str, preset: Preset, keep_dex: bool) -> Stats {
     let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
     let gguf = convert(name, preset, keep_dex);
-    let got = run(&gguf, &reference.tokens, 64);
-    let stats = compare(&reference, &got);
+    let got = cpu_logits(&gguf, &reference.tokens, 64);
+    let stats = compare(&reference.logits, &got, reference.n_vocab);
     eprintln!(
         "{name} {} keep_dex={keep_dex}: max|Δ| {:.2e}, mean KL {:.2e}, top-1 {:.3}",
         preset.name(),
@@ -65,7 +22,7 @@ fn check(name: &str, preset: Preset, keep_dex: bool) -> Stats {
         stats.top1
     );
     // Token-by-token decoding with the cache must give the same logits as one batch.
-    let stepped = run(&gguf, &reference.tokens, 1);
+    let stepped = cpu_logits(&gguf, &reference.tokens, 1);
     let step_diff = got.iter().zip(&stepped).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(step_diff <= 1e-4, "{name}: decoding token by token differs from the batch by {step_diff}");
     std::fs::remove_file(&gguf).unwrap();
@@ -116,7 +73,7 @@ fn perplexity_save_logits_reproduces_transformers() {
         let reference = LogitsFile::read(&reference_path).unwrap();
         let got = LogitsFile::read(&saved).unwrap();
         assert_eq!(got.tokens, reference.tokens, "{m}: the saved logits are for other tokens");
-        let s = compare(&reference, &got.logits);
+        let s = compare(&reference.logits, &got.logits, reference.n_vocab);
         assert!(s.max_abs <= 1e-3, "{m}: duet perplexity --save-logits is {} from transformers", s.max_abs);
         std::fs::remove_file(&gguf).unwrap();
         std::fs::remove_file(&saved).unwrap();
@@ -161,10 +118,9 @@ fn quantized_inference_matches_dequantized_f32() {
         for preset in [Preset::Q8_0, Preset::Q4KM, Preset::Q4_0] {
             let q = convert(m, preset, false);
             let f = dequantized(&q);
-            let exact = run(&f, &reference.tokens, 64);
-            let got = run(&q, &reference.tokens, 64);
-            let base = LogitsFile { tokens: reference.tokens.clone(), n_vocab: reference.n_vocab, logits: exact };
-            let s = compare(&base, &got);
+            let exact = cpu_logits(&f, &reference.tokens, 64);
+            let got = cpu_logits(&q, &reference.tokens, 64);
+            let s = compare(&exact, &got, reference.n_vocab);
             eprintln!(
                 "{m} {} vs its dequantized f32: max|Δ| {:.2e} KL {:.2e} top-1 {:.3}",
                 preset.name(),

@@ -1,9 +1,18 @@
-//! Fixture helpers shared by the model-level tests (tests/model_logits.rs,
-//! tests/gpu_model.rs): the committed fixtures, converted to temporary GGUFs.
+//! Helpers shared by the model-level tests (tests/model_logits.rs, tests/gpu_model.rs,
+//! tests/reference_models.rs): checkpoints converted to temporary GGUFs, and the logit
+//! comparison they all report.
+
+// Each test binary includes this module and uses a different part of it.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
 use duet_convert::{Conversion, Options, Preset, Quiet};
+use duet_quant::gguf::GgufFile;
+use duet_runtime::cpu::CpuBackend;
+use duet_runtime::kv_cache::CacheType;
+use duet_runtime::logits_file::{argmax, kl_divergence};
+use duet_runtime::model::{Logits, Model};
 
 /// A committed fixture checkpoint (tests/fixtures/models/NAME).
 pub fn fixture(name: &str) -> PathBuf {
@@ -13,6 +22,12 @@ pub fn fixture(name: &str) -> PathBuf {
 /// Converts a fixture to a temporary file of its own: tests run in parallel and each
 /// removes its files, so every call gets a fresh name.
 pub fn convert(name: &str, preset: Preset, keep_dex: bool) -> PathBuf {
+    convert_dir(&fixture(name), preset, keep_dex)
+}
+
+/// [`convert`] for any HF checkpoint directory.
+pub fn convert_dir(dir: &Path, preset: Preset, keep_dex: bool) -> PathBuf {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out = std::env::temp_dir().join(format!(
@@ -21,8 +36,15 @@ pub fn convert(name: &str, preset: Preset, keep_dex: bool) -> PathBuf {
         std::process::id(),
         preset.name()
     ));
-    let opts =
-        Options { input: fixture(name), preset, overrides: vec![], imatrix: None, keep_dex, threads: 2, name: None };
+    let opts = Options {
+        input: dir.to_path_buf(),
+        preset,
+        overrides: vec![],
+        imatrix: None,
+        keep_dex,
+        threads: 2,
+        name: None,
+    };
     Conversion::prepare(&opts).unwrap().write(&out, 2, &Quiet).unwrap();
     out
 }
@@ -43,4 +65,42 @@ pub fn dequantized(q: &Path) -> PathBuf {
     };
     Conversion::prepare(&opts).unwrap().write(&f, 2, &Quiet).unwrap();
     f
+}
+
+/// The CPU backend's logits of every position for `tokens` (`[n_tokens][n_vocab]`), fed
+/// `batch` tokens at a time over an f32 K/V cache (transformers' reference keeps K and V
+/// in float32; the f16 cache's rounding is tested separately).
+pub fn cpu_logits(path: &Path, tokens: &[u32], batch: usize) -> Vec<f32> {
+    let file = std::sync::Arc::new(GgufFile::open(path).unwrap());
+    let mut b = CpuBackend::new(2);
+    let model = Model::load(&mut b, file).unwrap();
+    let mut s = model.new_session(&mut b, tokens.len().max(1), batch, CacheType::F32, CacheType::F32).unwrap();
+    let mut out = Vec::new();
+    for chunk in tokens.chunks(batch) {
+        out.extend(model.forward(&mut b, &mut s, chunk, Logits::All).unwrap());
+    }
+    out
+}
+
+/// How far `got` is from `reference`, both `[n_tokens][n_vocab]` logits.
+pub struct Stats {
+    pub max_abs: f32,
+    pub mean_kl: f64,
+    pub top1: f64,
+}
+
+pub fn compare(reference: &[f32], got: &[f32], n_vocab: usize) -> Stats {
+    assert_eq!(reference.len(), got.len());
+    let n = reference.len() / n_vocab;
+    let (mut max_abs, mut kl, mut agree) = (0f32, 0f64, 0usize);
+    for t in 0..n {
+        let (r, g) = (&reference[t * n_vocab..(t + 1) * n_vocab], &got[t * n_vocab..(t + 1) * n_vocab]);
+        for (&a, &b) in r.iter().zip(g) {
+            assert!(b.is_finite(), "non-finite logit at position {t}");
+            max_abs = max_abs.max((a - b).abs());
+        }
+        kl += kl_divergence(r, g);
+        agree += usize::from(argmax(r) == argmax(g));
+    }
+    Stats { max_abs, mean_kl: kl / n as f64, top1: agree as f64 / n as f64 }
 }
