@@ -79,6 +79,16 @@ where
     Command::new(DUET).args(args).env_remove("RUST_BACKTRACE").output().expect("run duet")
 }
 
+/// `duet convert INPUT -q ARGS… -o OUTPUT`.
+fn convert(input: &Path, args: &[&str], output: &Path) -> Output {
+    duet(
+        [OsStr::new("convert"), input.as_os_str(), OsStr::new("-q")]
+            .into_iter()
+            .chain(args.iter().map(OsStr::new))
+            .chain([OsStr::new("-o"), output.as_os_str()]),
+    )
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -102,15 +112,7 @@ fn assert_refused(what: &str, out: &Output, needles: &[&str]) -> String {
 fn refused(what: &str, input: &Path, needles: &[&str]) -> String {
     let out_dir = TempDir::new("out");
     let before = if input.is_dir() { listing(input) } else { vec![] };
-    let out = duet([
-        OsStr::new("convert"),
-        input.as_os_str(),
-        OsStr::new("-t"),
-        OsStr::new("q4_k_m"),
-        OsStr::new("-q"),
-        OsStr::new("-o"),
-        out_dir.join("out.gguf").as_os_str(),
-    ]);
+    let out = convert(input, &["-t", "q4_k_m"], &out_dir.join("out.gguf"));
     let err = assert_refused(what, &out, needles);
     assert!(listing(&out_dir.0).is_empty(), "{what}: left {:?}", listing(&out_dir.0));
     if input.is_dir() {
@@ -186,15 +188,7 @@ fn corrupt_safetensors_are_refused() {
 fn corrupt_gguf_inputs_are_refused() {
     let t = TempDir::new("corrupt-gguf");
     let g = t.join("good.gguf");
-    let out = duet([
-        OsStr::new("convert"),
-        fixture("llama-gqa").as_os_str(),
-        OsStr::new("-q"),
-        OsStr::new("-t"),
-        OsStr::new("q8_0"),
-        OsStr::new("-o"),
-        g.as_os_str(),
-    ]);
+    let out = convert(&fixture("llama-gqa"), &["-t", "q8_0"], &g);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let bytes = std::fs::read(&g).unwrap();
     let header_cut = t.join("header-cut.gguf");
@@ -279,39 +273,23 @@ fn output_path_equal_to_an_input_is_refused() {
         listing(&d).into_iter().map(|(n, _)| (n.clone(), std::fs::read(d.join(&n)).unwrap())).collect();
     let spelled_otherwise = d.join("..").join("llama-gqa").join("tokenizer.json");
     for target in [d.join("model.safetensors"), d.join("config.json"), spelled_otherwise] {
-        let out = duet([OsStr::new("convert"), d.as_os_str(), OsStr::new("-q"), OsStr::new("-o"), target.as_os_str()]);
+        let out = convert(&d, &[], &target);
         assert_refused("output = an input file", &out, &["refusing to overwrite the input file"]);
         let after: Vec<(String, Vec<u8>)> =
             listing(&d).into_iter().map(|(n, _)| (n.clone(), std::fs::read(d.join(&n)).unwrap())).collect();
         assert!(after == before, "{}: the input directory changed", target.display());
     }
     // The directory itself.
-    let out = duet([OsStr::new("convert"), d.as_os_str(), OsStr::new("-q"), OsStr::new("-o"), d.as_os_str()]);
+    let out = convert(&d, &[], &d);
     assert_refused("output = the input directory", &out, &["is a directory"]);
     assert_eq!(listing(&d).len(), before.len());
 
     // A GGUF converted in place.
     let g = t.join("model.gguf");
-    let out = duet([
-        OsStr::new("convert"),
-        d.as_os_str(),
-        OsStr::new("-q"),
-        OsStr::new("-t"),
-        OsStr::new("q8_0"),
-        OsStr::new("-o"),
-        g.as_os_str(),
-    ]);
+    let out = convert(&d, &["-t", "q8_0"], &g);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let gguf = std::fs::read(&g).unwrap();
-    let out = duet([
-        OsStr::new("convert"),
-        g.as_os_str(),
-        OsStr::new("-q"),
-        OsStr::new("-t"),
-        OsStr::new("q4_0"),
-        OsStr::new("-o"),
-        g.as_os_str(),
-    ]);
+    let out = convert(&g, &["-t", "q4_0"], &g);
     assert_refused("GGUF output = its input", &out, &["refusing to overwrite the input file"]);
     assert!(std::fs::read(&g).unwrap() == gguf, "the input GGUF changed");
 
@@ -325,17 +303,7 @@ fn output_path_equal_to_an_input_is_refused() {
     dat.extend(64i32.to_le_bytes()); // nval = hidden size of llama-gqa
     dat.extend((0..64).flat_map(|i| (1.0f32 + i as f32).to_le_bytes()));
     std::fs::write(&im, &dat).unwrap();
-    let out = duet([
-        OsStr::new("convert"),
-        d.as_os_str(),
-        OsStr::new("-q"),
-        OsStr::new("-t"),
-        OsStr::new("q4_0"),
-        OsStr::new("--imatrix"),
-        im.as_os_str(),
-        OsStr::new("-o"),
-        im.as_os_str(),
-    ]);
+    let out = convert(&d, &["-t", "q4_0", "--imatrix", im.to_str().unwrap()], &im);
     assert_refused("output = the imatrix", &out, &["refusing to overwrite the input file", "imatrix.dat"]);
     assert!(std::fs::read(&im).unwrap() == dat, "the imatrix changed");
 
@@ -385,15 +353,7 @@ fn full_disk_leaves_no_file() {
         }
     }
     let _guard = Unmount(&m.0);
-    let out = duet([
-        OsStr::new("convert"),
-        input.as_os_str(),
-        OsStr::new("-q"),
-        OsStr::new("-t"),
-        OsStr::new("q8_0"),
-        OsStr::new("-o"),
-        m.join("out.gguf").as_os_str(),
-    ]);
+    let out = convert(&input, &["-t", "q8_0"], &m.join("out.gguf"));
     full_disk_case("64 KiB tmpfs", out, &m.0, "No space left on device");
 }
 
@@ -583,21 +543,20 @@ fn memory_stays_bounded_by_the_largest_tensor() {
 fn tensor_type_overrides_apply() {
     let t = TempDir::new("overrides");
     let target = t.join("o.gguf");
-    let out = duet([
-        OsStr::new("convert"),
-        fixture("diffllama-gqa").as_os_str(),
-        OsStr::new("-q"),
-        OsStr::new("-t"),
-        OsStr::new("q4_k_m"),
-        OsStr::new("--tensor-type"),
-        OsStr::new(r"attn_v\.weight=q8_0"),
-        OsStr::new("--tensor-type"),
-        OsStr::new(r"ffn_(up|gate)=q5_1"),
-        OsStr::new("--tensor-type"),
-        OsStr::new(r"ffn_up=q4_0"),
-        OsStr::new("-o"),
-        target.as_os_str(),
-    ]);
+    let out = convert(
+        &fixture("diffllama-gqa"),
+        &[
+            "-t",
+            "q4_k_m",
+            "--tensor-type",
+            r"attn_v\.weight=q8_0",
+            "--tensor-type",
+            r"ffn_(up|gate)=q5_1",
+            "--tensor-type",
+            r"ffn_up=q4_0",
+        ],
+        &target,
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let f = GgufFile::open(&target).unwrap();
     let ty = |n: &str| f.tensor(n).unwrap().ggml_type().name();
@@ -616,14 +575,7 @@ fn tensor_type_overrides_apply() {
         ("attn_v=q3_k", "'q3_k' is not a type duet can write"),
         ("(=q8_0", "bad regex"),
     ] {
-        let out = duet([
-            OsStr::new("convert"),
-            fixture("diffllama-gqa").as_os_str(),
-            OsStr::new("--tensor-type"),
-            OsStr::new(rule),
-            OsStr::new("-o"),
-            target.as_os_str(),
-        ]);
+        let out = convert(&fixture("diffllama-gqa"), &["--tensor-type", rule], &target);
         assert_eq!(out.status.code(), Some(2), "{rule}");
         assert!(text(&out.stderr).contains(needle), "{rule}: {}", text(&out.stderr));
     }
