@@ -143,6 +143,10 @@ impl GgmlType {
         !matches!(self, F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64)
     }
 
+    /// Every weight type duet both writes and multiplies: the supported types but F32 and
+    /// the activation-only Q8_K. The kernel, GPU and oracle tests sweep these.
+    pub const WEIGHT_TYPES: [GgmlType; 10] = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16];
+
     /// Types this crate can quantize to, dequantize from and multiply with.
     pub fn is_supported(self) -> bool {
         matches!(self, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K | Q8_K)

@@ -212,18 +212,7 @@ fn gguf_py_dequantizes_our_bytes_like_we_do() {
     else {
         return;
     };
-    let types = [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::F16,
-        GgmlType::BF16,
-    ];
+    let types = GgmlType::WEIGHT_TYPES;
     let g = golden();
     let dir = TempDir::new("gguf-py-dequant");
     // (type, label, our bytes)

@@ -98,19 +98,10 @@ impl Pair {
     }
 }
 
-const TYPES: [GgmlType; 11] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+/// Every weight type the GPU multiplies: F32 and the quantized and half types.
+fn types() -> impl Iterator<Item = GgmlType> {
+    std::iter::once(GgmlType::F32).chain(GgmlType::WEIGHT_TYPES)
+}
 
 /// The CPU backend with ggml's single Q8 activation rounding (`--cpu-acts q8`).
 fn ggml_cpu() -> CpuBackend {
@@ -133,7 +124,7 @@ fn matmul_checks(test: &str, f16: bool, exact_bound: f64) {
     let mut p = Pair { cpu: ggml_cpu(), gpu };
     eprintln!("{test}: {}", p.gpu.describe());
     let mut rng = Rng::new(7);
-    for ty in TYPES {
+    for ty in types() {
         let bs = ty.block_size();
         // Row lengths: whole blocks, an odd number of them; float types: not a multiple of 4.
         let cols = match bs {

@@ -4,20 +4,10 @@
 use super::*;
 use crate::legacy::test_util::normal;
 
-/// Weight types with an integer or float dot kernel.
-const TYPES: [GgmlType; 11] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-];
+/// Weight types with an integer or float dot kernel: F32 and every weight type.
+fn types() -> impl Iterator<Item = GgmlType> {
+    std::iter::once(GgmlType::F32).chain(GgmlType::WEIGHT_TYPES)
+}
 
 fn quantized_weights(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut w = vec![0u8; crate::row_bytes(ty, x.len()).unwrap()];
@@ -70,7 +60,7 @@ fn simd_matches_scalar_for_every_type_and_length() {
         return;
     };
     let scalar = scalar::KERNELS;
-    for ty in TYPES {
+    for ty in types() {
         for (case, n) in lengths(ty).into_iter().enumerate() {
             let w_f = normal(n, 100 + case as u64);
             let x = normal(n, 200 + case as u64);
@@ -89,7 +79,7 @@ fn simd_matches_scalar_for_every_type_and_length() {
 #[test]
 fn scalar_kernels_equal_dot_of_dequantized_operands() {
     let k = scalar::KERNELS;
-    for ty in TYPES {
+    for ty in types() {
         for (case, n) in lengths(ty).into_iter().enumerate() {
             let w_f = normal(n, 300 + case as u64);
             let x = normal(n, 400 + case as u64);
@@ -142,7 +132,7 @@ fn every_simd_path_matches_scalar_for_every_type_and_length() {
     }
     let scalar = scalar::KERNELS;
     for simd in &paths {
-        for ty in TYPES {
+        for ty in types() {
             for (case, n) in lengths(ty).into_iter().enumerate() {
                 let w = quantized_weights(ty, &normal(n, 500 + case as u64));
                 let act = ActRow::quantize_for(ty, &normal(n, 600 + case as u64));
@@ -300,7 +290,7 @@ fn simd_matches_scalar_at_extreme_levels() {
     let scalar = scalar::KERNELS;
     let mut rng = Rng(0x0123_4567_89ab_cdef);
     let fills = [Fill::Random, Fill::High, Fill::Low];
-    for ty in TYPES.into_iter().filter(|t| act_type(*t) != GgmlType::F32) {
+    for ty in types().filter(|t| act_type(*t) != GgmlType::F32) {
         for (w_fill, a_fill) in fills.into_iter().flat_map(|w| fills.map(|a| (w, a))) {
             for blocks in [1, 2, 3, 37] {
                 let w = extreme_weights(ty, blocks, w_fill, &mut rng);

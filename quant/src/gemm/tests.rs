@@ -18,19 +18,6 @@ use crate::blocks::{BlockQ8_0, QK, QK_K};
 use crate::dot::{ActRow, scalar};
 use crate::legacy::test_util::normal;
 
-const TYPES: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::F16,
-    GgmlType::BF16,
-];
-
 fn par_threads(n: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
     // Exercise the parallel path: split into 3 ranges on scoped threads.
     let step = n.div_ceil(3).max(1);
@@ -152,7 +139,7 @@ fn every_kernel_set_matches_the_scalar_reference() {
     // (rows, blocks per row, tokens): rows not a multiple of 16, 1, 2 and many blocks, and
     // token counts that exercise every tile size and remainder.
     let many = |ty: GgmlType| if block_cols(ty) == QK_K { 11 } else { 37 };
-    for ty in TYPES {
+    for ty in GgmlType::WEIGHT_TYPES {
         let shapes = [
             (1, 1, 1),
             (7, 1, 3),
@@ -273,7 +260,7 @@ fn exact_acts(n: usize, rng: &mut Rng) -> Vec<f32> {
 #[test]
 fn integer_parts_are_exact() {
     let mut rng = Rng(0x5eed_1234_abcd_0001);
-    for ty in TYPES {
+    for ty in GgmlType::WEIGHT_TYPES {
         // Column counts that keep every partial sum below 2^24 (see exact_weights).
         let cols = match ty {
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 512,
@@ -453,7 +440,7 @@ fn simd_activation_quantizers_are_bit_exact() {
 #[test]
 fn two_level_activations_recover_the_rounding_error() {
     let (rows, n_tok) = (33, 5);
-    for ty in TYPES.into_iter().filter(|&ty| ActKind::for_weight(ty) != Some(ActKind::F32)) {
+    for ty in GgmlType::WEIGHT_TYPES.into_iter().filter(|&ty| ActKind::for_weight(ty) != Some(ActKind::F32)) {
         let cols = 2 * QK_K;
         let w = normal(rows * cols, 31);
         // A few large values per token, as real hidden states have: they set the block

@@ -274,18 +274,7 @@ mod tests {
     }
 
     fn packed_matches_per_row(pool: &ThreadPool, gk: &GemmKernels, cache: &mut ActCache) {
-        let types = [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-            GgmlType::F16,
-            GgmlType::BF16,
-        ];
+        let types = GgmlType::WEIGHT_TYPES;
         // 70 tokens: two chunks of the two-level path.
         for n_tok in [1, 7, 19, 70] {
             let x = acts(n_tok, 512, n_tok as u32);
