@@ -175,10 +175,10 @@ impl HfConfig {
         if cfg.n_layers == 0 || cfg.vocab_size == 0 || cfg.hidden_size == 0 || cfg.intermediate_size == 0 {
             return Err("vocab_size, hidden_size, intermediate_size and num_hidden_layers must be positive".into());
         }
-        if let Some(dex) = &cfg.dex {
-            if dex.heads.len() != cfg.n_layers {
-                return Err(format!("dex.heads lists {} layers, the model has {}", dex.heads.len(), cfg.n_layers));
-            }
+        if let Some(dex) = &cfg.dex
+            && dex.heads.len() != cfg.n_layers
+        {
+            return Err(format!("dex.heads lists {} layers, the model has {}", dex.heads.len(), cfg.n_layers));
         }
         Ok(cfg)
     }
@@ -213,10 +213,10 @@ fn parse_rope(json: &Value) -> Result<(f32, Option<RopeScaling>), String> {
             return Err(format!("rope type \"{other}\" is not supported (default, linear and llama3 are)"));
         }
     };
-    if let Some(RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. }) = scaling {
-        if high_freq_factor <= low_freq_factor {
-            return Err("llama3 rope scaling needs high_freq_factor > low_freq_factor".into());
-        }
+    if let Some(RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. }) = scaling
+        && high_freq_factor <= low_freq_factor
+    {
+        return Err("llama3 rope scaling needs high_freq_factor > low_freq_factor".into());
     }
     Ok((theta, scaling))
 }

@@ -253,7 +253,7 @@ impl<'a> Planner<'a> {
 /// output.weight (and tied token embeddings): Q6_K unless the target is Q8_0; Q8_0 when
 /// the rows do not fit the block size.
 fn output_type(ty: GgmlType, ne0: usize) -> GgmlType {
-    if ne0 % ty.block_size() != 0 {
+    if !ne0.is_multiple_of(ty.block_size()) {
         GgmlType::Q8_0
     } else if ty != GgmlType::Q8_0 {
         GgmlType::Q6_K
@@ -264,7 +264,7 @@ fn output_type(ty: GgmlType, ne0: usize) -> GgmlType {
 
 /// llama.cpp's `tensor_type_fallback`: K-quants need rows of a multiple of 256.
 pub fn fallback(ty: GgmlType, ne0: usize) -> GgmlType {
-    if ne0 % ty.block_size() == 0 {
+    if ne0.is_multiple_of(ty.block_size()) {
         return ty;
     }
     let alt = match ty {
@@ -273,7 +273,7 @@ pub fn fallback(ty: GgmlType, ne0: usize) -> GgmlType {
         GgmlType::Q6_K => GgmlType::Q8_0,
         other => other,
     };
-    if ne0 % alt.block_size() == 0 { alt } else { GgmlType::F16 }
+    if ne0.is_multiple_of(alt.block_size()) { alt } else { GgmlType::F16 }
 }
 
 #[cfg(test)]

@@ -306,7 +306,7 @@ mod tests {
         let p = dir.join("x.safetensors");
         // Header length beyond the file.
         std::fs::write(&p, [0xff, 0xff, 0, 0, 0, 0, 0, 0, b'{', b'}']).unwrap();
-        let e = Checkpoint::open_files(&[p.clone()]).err().unwrap().to_string();
+        let e = Checkpoint::open_files(std::slice::from_ref(&p)).err().unwrap().to_string();
         assert!(e.contains("runs past the end"), "{e}");
         // Data range outside the file.
         let h = br#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
@@ -314,15 +314,15 @@ mod tests {
         bytes.extend_from_slice(h);
         bytes.extend_from_slice(&[0; 8]);
         std::fs::write(&p, &bytes).unwrap();
-        let e = Checkpoint::open_files(&[p.clone()]).err().unwrap().to_string();
+        let e = Checkpoint::open_files(std::slice::from_ref(&p)).err().unwrap().to_string();
         assert!(e.contains("lies outside"), "{e}");
         // Unsupported dtype.
         write(&p, &[("ids", "I64", vec![1], vec![0; 8])]);
-        let e = Checkpoint::open_files(&[p.clone()]).err().unwrap().to_string();
+        let e = Checkpoint::open_files(std::slice::from_ref(&p)).err().unwrap().to_string();
         assert!(e.contains("dtype I64"), "{e}");
         // Size that disagrees with the shape.
         write(&p, &[("w", "F32", vec![3], vec![0; 8])]);
-        let e = Checkpoint::open_files(&[p.clone()]).err().unwrap().to_string();
+        let e = Checkpoint::open_files(std::slice::from_ref(&p)).err().unwrap().to_string();
         assert!(e.contains("needs 12"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

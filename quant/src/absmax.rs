@@ -199,7 +199,7 @@ mod tests {
             let qmax = f.qmax();
             // Values k·d for every level, and (k + ½)·d: each tie goes away from zero.
             let d = 0.25f32; // exact in f16
-            let x: Vec<f32> = (0..32).map(|i| d * (i as i32 - 16).clamp(-qmax, qmax) as f32).collect();
+            let x: Vec<f32> = (0..32).map(|i| d * (i - 16).clamp(-qmax, qmax) as f32).collect();
             let mut x = x;
             x[0] = -(qmax as f32) * d;
             x[31] = qmax as f32 * d;

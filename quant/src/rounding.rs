@@ -28,7 +28,7 @@ pub fn c_f32_to_u8(v: f32) -> u8 {
 #[inline(always)]
 fn c_f32_to_i32(v: f32) -> i32 {
     // 2^31 is exactly representable; anything at or beyond it (or NaN) is "indefinite".
-    if v.is_nan() || v >= 2_147_483_648.0 || v < -2_147_483_648.0 { i32::MIN } else { v as i32 }
+    if v.is_nan() || !(-2_147_483_648.0..2_147_483_648.0).contains(&v) { i32::MIN } else { v as i32 }
 }
 
 #[cfg(test)]

@@ -29,10 +29,10 @@ fn check(ty: GgmlType, src_len: usize, n_per_row: usize, dst_len: usize) -> Resu
     if !ty.is_supported() || ty == GgmlType::Q8_K {
         return Err(QuantError::Unsupported(ty));
     }
-    if n_per_row == 0 || n_per_row % ty.block_size() != 0 {
+    if n_per_row == 0 || !n_per_row.is_multiple_of(ty.block_size()) {
         return Err(QuantError::RowNotBlockAligned { ty, n_per_row, block: ty.block_size() });
     }
-    if src_len % n_per_row != 0 {
+    if !src_len.is_multiple_of(n_per_row) {
         return Err(QuantError::PartialRow { values: src_len, n_per_row });
     }
     let want = src_len / ty.block_size() * ty.type_size();

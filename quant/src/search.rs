@@ -67,10 +67,10 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8], rmse_type: i32,
         iscale = -(nmax_f + 0.1 * is as f32) / max;
         sumlx = 0.0;
         suml2 = 0.0;
-        for i in 0..n {
-            let lf = nearest_int(iscale * x[i]).clamp(-nmax, nmax - 1) as f32;
+        for (i, &xi) in x.iter().enumerate() {
+            let lf = nearest_int(iscale * xi).clamp(-nmax, nmax - 1) as f32;
             let w = weight(i);
-            sumlx += w * x[i] * lf;
+            sumlx += w * xi * lf;
             suml2 += w * lf * lf;
         }
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
@@ -112,16 +112,16 @@ pub(crate) fn make_qkx_quants(
     let mut max = x[0];
     let mut sum_w = w(0);
     let mut sum_x = sum_w * x[0];
-    for i in 1..n {
-        if x[i] < min {
-            min = x[i];
+    for (i, &xi) in x.iter().enumerate().skip(1) {
+        if xi < min {
+            min = xi;
         }
-        if x[i] > max {
-            max = x[i];
+        if xi > max {
+            max = xi;
         }
         let wi = w(i);
         sum_w += wi;
-        sum_x += wi * x[i];
+        sum_x += wi * xi;
     }
     if min > 0.0 {
         min = 0.0;

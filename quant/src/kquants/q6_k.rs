@@ -26,8 +26,8 @@ fn quantize_block(x: &[f32], qw: Option<&[f32]>, y: &mut BlockQ6K) {
     }
     let iscale = -128.0 / max_scale;
     y.d = F16Bytes::from_f32(1.0 / iscale);
-    for ib in 0..QK_K / 16 {
-        y.scales[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
+    for (dst, &s) in y.scales.iter_mut().zip(&scales) {
+        *dst = nearest_int(iscale * s).min(127) as i8;
     }
     let d_super = y.d.get();
     for j in 0..QK_K / 16 {
@@ -50,8 +50,8 @@ fn quantize_block(x: &[f32], qw: Option<&[f32]>, y: &mut BlockQ6K) {
             ql[i + 32] = (lv(i + 32) & 0xf) | ((lv(i + 96) & 0xf) << 4);
         }
         let qh = &mut y.qh[32 * half..32 * half + 32];
-        for i in 0..32 {
-            qh[i] = (lv(i) >> 4) | ((lv(i + 32) >> 4) << 2) | ((lv(i + 64) >> 4) << 4) | ((lv(i + 96) >> 4) << 6);
+        for (i, q) in qh.iter_mut().enumerate() {
+            *q = (lv(i) >> 4) | ((lv(i + 32) >> 4) << 2) | ((lv(i + 64) >> 4) << 4) | ((lv(i + 96) >> 4) << 6);
         }
     }
 }

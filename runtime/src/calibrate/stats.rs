@@ -26,7 +26,7 @@ impl Default for MagnitudeStats {
 }
 
 fn bin_of(a: f32) -> usize {
-    if !(a > 0.0) {
+    if a.is_nan() || a <= 0.0 {
         return 0;
     }
     let e = (a as f64).log10();

@@ -466,7 +466,6 @@ fn head_absmax(
     let mut item_max = vec![0f32; rows * nh];
     let outp = SharedMut::new(item_max.as_mut_ptr());
     pool.for_chunks_tid(rows * nh, 1, &|_, range| {
-        let outp = outp;
         let mut scores = Vec::new();
         for item in range {
             let (r, h) = (item / nh, item % nh);
@@ -537,7 +536,6 @@ pub fn attention(
         AttentionKind::Standard => {
             let items = rows * spec.n_heads;
             pool.for_chunks_tid(items, 1, &|_, range| {
-                let outp = outp;
                 let mut scores = Vec::new();
                 for item in range {
                     let (r, h) = (item / spec.n_heads, item % spec.n_heads);
@@ -557,7 +555,6 @@ pub fn attention(
             let half_kv = spec.n_kv_heads / 2;
             let items = rows * half_heads;
             pool.for_chunks_tid(items, 1, &|_, range| {
-                let outp = outp;
                 let mut p1 = Vec::new();
                 let mut p2 = Vec::new();
                 let mut tmp = vec![0f32; 2 * hd];

@@ -141,7 +141,7 @@ fn run_chunks(s: &Shared, tid: usize, f: &(dyn Fn(usize, Range<usize>) + Sync), 
 #[inline]
 fn backoff(spins: &mut u32) {
     *spins = spins.wrapping_add(1);
-    if *spins % 16 == 0 {
+    if (*spins).is_multiple_of(16) {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
@@ -172,7 +172,7 @@ fn worker(s: Arc<Shared>, tid: usize) {
                 return;
             }
             let st = s.state.load(Ordering::SeqCst);
-            if st / 2 != seen_epoch && st % 2 == 0 {
+            if st / 2 != seen_epoch && st.is_multiple_of(2) {
                 break st / 2;
             }
             if spins % 64 == 63 && start.elapsed() > SPIN {

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 /// Records that `test` was skipped and why.
 pub fn skip(test: &str, reason: &str) {
     eprintln!("SKIPPED {test}: {reason}");
-    if let Some(log) = std::env::var_os("DUET_SKIP_LOG") {
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
-            let _ = writeln!(f, "{test}: {reason}");
-        }
+    if let Some(log) = std::env::var_os("DUET_SKIP_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log)
+    {
+        let _ = writeln!(f, "{test}: {reason}");
     }
 }
 
