@@ -2,13 +2,15 @@
 # `duet attn-bench` on a trained DIFF / Llama pair, the README's low-bit attention table:
 # held-out text (never trained on) decoded from the training run's evaluation slices ->
 # both models converted to F16 GGUFs, calibrated (for the static logit scales) on another
-# held-out slice -> attn-bench over 512 tokens -> models/results/NAME-attn-bench.{json,csv,svg}.
+# held-out slice -> attn-bench over WINDOWS windows of TOKENS tokens (each from an empty cache,
+# metrics pooled) -> models/results/NAME-attn-bench.{json,csv,svg}.
 #
 #   models/attn_bench_pair.sh                      # models/diff-ref + models/llama-ref
 #   models/attn_bench_pair.sh DIR NAME             # DIR/diff-ref + DIR/llama-ref, results NAME
 #
 # Environment: DUET_VENV (a venv with models/requirements.txt, default models/.venv), DATA
-# (the run's data directory, default models/.cache/run-ref/data), TOKENS (default 512).
+# (the run's data directory, default models/.cache/run-ref/data), TOKENS (per window, default
+# 512: the models' context), WINDOWS (default 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-models}
@@ -16,6 +18,7 @@ NAME=${2:-ref-pair}
 VENV=${DUET_VENV:-models/.venv}
 DATA=${DATA:-models/.cache/run-ref/data}
 TOKENS=${TOKENS:-512}
+WINDOWS=${WINDOWS:-8}
 for m in diff-ref llama-ref; do
     [ -f "$DIR/$m/config.json" ] || { echo "error: $DIR/$m/config.json not found (train the pair first: models/make_models.sh)" >&2; exit 1; }
 done
@@ -36,7 +39,7 @@ tok = Tokenizer.from_file(f"{data}/tokenizer.json")
 def text(names, n):
     ids = np.concatenate([np.fromfile(f"{data}/eval-{s}.bin", dtype=np.uint16) for s in names])
     return tok.decode(ids[:n].tolist(), skip_special_tokens=True)
-open(f"{work}/eval.txt", "w").write(text(["sotu"], 4096))
+open(f"{work}/eval.txt", "w").write(text(["sotu"], 8192))
 open(f"{work}/calib.txt", "w").write(text(["moby-dick", "fortunes"], 8192))
 PY
 
@@ -46,4 +49,4 @@ for m in diff llama; do
 done
 mkdir -p models/results
 ./target/release/duet attn-bench -m "$WORK/$NAME-diff.f16.gguf" -m "$WORK/$NAME-llama.f16.gguf" \
-    -f "$WORK/eval.txt" -c "$TOKENS" -o "models/results/$NAME-attn-bench"
+    -f "$WORK/eval.txt" -c "$TOKENS" -w "$WINDOWS" -o "models/results/$NAME-attn-bench"

@@ -135,3 +135,51 @@ fn bad_input_is_refused_cleanly() {
     let o = duet(&["attn-bench", "-m", "/nonexistent.gguf", "-f", text.to_str().unwrap(), "--bits", "1"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--bits 1"));
 }
+
+/// `--windows`: the text is cut like `duet perplexity` cuts its chunks and every metric pools
+/// all windows, so the 16-bit baseline's perplexity over 3 windows of 32 tokens is the one
+/// `duet perplexity -c 32 --max-tokens 96` reports (f16 K/V cache in both).
+#[test]
+fn windows_pool_like_perplexity_chunks() {
+    let t = temp("windows");
+    let text = root().join("tests/smollm2/text.txt");
+    let model = t.0.join("llama.gguf");
+    convert("llama-gqa", &model, None);
+    let (m, f) = (model.to_str().unwrap(), text.to_str().unwrap());
+    let prefix = t.0.join("w");
+    ok(&duet(&[
+        "attn-bench",
+        "-q",
+        "-m",
+        m,
+        "-f",
+        f,
+        "-c",
+        "32",
+        "-w",
+        "3",
+        "--bits",
+        "8",
+        "--targets",
+        "k",
+        "-o",
+        prefix.to_str().unwrap(),
+    ]));
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(prefix.with_extension("json")).unwrap()).unwrap();
+    let report = &json["models"][0];
+    assert_eq!((report["tokens"].as_u64(), report["windows"].as_u64()), (Some(96), Some(3)));
+    let ppl = report["runs"][0]["ppl"].as_f64().unwrap();
+
+    let out = ok(&duet(&["perplexity", "-q", "--device", "cpu", "-m", m, "-f", f, "-c", "32", "--max-tokens", "96"]));
+    let want: f64 = out
+        .split("PPL = ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no PPL in {out:?}"));
+    assert!((ppl - want).abs() <= 1e-4 * want, "attn-bench baseline PPL {ppl} vs duet perplexity {want}");
+
+    // Zero windows is a usage error.
+    let o = duet(&["attn-bench", "-m", m, "-f", f, "-w", "0"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--windows must be at least 1"));
+}

@@ -14,12 +14,17 @@ pub struct Args {
     /// A GGUF model to measure; repeat for several (e.g. a DIFF model and its Transformer twin)
     #[arg(short = 'm', long = "model", required = true)]
     pub models: Vec<PathBuf>,
-    /// Text to evaluate (its first --tokens tokens, in one batch)
+    /// Text to evaluate (its first --windows × --tokens tokens)
     #[arg(short = 'f', long)]
     pub file: PathBuf,
-    /// Tokens of the text to evaluate
+    /// Tokens per window: each window is one batch from an empty cache, cut from the text as
+    /// `duet perplexity` cuts its chunks (keep it within the model's context)
     #[arg(short = 'c', long = "tokens", default_value_t = 512)]
     pub tokens: usize,
+    /// Windows to evaluate and pool (fewer if the text runs out); every metric is taken
+    /// over all their positions
+    #[arg(short = 'w', long, default_value_t = 1)]
+    pub windows: usize,
     /// Quantized bit widths (16, the baseline, always runs); comma-separated
     #[arg(long, value_delimiter = ',', default_value = "8,6,4")]
     pub bits: Vec<u32>,
@@ -35,7 +40,8 @@ pub struct Args {
     /// Write PREFIX.json, PREFIX.csv and PREFIX.svg
     #[arg(short = 'o', long = "output", default_value = "attn-bench")]
     pub output: PathBuf,
-    /// A small run (64 tokens, 8 and 4 bits, tensor/row/static logits) for CI and smoke tests
+    /// A small run (at most 2 windows of 64 tokens, 8 and 4 bits, tensor/row/static logits)
+    /// for CI and smoke tests
     #[arg(long)]
     pub quick: bool,
     /// CPU threads (0: all cores). attn-bench runs on the CPU backend, which implements
@@ -58,6 +64,7 @@ fn parse_granularity(s: &str) -> Result<LogitGranularity, String> {
 pub fn run(args: Args) -> Result<()> {
     let mut opts = BenchOptions {
         n_tokens: args.tokens,
+        windows: args.windows,
         bits: args.bits.clone(),
         targets: args.targets.clone(),
         granularities: args.granularity.clone(),
@@ -65,6 +72,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     if args.quick {
         opts.n_tokens = opts.n_tokens.min(64);
+        opts.windows = opts.windows.min(2);
         opts.bits = vec![8, 4];
         opts.granularities = vec![LogitGranularity::Tensor, LogitGranularity::Row, LogitGranularity::Static];
     }
@@ -73,6 +81,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     if opts.n_tokens < 2 {
         bail!("--tokens must be at least 2");
+    }
+    if opts.windows == 0 {
+        bail!("--windows must be at least 1");
     }
     let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };

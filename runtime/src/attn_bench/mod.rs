@@ -2,14 +2,17 @@
 //! attention runs in few bits — quantized attention logits (each DIFF branch) or a
 //! quantized K and/or V cache — measured against its own 16-bit run over one text.
 //!
-//! Per model, one baseline pass (f16 cache, full-precision logits) records the logits of
-//! every position, each layer's attention output (for DIFF also both branches) and the
-//! outlier table of the DIFF paper (Table 5); then every setting of bits × target ×
-//! granularity runs the same tokens in one batch and is compared with it: perplexity, mean
-//! KL divergence and top-1 agreement of the next-token distributions, and per layer the
-//! relative error ‖o − o₁₆‖ / ‖o₁₆‖ of the attention output (DIFF: also of A1·V, A2·V and
-//! A1·V − λ·A2·V). Runs on the CPU backend: the per-layer errors come from its activation
-//! probes (both backends run every setting).
+//! The text is tokenized and cut into windows of `n_tokens` (as `duet perplexity` cuts its
+//! chunks: BOS only at the start of the text), each evaluated in one batch from an empty
+//! cache. Per model and window, one baseline pass (f16 cache, full-precision logits) records
+//! the logits of every position, each layer's attention output (for DIFF also both
+//! branches) and feeds the outlier table of the DIFF paper (Table 5); then every setting of
+//! bits × target × granularity runs the same tokens and is compared with it. Pooled over
+//! the windows: perplexity, mean KL divergence and top-1 agreement of the next-token
+//! distributions, and per layer the relative error ‖o − o₁₆‖ / ‖o₁₆‖ of the attention output
+//! (DIFF: also of A1·V, A2·V and A1·V − λ·A2·V), norms summed over all windows. Runs on the
+//! CPU backend: the per-layer errors come from its activation probes (both backends run
+//! every setting).
 
 pub mod output;
 pub mod plot;
@@ -58,8 +61,10 @@ impl Target {
 
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
-    /// Tokens of the text evaluated (one batch).
+    /// Tokens per window (one batch each).
     pub n_tokens: usize,
+    /// Windows evaluated (fewer when the text runs out).
+    pub windows: usize,
     /// Quantized bit widths (16 is the baseline and always run): 8, 6, 4.
     pub bits: Vec<u32>,
     pub targets: Vec<Target>,
@@ -92,8 +97,10 @@ pub struct ModelReport {
     pub path: String,
     pub arch: String,
     pub n_layers: usize,
-    /// Tokens evaluated (the text's first, up to the limit).
+    /// Tokens evaluated, all windows together.
     pub n_tokens: usize,
+    /// Windows they were cut into.
+    pub n_windows: usize,
     /// Table 5 of the DIFF paper over this text: [top-1, top-2, top-3, top-10, top-100,
     /// median] of |attention logit| and of |hidden state|.
     pub logits_top: [f32; 6],
@@ -142,14 +149,39 @@ struct Pass {
     capture: Capture,
 }
 
-/// `‖a − b‖ / ‖b‖` (0 when both are zero).
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let (mut num, mut den) = (0f64, 0f64);
+/// `‖a − b‖²` and `‖b‖²`, summed into `acc` so that windows pool into one relative error.
+fn add_sq_err(acc: &mut (f64, f64), a: &[f32], b: &[f32]) {
     for (&x, &y) in a.iter().zip(b) {
-        num += (x as f64 - y as f64).powi(2);
-        den += (y as f64).powi(2);
+        acc.0 += (x as f64 - y as f64).powi(2);
+        acc.1 += (y as f64).powi(2);
     }
+}
+
+/// `‖a − b‖ / ‖b‖` from [`add_sq_err`]'s sums (‖a − b‖ when ‖b‖ is 0).
+fn rel_err((num, den): (f64, f64)) -> f64 {
     if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
+
+/// One setting's sums over the windows.
+#[derive(Clone, Default)]
+struct Pooled {
+    nll: f64,
+    predicted: usize,
+    kl: f64,
+    agree: usize,
+    positions: usize,
+    /// Per layer (‖o − o₁₆‖², ‖o₁₆‖²): the attention output, then DIFF's A1·V, A2·V and
+    /// A1·V − λ·A2·V.
+    layer: Vec<(f64, f64)>,
+    branches: [Vec<(f64, f64)>; 3],
+}
+
+/// Grows `v` to hold `layer` and returns its slot.
+fn slot(v: &mut Vec<(f64, f64)>, layer: usize) -> &mut (f64, f64) {
+    if v.len() <= layer {
+        v.resize(layer + 1, (0.0, 0.0));
+    }
+    &mut v[layer]
 }
 
 /// Splits captured branches `[A1·V | A2·V]` per head pair (4·hd each) into (A1·V, A2·V,
@@ -184,7 +216,8 @@ pub fn bench_model(
             tokens.len()
         )));
     }
-    let tokens = &tokens[..tokens.len().min(opts.n_tokens.max(2))];
+    let windows: Vec<&[u32]> =
+        tokens.chunks(opts.n_tokens.max(2)).filter(|w| w.len() >= 2).take(opts.windows.max(1)).collect();
     let cfg = e.model.config.clone();
     let is_diff = e.model.layers.iter().any(|l| matches!(l.attention.kind, AttentionKind::Differential { .. }));
     let lambdas: Vec<f32> = e
@@ -231,12 +264,13 @@ pub fn bench_model(
         }
     }
 
-    let total = settings.len();
+    let total = settings.len() * windows.len();
     let run = |e: &mut Engine<CpuBackend>,
+               tokens: &[u32],
                target: Option<Target>,
                bits: u32,
                g: Option<LogitGranularity>,
-               calibrate: bool|
+               calibrator: Option<Calibrator>|
      -> Result<Pass, RuntimeError> {
         let cache = match bits {
             8 => CacheType::Q8,
@@ -252,10 +286,7 @@ pub fn bench_model(
         };
         let lq = if target == Some(Target::Logits) { g.map(|g| (bits, g)) } else { None };
         e.model.set_logit_quant(lq)?;
-        let capture = Arc::new(Mutex::new(Capture {
-            calibrator: calibrate.then(|| Calibrator::new(&e.model.config)),
-            ..Capture::default()
-        }));
+        let capture = Arc::new(Mutex::new(Capture { calibrator, ..Capture::default() }));
         e.backend.set_observer(Some(Box::new(Arc::clone(&capture))));
         let mut s = e.model.new_session(&mut e.backend, tokens.len(), tokens.len(), kt, vt)?;
         let logits = e.model.forward(&mut e.backend, &mut s, tokens, Logits::All);
@@ -265,74 +296,91 @@ pub fn bench_model(
         Ok(Pass { logits: logits?, capture })
     };
 
-    let base = run(&mut e, None, 16, None, true)?;
-    progress(1, total, "16-bit baseline");
-    let report = base.capture.calibrator.as_ref().expect("baseline calibrates").report("attn-bench");
     let n_vocab = cfg.n_vocab;
-    let base_rows: Vec<&[f32]> = base.logits.chunks_exact(n_vocab).collect();
-    let base_lsm: Vec<Vec<f64>> = base_rows.iter().map(|r| log_softmax(r)).collect();
-    let base_split: Vec<[Vec<f32>; 3]> = if is_diff {
-        base.capture.branches.iter().enumerate().map(|(l, b)| split_branches(b, cfg.head_dim, lambdas[l])).collect()
-    } else {
-        Vec::new()
-    };
+    let mut pooled = vec![Pooled::default(); settings.len()];
+    // The baseline passes of every window feed one calibrator: the outlier table.
+    let mut calibrator = Some(Calibrator::new(&cfg));
+    for (w, tokens) in windows.iter().enumerate() {
+        let mut base = run(&mut e, tokens, None, 16, None, calibrator.take())?;
+        calibrator = base.capture.calibrator.take();
+        progress(w * settings.len() + 1, total, &format!("window {}/{}: 16-bit baseline", w + 1, windows.len()));
+        let base_rows: Vec<&[f32]> = base.logits.chunks_exact(n_vocab).collect();
+        let base_lsm: Vec<Vec<f64>> = base_rows.iter().map(|r| log_softmax(r)).collect();
+        let base_split: Vec<[Vec<f32>; 3]> = base
+            .capture
+            .branches
+            .iter()
+            .enumerate()
+            .map(|(l, b)| split_branches(b, cfg.head_dim, lambdas[l]))
+            .collect();
 
-    let mut runs = Vec::new();
-    for (i, &(target, bits, g)) in settings.iter().enumerate() {
-        let pass = if i == 0 { None } else { Some(run(&mut e, target, bits, g, false)?) };
-        let p = pass.as_ref().unwrap_or(&base);
-        let rows: Vec<&[f32]> = p.logits.chunks_exact(n_vocab).collect();
-        let (mut nll, mut kl, mut agree) = (0f64, 0f64, 0usize);
-        for (t, row) in rows.iter().enumerate() {
-            // Each row's log-softmax once: the baseline's from base_lsm.
-            let own;
-            let lsm: &[f64] = if i == 0 {
-                &base_lsm[t]
-            } else {
-                own = log_softmax(row);
-                kl += kl_divergence_log(&base_lsm[t], &own);
-                &own
-            };
-            if t + 1 < tokens.len() {
-                nll -= lsm[tokens[t + 1] as usize];
+        for (i, &(target, bits, g)) in settings.iter().enumerate() {
+            let pass = if i == 0 { None } else { Some(run(&mut e, tokens, target, bits, g, None)?) };
+            let p = pass.as_ref().unwrap_or(&base);
+            let acc = &mut pooled[i];
+            for (t, row) in p.logits.chunks_exact(n_vocab).enumerate() {
+                // Each row's log-softmax once: the baseline's from base_lsm.
+                let own;
+                let lsm: &[f64] = if i == 0 {
+                    &base_lsm[t]
+                } else {
+                    own = log_softmax(row);
+                    acc.kl += kl_divergence_log(&base_lsm[t], &own);
+                    &own
+                };
+                if t + 1 < tokens.len() {
+                    acc.nll -= lsm[tokens[t + 1] as usize];
+                    acc.predicted += 1;
+                }
+                acc.agree += usize::from(argmax(row) == argmax(base_rows[t]));
+                acc.positions += 1;
             }
-            agree += usize::from(argmax(row) == argmax(base_rows[t]));
-        }
-        let n = rows.len() as f64;
-        let layer_rel_err = p.capture.attn_out.iter().zip(&base.capture.attn_out).map(|(a, b)| rel_err(a, b)).collect();
-        let (mut b1, mut b2, mut bd) = (Vec::new(), Vec::new(), Vec::new());
-        for (l, b) in p.capture.branches.iter().enumerate() {
-            let s = split_branches(b, cfg.head_dim, lambdas[l]);
-            b1.push(rel_err(&s[0], &base_split[l][0]));
-            b2.push(rel_err(&s[1], &base_split[l][1]));
-            bd.push(rel_err(&s[2], &base_split[l][2]));
-        }
-        runs.push(RunResult {
-            target,
-            bits,
-            granularity: g,
-            ppl: (nll / (n - 1.0)).exp(),
-            mean_kl: kl / n,
-            top1: agree as f64 / n,
-            layer_rel_err,
-            branch1_rel_err: is_diff.then_some(b1),
-            branch2_rel_err: is_diff.then_some(b2),
-            diff_rel_err: is_diff.then_some(bd),
-        });
-        if i > 0 {
-            let label = match (target, g) {
-                (Some(t), Some(g)) => format!("{} {bits}-bit {}", t.name(), g.name()),
-                (Some(t), None) => format!("{} {bits}-bit", t.name()),
-                _ => String::new(),
-            };
-            progress(i + 1, total, &label);
+            for (l, (a, b)) in p.capture.attn_out.iter().zip(&base.capture.attn_out).enumerate() {
+                add_sq_err(slot(&mut acc.layer, l), a, b);
+            }
+            for (l, b) in p.capture.branches.iter().enumerate() {
+                let s = split_branches(b, cfg.head_dim, lambdas[l]);
+                for k in 0..3 {
+                    add_sq_err(slot(&mut acc.branches[k], l), &s[k], &base_split[l][k]);
+                }
+            }
+            if i > 0 {
+                let label = match (target, g) {
+                    (Some(t), Some(g)) => format!("{} {bits}-bit {}", t.name(), g.name()),
+                    (Some(t), None) => format!("{} {bits}-bit", t.name()),
+                    _ => String::new(),
+                };
+                progress(w * settings.len() + i + 1, total, &format!("window {}/{}: {label}", w + 1, windows.len()));
+            }
         }
     }
+    let report = calibrator.expect("the baseline hands its calibrator back").report("attn-bench");
+    let runs = settings
+        .iter()
+        .zip(pooled)
+        .map(|(&(target, bits, granularity), acc)| {
+            let errs = |v: &[(f64, f64)]| v.iter().copied().map(rel_err).collect::<Vec<f64>>();
+            let [b1, b2, bd] = &acc.branches;
+            RunResult {
+                target,
+                bits,
+                granularity,
+                ppl: (acc.nll / acc.predicted as f64).exp(),
+                mean_kl: acc.kl / acc.positions as f64,
+                top1: acc.agree as f64 / acc.positions as f64,
+                layer_rel_err: errs(&acc.layer),
+                branch1_rel_err: is_diff.then(|| errs(b1)),
+                branch2_rel_err: is_diff.then(|| errs(b2)),
+                diff_rel_err: is_diff.then(|| errs(bd)),
+            }
+        })
+        .collect();
     Ok(ModelReport {
         path: path.display().to_string(),
         arch: format!("{:?}", cfg.arch).to_lowercase(),
         n_layers: cfg.n_layers,
-        n_tokens: tokens.len(),
+        n_tokens: windows.iter().map(|w| w.len()).sum(),
+        n_windows: windows.len(),
         logits_top: report.logits_top,
         hidden_top: report.hidden_top,
         runs,
@@ -346,8 +394,19 @@ mod tests {
 
     #[test]
     fn relative_error_and_branch_split() {
-        assert_eq!(rel_err(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
-        assert!((rel_err(&[3.0, 5.0], &[3.0, 4.0]) - 0.2).abs() < 1e-12);
+        let err = |a: &[f32], b: &[f32]| {
+            let mut acc = (0.0, 0.0);
+            add_sq_err(&mut acc, a, b);
+            rel_err(acc)
+        };
+        assert_eq!(err(&[3.0, 4.0], &[3.0, 4.0]), 0.0);
+        assert!((err(&[3.0, 5.0], &[3.0, 4.0]) - 0.2).abs() < 1e-12);
+        // Pooled over two windows: the norms add, not the ratios.
+        let mut acc = (0.0, 0.0);
+        add_sq_err(&mut acc, &[3.0, 5.0], &[3.0, 4.0]);
+        add_sq_err(&mut acc, &[0.0], &[0.0]);
+        add_sq_err(&mut acc, &[1.0], &[2.0]);
+        assert!((rel_err(acc) - (2.0f64 / 29.0).sqrt()).abs() < 1e-12);
         // Two head pairs of hd = 1: [a1 a1' | a2 a2'].
         let s = split_branches(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], 1, 0.5);
         assert_eq!(s[0], vec![1.0, 2.0, 5.0, 6.0]);

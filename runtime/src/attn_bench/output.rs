@@ -67,6 +67,7 @@ pub fn to_json(r: &BenchReport) -> Value {
                 "arch": m.arch,
                 "n_layers": m.n_layers,
                 "tokens": m.n_tokens,
+                "windows": m.n_windows,
                 "outliers": {
                     "columns": ["top1", "top2", "top3", "top10", "top100", "median"],
                     "attention_logits": m.logits_top,
@@ -123,7 +124,11 @@ pub fn to_csv(r: &BenchReport) -> String {
 pub fn to_table(r: &BenchReport) -> String {
     let mut out = String::new();
     for m in &r.models {
-        out.push_str(&format!("\n{} ({}, {} layers) over {} tokens\n\n", m.path, m.arch, m.n_layers, m.n_tokens));
+        let windows = if m.n_windows > 1 { format!(" in {} windows", m.n_windows) } else { String::new() };
+        out.push_str(&format!(
+            "\n{} ({}, {} layers) over {} tokens{windows}\n\n",
+            m.path, m.arch, m.n_layers, m.n_tokens
+        ));
         out.push_str("| target | bits | granularity | PPL | mean KL | top-1 | attn-out rel. err (mean/max) |");
         let diff = m.runs.first().is_some_and(|r| r.diff_rel_err.is_some());
         if diff {
