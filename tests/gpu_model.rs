@@ -20,7 +20,7 @@ use duet_runtime::kv_cache::CacheType;
 use duet_runtime::logits_file::{LogitsFile, argmax, log_softmax};
 use duet_runtime::model::{LogitGranularity, Logits, Model};
 
-use common::{compare, convert, dequantized, fixture};
+use common::{F32_BOUND, compare, convert, dequantized, fixture};
 use duet_test_support::{asset, skip};
 
 fn gpu(test: &str, f16: bool) -> Option<GpuBackend> {
@@ -125,7 +125,7 @@ fn fixtures_gpu_matches_cpu() {
             // The F32 conversion on the GPU also matches transformers as the CPU does.
             if preset == Preset::F32 {
                 let s = compare(&reference.logits, &logits(&mut g32, &path, tokens, split), v);
-                if s.max_abs > 1e-3 {
+                if s.max_abs > F32_BOUND {
                     failures.push(format!("{name} F32 vs transformers: max |Δ| {}", s.max_abs));
                 }
             }

@@ -7,7 +7,7 @@ mod common;
 use duet_convert::Preset;
 use duet_runtime::logits_file::LogitsFile;
 
-use common::{Stats, compare, convert, cpu_logits, dequantized, fixture};
+use common::{F32_BOUND, Q8_KL_BOUND, Q8_TOP1_BOUND, Stats, compare, convert, cpu_logits, dequantized, fixture};
 
 fn check(name: &str, preset: Preset, keep_dex: bool) -> Stats {
     let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
@@ -35,7 +35,7 @@ const MODELS: [&str; 3] = ["diffllama-gqa", "diffllama-tied-llama3", "llama-gqa"
 fn f32_conversions_match_transformers_within_1e_3() {
     for m in MODELS {
         let s = check(m, Preset::F32, false);
-        assert!(s.max_abs <= 1e-3, "{m}: max |Δ| {} > 1e-3", s.max_abs);
+        assert!(s.max_abs <= F32_BOUND, "{m}: max |Δ| {} > {F32_BOUND}", s.max_abs);
     }
 }
 
@@ -74,7 +74,7 @@ fn perplexity_save_logits_reproduces_transformers() {
         let got = LogitsFile::read(&saved).unwrap();
         assert_eq!(got.tokens, reference.tokens, "{m}: the saved logits are for other tokens");
         let s = compare(&reference.logits, &got.logits, reference.n_vocab);
-        assert!(s.max_abs <= 1e-3, "{m}: duet perplexity --save-logits is {} from transformers", s.max_abs);
+        assert!(s.max_abs <= F32_BOUND, "{m}: duet perplexity --save-logits is {} from transformers", s.max_abs);
         std::fs::remove_file(&gguf).unwrap();
         std::fs::remove_file(&saved).unwrap();
     }
@@ -84,7 +84,7 @@ fn perplexity_save_logits_reproduces_transformers() {
 fn dex_kept_and_folded_match_transformers() {
     for keep in [false, true] {
         let s = check("llama-dex", Preset::F32, keep);
-        assert!(s.max_abs <= 1e-3, "llama-dex keep_dex={keep}: max |Δ| {} > 1e-3", s.max_abs);
+        assert!(s.max_abs <= F32_BOUND, "llama-dex keep_dex={keep}: max |Δ| {} > {F32_BOUND}", s.max_abs);
     }
 }
 
@@ -97,7 +97,7 @@ fn quantized_conversions_stay_close_to_transformers() {
     let mut failures = Vec::new();
     for m in MODELS {
         let s = check(m, Preset::Q8_0, false);
-        if !(s.mean_kl <= 5e-3 && s.top1 >= 0.9) {
+        if !(s.mean_kl <= Q8_KL_BOUND && s.top1 >= Q8_TOP1_BOUND) {
             failures.push(format!("{m} q8_0: KL {} top-1 {}", s.mean_kl, s.top1));
         }
         let s = check(m, Preset::Q4KM, false);

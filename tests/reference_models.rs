@@ -4,9 +4,9 @@
 //! logits, float32 arithmetic on the stored bf16 weights, at every position of 64 held-out
 //! tokens. Here each checkpoint is converted by the converter (F32, which holds bf16 exactly,
 //! and Q8_0) and run by the CPU backend, and the committed chat model
-//! `models/duet-diff-ref.q8_0.gguf` is run as it is. The bounds are the ones the fixtures meet
-//! in tests/model_logits.rs: F32 within 1e-3 of every logit; Q8_0 mean KL ≤ 5e-3 and top-1
-//! agreement ≥ 90%.
+//! `models/duet-diff-ref.q8_0.gguf` is run as it is. The bounds are the fixtures' of
+//! tests/model_logits.rs (the constants in tests/common): F32 within 1e-3 of every logit;
+//! Q8_0 mean KL ≤ 5e-3 and top-1 agreement ≥ 90%.
 //!
 //! `DUET_REF_MODELS=DIR` checks another export (e.g. `OUT=DIR models/make_models.sh --preset
 //! tiny`) instead of models/.
@@ -19,7 +19,7 @@ use duet_convert::Preset;
 use duet_runtime::logits_file::LogitsFile;
 use duet_test_support::{repo_root, skip};
 
-use common::{Stats, compare, convert_dir, cpu_logits};
+use common::{F32_BOUND, Q8_KL_BOUND, Q8_TOP1_BOUND, Stats, compare, convert_dir, cpu_logits};
 
 fn models_dir() -> PathBuf {
     std::env::var_os("DUET_REF_MODELS").map(PathBuf::from).unwrap_or_else(|| repo_root().join("models"))
@@ -48,7 +48,7 @@ fn measure(what: &str, gguf: &Path, reference: &LogitsFile) -> Stats {
 }
 
 fn q8_within_bounds(what: &str, s: &Stats) {
-    assert!(s.mean_kl <= 5e-3 && s.top1 >= 0.9, "{what}: mean KL {} top-1 {}", s.mean_kl, s.top1);
+    assert!(s.mean_kl <= Q8_KL_BOUND && s.top1 >= Q8_TOP1_BOUND, "{what}: mean KL {} top-1 {}", s.mean_kl, s.top1);
 }
 
 #[test]
@@ -58,7 +58,7 @@ fn conversions_match_transformers() {
         let f32 = convert_dir(&dir, Preset::F32, false);
         let s = measure(&format!("{name} F32"), &f32, &reference);
         std::fs::remove_file(&f32).unwrap();
-        assert!(s.max_abs <= 1e-3, "{name} F32: max |Δ| {} > 1e-3", s.max_abs);
+        assert!(s.max_abs <= F32_BOUND, "{name} F32: max |Δ| {} > {F32_BOUND}", s.max_abs);
 
         let q8 = convert_dir(&dir, Preset::Q8_0, false);
         let s = measure(&format!("{name} Q8_0"), &q8, &reference);

@@ -67,6 +67,14 @@ pub fn dequantized(q: &Path) -> PathBuf {
     f
 }
 
+/// What a converted checkpoint meets against transformers' float32 reference, for the
+/// fixtures (tests/model_logits.rs, tests/gpu_model.rs) and the bundled reference models
+/// (tests/reference_models.rs) alike: an F32 conversion within this of every logit…
+pub const F32_BOUND: f32 = 1e-3;
+/// …and a Q8_0 conversion within this mean KL divergence and at least this top-1 agreement.
+pub const Q8_KL_BOUND: f64 = 5e-3;
+pub const Q8_TOP1_BOUND: f64 = 0.9;
+
 /// The CPU backend's logits of every position for `tokens` (`[n_tokens][n_vocab]`), fed
 /// `batch` tokens at a time over an f32 K/V cache (transformers' reference keeps K and V
 /// in float32; the f16 cache's rounding is tested separately).
