@@ -52,7 +52,6 @@ pub fn asset(test: &str, var: &str, what: &str) -> Option<PathBuf> {
     }
 }
 
-/// The repository root (two levels above this crate).
 /// Runs `cmd` with `input` on its stdin (then closed) and captures stdout and stderr, as a
 /// user typing into `duet chat` and ending with Ctrl-D.
 pub fn output_with_stdin(cmd: &mut std::process::Command, input: &[u8]) -> std::process::Output {
@@ -62,6 +61,7 @@ pub fn output_with_stdin(cmd: &mut std::process::Command, input: &[u8]) -> std::
     child.wait_with_output().unwrap()
 }
 
+/// The repository root (two levels above this crate).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
 }
