@@ -163,7 +163,7 @@ fn rel_err((num, den): (f64, f64)) -> f64 {
 }
 
 /// One setting's sums over the windows.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Pooled {
     nll: f64,
     predicted: usize,
@@ -176,12 +176,19 @@ struct Pooled {
     branches: [Vec<(f64, f64)>; 3],
 }
 
-/// Grows `v` to hold `layer` and returns its slot.
-fn slot(v: &mut Vec<(f64, f64)>, layer: usize) -> &mut (f64, f64) {
-    if v.len() <= layer {
-        v.resize(layer + 1, (0.0, 0.0));
+impl Pooled {
+    fn new(n_layers: usize) -> Pooled {
+        let zeros = vec![(0.0, 0.0); n_layers];
+        Pooled {
+            nll: 0.0,
+            predicted: 0,
+            kl: 0.0,
+            agree: 0,
+            positions: 0,
+            layer: zeros.clone(),
+            branches: [zeros.clone(), zeros.clone(), zeros],
+        }
     }
-    &mut v[layer]
 }
 
 /// Splits captured branches `[A1·V | A2·V]` per head pair (4·hd each) into (A1·V, A2·V,
@@ -297,7 +304,7 @@ pub fn bench_model(
     };
 
     let n_vocab = cfg.n_vocab;
-    let mut pooled = vec![Pooled::default(); settings.len()];
+    let mut pooled = vec![Pooled::new(cfg.n_layers); settings.len()];
     // The baseline passes of every window feed one calibrator: the outlier table.
     let mut calibrator = Some(Calibrator::new(&cfg));
     for (w, tokens) in windows.iter().enumerate() {
@@ -336,12 +343,12 @@ pub fn bench_model(
                 acc.positions += 1;
             }
             for (l, (a, b)) in p.capture.attn_out.iter().zip(&base.capture.attn_out).enumerate() {
-                add_sq_err(slot(&mut acc.layer, l), a, b);
+                add_sq_err(&mut acc.layer[l], a, b);
             }
             for (l, b) in p.capture.branches.iter().enumerate() {
                 let s = split_branches(b, cfg.head_dim, lambdas[l]);
                 for k in 0..3 {
-                    add_sq_err(slot(&mut acc.branches[k], l), &s[k], &base_split[l][k]);
+                    add_sq_err(&mut acc.branches[k][l], &s[k], &base_split[l][k]);
                 }
             }
             if i > 0 {
