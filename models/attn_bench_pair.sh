@@ -3,7 +3,8 @@
 # held-out text (never trained on) decoded from the training run's evaluation slices ->
 # both models converted to F16 GGUFs, calibrated (for the static logit scales) on another
 # held-out slice -> attn-bench over WINDOWS windows of TOKENS tokens (each from an empty cache,
-# metrics pooled) -> models/results/NAME-attn-bench.{json,csv,svg}.
+# metrics pooled) -> models/results/NAME-attn-bench.{json,csv,svg} and NAME-table.md (the
+# side-by-side markdown tables of models/pair_table.py).
 #
 #   models/attn_bench_pair.sh                      # models/diff-ref + models/llama-ref
 #   models/attn_bench_pair.sh DIR NAME             # DIR/diff-ref + DIR/llama-ref, results NAME
@@ -50,3 +51,5 @@ done
 mkdir -p models/results
 ./target/release/duet attn-bench -m "$WORK/$NAME-diff.f16.gguf" -m "$WORK/$NAME-llama.f16.gguf" \
     -f "$WORK/eval.txt" -c "$TOKENS" -w "$WINDOWS" -o "models/results/$NAME-attn-bench"
+# The README's side-by-side tables (DIFF vs Llama per setting; both outlier summaries).
+python3 models/pair_table.py "models/results/$NAME-attn-bench.json" | tee "models/results/$NAME-table.md"

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Side-by-side markdown tables of a DIFF / Llama `duet attn-bench` JSON (the README's tables).
+
+    python3 models/pair_table.py models/results/ref-pair-attn-bench.json
+
+Prints: each model's 16-bit perplexity and largest attention logit; one row per setting
+(target, bits, granularity) with both models' perplexity, mean KL to their own 16-bit pass
+and top-1 agreement; and both outlier summaries (the paper's Table 5 columns). Standard
+library only, so it runs without the training venv.
+"""
+import json
+import sys
+
+
+def by_setting(model):
+    return {(r["target"], r["bits"], r["granularity"]): r for r in model["runs"]}
+
+
+def main(path):
+    try:
+        with open(path) as f:
+            models = json.load(f)["models"]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"error: {path}: not a readable attn-bench JSON ({e})")
+    if len(models) != 2:
+        sys.exit(f"error: {path} holds {len(models)} models; expected a DIFF / Llama pair")
+    diff, llama = sorted(models, key=lambda m: m["arch"] != "diffllama")
+    names = ("DIFF", "Llama")
+    runs = [by_setting(m) for m in (diff, llama)]
+
+    print(f"tokens scored per model: {diff['tokens']:,} ({llama['tokens']:,} for Llama)\n")
+    print("| setting | " + " | ".join(f"{n} PPL" for n in names) + " | "
+          + " | ".join(f"{n} mean KL" for n in names) + " | "
+          + " | ".join(f"{n} top-1" for n in names) + " |")
+    print("|---|" + "---|" * 6)
+    targets = ["none", "logits", "k", "v", "kv"]
+    grans = ["none", "tensor", "head", "row", "static", "block32"]
+    rank = lambda names, x: names.index(x) if x in names else len(names)
+    keys = sorted(set(runs[0]) & set(runs[1]),
+                  key=lambda k: (rank(targets, k[0]), rank(grans, k[2]), k[2], -k[1]))
+    for key in keys:
+        target, bits, gran = key
+        label = "16-bit" if target == "none" else f"{target} {bits}-bit {gran}"
+        a, b = runs[0][key], runs[1][key]
+        print(f"| {label} | {a['ppl']:.2f} | {b['ppl']:.2f} | {a['mean_kl']:.2e} | {b['mean_kl']:.2e} "
+              f"| {100 * a['top1']:.1f}% | {100 * b['top1']:.1f}% |")
+
+    print("\n| model | activation | top-1 | top-2 | top-3 | top-10 | top-100 | median |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, m in zip(names, (diff, llama)):
+        for act in ("attention_logits", "hidden_states"):
+            vals = " | ".join(f"{v:.1f}" if v >= 10 else f"{v:.2f}" for v in m["outliers"][act])
+            print(f"| {name} | {act.replace('_', ' ')} | {vals} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
