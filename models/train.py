@@ -743,7 +743,7 @@ def stage_export(args):
     manifest = json.load(open(os.path.join(data_dir, "manifest.json")))
     evals = load_eval(data_dir)
     p = preset(args)
-    results = {}
+    results, curves = {}, {}
     for name in args.models:
         ckpt_dir = os.path.join(args.work, "ckpt", name)
         ck = torch.load(os.path.join(ckpt_dir, "state.pt"), map_location="cpu", weights_only=False)
@@ -792,17 +792,19 @@ def stage_export(args):
         os.replace(tmp, out)
         log(f"export: {out}: eval ppl {r['all']['ppl']:.3f} ({time.time() - t0:.0f}s)")
         results[name] = info
+        curves[name] = {x["step"]: x["eval_ppl"] for x in ck["metrics"] if x.get("eval_ppl") not in ("", None)}
     shutil.copy(os.path.join(data_dir, "reference_prompt.txt"), os.path.join(args.out, "reference_prompt.txt"))
     # The fortune files' BSD-style licence asks that its notice travel with redistributions.
     for name, data in deb_data_members(os.path.join(args.cache, "downloads", DEBS[0]["file"])):
         if name == "./usr/share/doc/fortunes/copyright":
             write_atomic(os.path.join(args.out, "fortunes-copyright.txt"), data)
     if args.preset == "ref" and set(results) == set(MODELS):
-        update_readme(os.path.join(args.out, "README.md"), results, manifest)
+        update_readme(os.path.join(args.out, "README.md"), results, curves)
 
 
-def update_readme(path, res, manifest):
-    """Rewrites the results block of models/README.md from the eval.json files."""
+def update_readme(path, res, curves):
+    """Rewrites the results block of models/README.md from the eval.json files and the
+    held-out perplexities logged during training (the loss curves' evaluation points)."""
     if not os.path.exists(path):
         return
     text = open(path).read()
@@ -825,6 +827,14 @@ def update_readme(path, res, manifest):
         lambda r: f"**{r['eval']['all']['ppl']:.2f}**")
     row("eval bits per byte", lambda r: f"{r['eval_bits_per_byte']:.4f}")
     row("training time (this machine)", lambda r: f"{r['train_seconds'] / 3600:.2f} h")
+    rows += ["", "Held-out perplexity during training (all sources; every 250 steps and at the last; on the",
+             "training weights in the training precision, so the last row differs slightly from the bf16",
+             "export's above; the whole curves are in each `training_log.csv`):", "",
+             "| step | tokens | Llama | DiffLlama |", "|---|---|---|---|"]
+    tokens_per_step = res["llama"]["train_tokens_seen"] // res["llama"]["steps"]
+    for step in sorted(set(curves["llama"]) & set(curves["diff"])):
+        rows.append(f"| {step:,} | {step * tokens_per_step / 1e6:.1f} M | {curves['llama'][step]:.2f} "
+                    f"| {curves['diff'][step]:.2f} |")
     block = a + "\n" + "\n".join(rows) + "\n" + b
     text = text[:text.index(a)] + block + text[text.index(b) + len(b):]
     write_atomic(path, text.encode())
