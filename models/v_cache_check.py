@@ -9,7 +9,10 @@ quantized as duet's q8/q6/q4 cache stores it (blocks of 32 consecutive values of
 f16 scale d = absmax/m, m = 2^(bits-1) - 1, values clamp(round(x/d), -m, m)), and prints the
 mean KL divergence of the next-token distributions to the f16 pass and the top-1 agreement,
 i.e. the `v` rows of `duet attn-bench -c N -w 1` computed by another implementation. V
-needs no RoPE, so hooking v_proj quantizes exactly what duet's cache holds.
+needs no RoPE, so hooking v_proj quantizes exactly what duet's cache holds. First it prints,
+per layer, what decides V's rounding error: V's RMS and absmax, the mean over blocks of
+absmax/RMS (the block's outlier ratio: the step is absmax/m) and the relative error
+||q8(V) - V|| / ||V||.
 """
 import sys
 
@@ -35,14 +38,22 @@ def main(path, text, n):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with open(text) as f:
         ids = tok(f.read(), return_tensors="pt").input_ids[:, :n]
-    bits = None
+    bits, seen = None, []
 
     def quantize_v(_module, _inputs, out):
+        seen.append(out[0])
         return out.half().float() if bits is None else block_absmax(out, bits)
 
     for layer in model.model.layers:
         layer.self_attn.v_proj.register_forward_hook(quantize_v)
     with torch.no_grad():
+        model(ids)
+        for i, v in enumerate(seen):  # v: [tokens, n_kv_heads * head_dim]
+            blocks = v.reshape(-1, 32)
+            ratio = (blocks.abs().amax(-1) / blocks.pow(2).mean(-1).sqrt().clamp_min(1e-30)).mean().item()
+            err = ((block_absmax(v, 8) - v).norm() / v.norm()).item()
+            print(f"{path}: layer {i} V: rms {v.pow(2).mean().sqrt().item():.3f}, absmax {v.abs().max().item():.2f}, "
+                  f"block absmax/rms {ratio:.2f}, q8 relative error {err:.2e}")
         base = torch.log_softmax(model(ids).logits[0].float(), -1)
         for bits in (8, 6, 4):
             lq = torch.log_softmax(model(ids).logits[0].float(), -1)
