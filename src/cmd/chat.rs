@@ -39,15 +39,11 @@ static GENERATING: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
 
 /// The bundled default models, best first, with how `duet chat` names them: the trained
-/// DIFF reference model (models/README.md), else the small interim DIFF model committed
-/// until that training finishes.
-pub const BUNDLED: [(&str, &str); 2] = [
-    ("duet-diff-ref.q8_0.gguf", "duet's bundled DIFF reference model"),
-    (
-        "duet-diff-interim.q8_0.gguf",
-        "duet's small interim DIFF model (0.6M parameters, a placeholder until the reference model is trained; expect babble)",
-    ),
-];
+/// DIFF reference model (models/README.md).
+pub const BUNDLED: [(&str, &str); 1] = [(
+    "duet-diff-ref.q8_0.gguf",
+    "duet's bundled DIFF reference model (10M parameters, trained on old speeches, Moby-Dick and fortunes; not instruction-tuned)",
+)];
 
 /// The bundled model to use and its description (`DUET_DEFAULT_MODEL` overrides).
 pub fn bundled_model() -> Option<(PathBuf, &'static str)> {
