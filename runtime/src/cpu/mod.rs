@@ -118,14 +118,13 @@ impl Backend for CpuBackend {
             ActPrecision::Q8 => "Q8 activations",
             ActPrecision::Q8x2 => "two-level Q8 activations",
         };
+        let threads = match self.pool.n_threads() {
+            1 => "1 thread".to_string(),
+            n => format!("{n} threads"),
+        };
         match self.gemm {
-            Some(g) => format!(
-                "CPU, {} threads, {} packed / {} kernels, {acts}",
-                self.pool.n_threads(),
-                g.name,
-                self.kernels.name
-            ),
-            None => format!("CPU, {} threads, {} kernels, {acts}", self.pool.n_threads(), self.kernels.name),
+            Some(g) => format!("CPU, {threads}, {} packed / {} kernels, {acts}", g.name, self.kernels.name),
+            None => format!("CPU, {threads}, {} kernels, {acts}", self.kernels.name),
         }
     }
 
