@@ -3,8 +3,8 @@
 
     python3 models/pair_table.py models/results/ref-pair-attn-bench.json
 
-Prints: each model's 16-bit perplexity and largest attention logit; one row per setting
-(target, bits, granularity) with both models' perplexity, mean KL to their own 16-bit pass
+Prints the number of tokens scored; one row per setting (the 16-bit pass first, then
+target, granularity, bits) with both models' perplexity, mean KL to their own 16-bit pass
 and top-1 agreement; and both outlier summaries (the paper's Table 5 columns). Standard
 library only, so it runs without the training venv.
 """
@@ -35,7 +35,7 @@ def main(path):
     print("|---|" + "---|" * 6)
     targets = ["none", "logits", "k", "v", "kv"]
     grans = ["none", "tensor", "head", "row", "static", "block32"]
-    rank = lambda names, x: names.index(x) if x in names else len(names)
+    rank = lambda order, x: order.index(x) if x in order else len(order)
     keys = sorted(set(runs[0]) & set(runs[1]),
                   key=lambda k: (rank(targets, k[0]), rank(grans, k[2]), k[2], -k[1]))
     for key in keys:

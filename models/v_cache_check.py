@@ -38,23 +38,24 @@ def main(path, text, n):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with open(text) as f:
         ids = tok(f.read(), return_tensors="pt").input_ids[:, :n]
-    bits, seen = None, []
+    bits, seen = None, []  # seen: each layer's V of the f16 pass
 
     def quantize_v(_module, _inputs, out):
-        seen.append(out[0])
-        return out.half().float() if bits is None else block_absmax(out, bits)
+        if bits is None:
+            seen.append(out[0])
+            return out.half().float()
+        return block_absmax(out, bits)
 
     for layer in model.model.layers:
         layer.self_attn.v_proj.register_forward_hook(quantize_v)
     with torch.no_grad():
-        model(ids)
+        base = torch.log_softmax(model(ids).logits[0].float(), -1)
         for i, v in enumerate(seen):  # v: [tokens, n_kv_heads * head_dim]
             blocks = v.reshape(-1, 32)
             ratio = (blocks.abs().amax(-1) / blocks.pow(2).mean(-1).sqrt().clamp_min(1e-30)).mean().item()
             err = ((block_absmax(v, 8) - v).norm() / v.norm()).item()
             print(f"{path}: layer {i} V: rms {v.pow(2).mean().sqrt().item():.3f}, absmax {v.abs().max().item():.2f}, "
                   f"block absmax/rms {ratio:.2f}, q8 relative error {err:.2e}")
-        base = torch.log_softmax(model(ids).logits[0].float(), -1)
         for bits in (8, 6, 4):
             lq = torch.log_softmax(model(ids).logits[0].float(), -1)
             kl = (base.exp() * (base - lq)).sum(-1).mean().item()
