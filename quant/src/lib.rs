@@ -6,13 +6,13 @@
 //!   (and with `quantize_*` when an importance matrix is given).
 //! * [`dot`]: the CPU dot products a matmul needs, scalar reference plus AVX2/NEON paths
 //!   chosen at run time.
-//! * [`absmax`]: symmetric 8/6/4-bit absmax blocks (the K/V cache formats).
+//! * [`kv`]: the K/V cache's block formats (absmax, signed-max and per-channel groups) and
+//!   the Hadamard rotation.
 //! * [`gguf`]: a checked, zero-copy GGUF v3 reader over a memory map and a streaming writer.
 
 #[cfg(target_endian = "big")]
 compile_error!("duet-quant reads and writes little-endian block bytes in place; big-endian hosts are not supported");
 
-pub mod absmax;
 pub mod blocks;
 pub mod dot;
 pub mod fp;
@@ -20,6 +20,7 @@ pub mod gemm;
 mod ggml_type;
 pub mod gguf;
 pub mod kquants;
+pub mod kv;
 pub mod legacy;
 mod rounding;
 mod row;

@@ -1,8 +1,8 @@
-//! Decode-step attention over a long K/V cache, per cache type, on the CPU backend:
-//! `cargo bench -p duet-runtime --bench attention [-- CONTEXT]` (default 2048 cached
-//! positions). One query row attends over the whole cache, as in decode; cache types are
-//! timed round-robin so they share the machine's noise, and the medians are compared with
-//! f16. Shapes: SmolLM2's attention (9 query heads, 3 KV heads, head_dim 64), a DIFF layer
+//! Decode-step attention over a long K/V cache, per pair of K/V cache types, on the CPU
+//! backend: `cargo bench -p duet-runtime --bench attention [-- CONTEXT]` (default 2048
+//! cached positions). One query row attends over the whole cache, as in decode; cache
+//! types are timed round-robin so they share the machine's noise, and the medians are
+//! compared with f16. Shapes: SmolLM2's attention (9 query heads, 3 KV heads, head_dim 64), a DIFF layer
 //! of that width (8 query heads in 4 pairs, 4 KV heads), and both at an 8B-class width (32
 //! query / 8 KV heads of 128), whose cache no longer fits in L2.
 
@@ -28,7 +28,8 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let ctx: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2048);
-    let types = [CacheType::F16, CacheType::Q8, CacheType::Q6, CacheType::Q4];
+    use CacheType::*;
+    let types = [(F16, F16), (Q4, Q4), (Q4c, F16), (F16, Q4r), (Q4c, Q4r)];
     let shapes = [
         ("standard 9/3 heads, hd 64", AttentionKind::Standard, 9, 3, 64),
         (
@@ -49,7 +50,7 @@ fn main() {
         ),
     ];
     println!("decode attention over {ctx} cached positions, 2 threads; median of 300 calls");
-    println!("| shape | cache | bytes/position | µs per call | vs f16 |");
+    println!("| shape | K / V cache | bytes/position (K+V) | µs per call | vs f16 |");
     println!("|---|---|---|---|---|");
     for (name, kind, n_heads, n_kv, hd) in shapes {
         let spec = AttentionSpec {
@@ -65,8 +66,8 @@ fn main() {
         let mut b = CpuBackend::new(2);
         let mut caches: Vec<_> = types
             .iter()
-            .map(|&t| {
-                let kv = KvCacheSpec { n_layers: 1, n_ctx: ctx + 1, kv_dim, head_dim: hd, k_type: t, v_type: t };
+            .map(|&(kt, vt)| {
+                let kv = KvCacheSpec { n_layers: 1, n_ctx: ctx + 1, kv_dim, head_dim: hd, k_type: kt, v_type: vt };
                 let mut cache = b.new_kv_cache(&kv).unwrap();
                 // Fill the cache in chunks of 256 positions.
                 for p0 in (0..ctx).step_by(256) {
@@ -101,8 +102,9 @@ fn main() {
             }
         }
         let med: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
-        for (i, t) in types.iter().enumerate() {
-            println!("| {name} | {t} | {} | {:.1} | {:.2}× |", 2 * t.bytes(kv_dim), med[i], med[i] / med[0]);
+        for (i, (kt, vt)) in types.iter().enumerate() {
+            let bytes = (kt.layer_bytes(ctx + 1, kv_dim) + vt.layer_bytes(ctx + 1, kv_dim)) as f64 / (ctx + 1) as f64;
+            println!("| {name} | {kt} / {vt} | {bytes:.1} | {:.1} | {:.2}× |", med[i], med[i] / med[0]);
         }
     }
 }

@@ -70,6 +70,9 @@ pub struct Engine<B: Backend> {
     pub session: Session<B>,
     /// Tokens whose K/V are in the session's cache, in order.
     cached: Vec<u32>,
+    /// What loading changed from the options, and why (e.g. a cache type this model's
+    /// head size cannot use, replaced by the nearest one that it can).
+    pub notes: Vec<String>,
 }
 
 impl<B: Backend> Engine<B> {
@@ -88,8 +91,10 @@ impl<B: Backend> Engine<B> {
             &text_of(tokenizer.eos),
         )?;
         let n_ctx = if opts.n_ctx == 0 { model.config.n_ctx_train.min(4096) } else { opts.n_ctx };
-        let session = model.new_session(&mut backend, n_ctx, opts.batch.min(n_ctx), opts.k_type, opts.v_type)?;
-        Ok(Engine { backend, model, tokenizer, template, session, cached: Vec::new() })
+        let mut spec = model.cache_spec(n_ctx, opts.k_type, opts.v_type);
+        let notes = spec.resolve();
+        let session = model.new_session(&mut backend, n_ctx, opts.batch.min(n_ctx), spec.k_type, spec.v_type)?;
+        Ok(Engine { backend, model, tokenizer, template, session, cached: Vec::new(), notes })
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -116,7 +121,7 @@ impl<B: Backend> Engine<B> {
         if common == tokens.len() {
             common -= 1;
         }
-        self.session.truncate(common);
+        let common = self.session.truncate(common);
         self.cached.truncate(common);
         let logits = self.model.forward(&mut self.backend, &mut self.session, &tokens[common..], Logits::Last)?;
         self.cached.extend_from_slice(&tokens[common..]);

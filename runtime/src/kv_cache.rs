@@ -1,71 +1,173 @@
 //! K/V cache description shared by the backends. The cache is allocated once for the whole
 //! context (never grown by concatenation): per layer, `n_ctx` rows of `kv_dim` values for K
-//! and the same for V.
+//! and the same for V, in one of the formats below (K and V chosen independently).
+//!
+//! | type | layout | bytes per 32 values (f16: 64) |
+//! |---|---|---|
+//! | `f32`, `f16` | plain | 128, 64 |
+//! | `q8`, `q6`, `q4` | symmetric absmax blocks of 32 along the row ([`duet_quant::kv::absmax`]) | 34, 26, 18 |
+//! | `q8r`, `q6r`, `q4r` | each head Hadamard-rotated, then signed-max blocks of 64 ([`duet_quant::kv::signed_max`]) | 33, 25, 17 |
+//! | `q8c`, `q6c`, `q4c` | per channel over groups of 32 positions ([`duet_quant::kv::channel`]), the newest positions in f16 | 36, 28, 20 (+ the f16 window) |
+//!
+//! Measured (README, "K/V cache formats"): `q4c` for K and `q4r` for V is the best 4-bit
+//! cache; keys have fixed outlier channels that per-channel groups absorb, values have none
+//! worth a window and profit from rotation.
 
 use std::fmt;
 
-use duet_quant::absmax::AbsmaxFormat;
+use duet_quant::kv::absmax::AbsmaxFormat;
+use duet_quant::kv::channel::{self, ChannelFormat};
+use duet_quant::kv::hadamard;
+use duet_quant::kv::signed_max::{self, SignedMaxFormat};
 
 use crate::error::RuntimeError;
 
-/// Element type of a cache.
-///
-/// q8, q6 and q4 store each cache row (n_kv_heads·head_dim values) in symmetric absmax
-/// blocks of 32 consecutive values with an f16 scale ([`duet_quant::absmax`]): 34, 26 and 18
-/// bytes per 32 values against f16's 64. With head_dim ≥ 32 (every real model) a block
-/// lies inside one head; smaller heads share blocks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Element type of a cache (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CacheType {
     F32,
     F16,
     Q8,
     Q6,
     Q4,
+    Q8r,
+    Q6r,
+    Q4r,
+    Q8c,
+    Q6c,
+    Q4c,
+}
+
+/// How a cache type stores its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheLayout {
+    F32,
+    F16,
+    /// Each row in absmax blocks of 32.
+    Absmax(AbsmaxFormat),
+    /// Each row, every head Hadamard-rotated, in signed-max blocks of 64.
+    Rotated(SignedMaxFormat),
+    /// Groups of 32 positions quantized per channel; the positions of the last, incomplete
+    /// group kept in an f16 window.
+    Channel(ChannelFormat),
 }
 
 impl CacheType {
-    pub const NAMES: &'static str = "f32, f16, q8, q6 or q4";
+    pub const ALL: [CacheType; 11] = [
+        CacheType::F32,
+        CacheType::F16,
+        CacheType::Q8,
+        CacheType::Q6,
+        CacheType::Q4,
+        CacheType::Q8r,
+        CacheType::Q6r,
+        CacheType::Q4r,
+        CacheType::Q8c,
+        CacheType::Q6c,
+        CacheType::Q4c,
+    ];
+    pub const NAMES: &'static str = "f32, f16, q8, q6, q4, q8r, q6r, q4r, q8c, q6c or q4c";
 
-    pub fn parse(s: &str) -> Option<CacheType> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" => Some(CacheType::F32),
-            "f16" => Some(CacheType::F16),
-            "q8" | "q8_0" => Some(CacheType::Q8),
-            "q6" => Some(CacheType::Q6),
-            "q4" => Some(CacheType::Q4),
-            _ => None,
-        }
-    }
-
-    /// The block format of a quantized cache type.
-    pub fn absmax(self) -> Option<AbsmaxFormat> {
+    pub fn name(self) -> &'static str {
         match self {
-            CacheType::F32 | CacheType::F16 => None,
-            CacheType::Q8 => Some(AbsmaxFormat::Q8),
-            CacheType::Q6 => Some(AbsmaxFormat::Q6),
-            CacheType::Q4 => Some(AbsmaxFormat::Q4),
-        }
-    }
-
-    /// Bytes for `n` values (a multiple of 32 for the quantized types).
-    pub fn bytes(self, n: usize) -> usize {
-        match self {
-            CacheType::F32 => 4 * n,
-            CacheType::F16 => 2 * n,
-            q => q.absmax().expect("quantized").bytes(n),
-        }
-    }
-}
-
-impl fmt::Display for CacheType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
             CacheType::F32 => "f32",
             CacheType::F16 => "f16",
             CacheType::Q8 => "q8",
             CacheType::Q6 => "q6",
             CacheType::Q4 => "q4",
-        })
+            CacheType::Q8r => "q8r",
+            CacheType::Q6r => "q6r",
+            CacheType::Q4r => "q4r",
+            CacheType::Q8c => "q8c",
+            CacheType::Q6c => "q6c",
+            CacheType::Q4c => "q4c",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CacheType> {
+        let s = s.to_ascii_lowercase();
+        if s == "q8_0" {
+            return Some(CacheType::Q8);
+        }
+        CacheType::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    pub fn layout(self) -> CacheLayout {
+        match self {
+            CacheType::F32 => CacheLayout::F32,
+            CacheType::F16 => CacheLayout::F16,
+            CacheType::Q8 => CacheLayout::Absmax(AbsmaxFormat::Q8),
+            CacheType::Q6 => CacheLayout::Absmax(AbsmaxFormat::Q6),
+            CacheType::Q4 => CacheLayout::Absmax(AbsmaxFormat::Q4),
+            CacheType::Q8r => CacheLayout::Rotated(SignedMaxFormat::Q8),
+            CacheType::Q6r => CacheLayout::Rotated(SignedMaxFormat::Q6),
+            CacheType::Q4r => CacheLayout::Rotated(SignedMaxFormat::Q4),
+            CacheType::Q8c => CacheLayout::Channel(ChannelFormat::Q8),
+            CacheType::Q6c => CacheLayout::Channel(ChannelFormat::Q6),
+            CacheType::Q4c => CacheLayout::Channel(ChannelFormat::Q4),
+        }
+    }
+
+    /// Bits per stored value (16 and 32 for the plain types).
+    pub fn bits(self) -> u32 {
+        match self.layout() {
+            CacheLayout::F32 => 32,
+            CacheLayout::F16 => 16,
+            CacheLayout::Absmax(f) => f.bits(),
+            CacheLayout::Rotated(f) => f.bits(),
+            CacheLayout::Channel(f) => f.bits(),
+        }
+    }
+
+    /// Whether rows are stored in each head's Hadamard basis (queries are rotated to match,
+    /// attention outputs rotated back).
+    pub fn rotated(self) -> bool {
+        matches!(self.layout(), CacheLayout::Rotated(_))
+    }
+
+    /// The block the type's rows must be whole multiples of (1 for the plain types).
+    pub fn row_multiple(self) -> usize {
+        match self.layout() {
+            CacheLayout::F32 | CacheLayout::F16 => 1,
+            CacheLayout::Absmax(_) | CacheLayout::Channel(_) => duet_quant::kv::pack::N,
+            CacheLayout::Rotated(_) => signed_max::BLOCK,
+        }
+    }
+
+    /// The same bits in legacy absmax blocks, the fallback of `q*r`.
+    fn absmax_twin(self) -> CacheType {
+        match self.bits() {
+            8 => CacheType::Q8,
+            6 => CacheType::Q6,
+            _ => CacheType::Q4,
+        }
+    }
+
+    /// Bytes one layer of this type needs for `n_ctx` rows of `kv_dim` values, everything
+    /// included: scales, offsets and the f16 window of the channel formats.
+    pub fn layer_bytes(self, n_ctx: usize, kv_dim: usize) -> usize {
+        let n = n_ctx * kv_dim;
+        match self.layout() {
+            CacheLayout::F32 => 4 * n,
+            CacheLayout::F16 => 2 * n,
+            CacheLayout::Absmax(f) => f.bytes(n),
+            CacheLayout::Rotated(f) => f.bytes(n),
+            CacheLayout::Channel(f) => {
+                n_ctx / channel::GROUP * f.group_bytes(kv_dim) + channel_window_rows(n_ctx) * 2 * kv_dim
+            }
+        }
+    }
+}
+
+/// Rows of the f16 window a channel-format cache of `n_ctx` positions keeps: the positions
+/// of a group not yet full (all of them when the context is shorter than a group).
+pub fn channel_window_rows(n_ctx: usize) -> usize {
+    channel::GROUP.min(n_ctx)
+}
+
+impl fmt::Display for CacheType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -81,23 +183,135 @@ pub struct KvCacheSpec {
 }
 
 impl KvCacheSpec {
-    /// Refuses quantized cache types whose blocks would not tile a cache row.
+    /// Refuses cache types whose blocks would not tile a cache row, or that need a rotation
+    /// the head size does not allow.
     pub fn check(&self) -> Result<(), RuntimeError> {
         for (which, ty) in [("K", self.k_type), ("V", self.v_type)] {
-            if ty.absmax().is_some() && !self.kv_dim.is_multiple_of(duet_quant::absmax::BLOCK) {
-                return Err(RuntimeError::Unsupported(format!(
-                    "a {ty} {which} cache stores rows in blocks of {}, but this model's K/V rows have {} values",
-                    duet_quant::absmax::BLOCK,
-                    self.kv_dim
-                )));
+            if let Some(why) = unusable(ty, self.kv_dim, self.head_dim) {
+                return Err(RuntimeError::Unsupported(format!("a {ty} {which} cache {why}")));
             }
         }
         Ok(())
     }
 
-    /// Total bytes of the cache.
+    /// Replaces cache types this model cannot use by the nearest that it can (`q*r` → the
+    /// same bits in absmax blocks → f16), with one note per replacement saying why.
+    pub fn resolve(&mut self) -> Vec<String> {
+        let mut notes = Vec::new();
+        let (kv_dim, hd) = (self.kv_dim, self.head_dim);
+        for (which, ty) in [("K", &mut self.k_type), ("V", &mut self.v_type)] {
+            let mut t = *ty;
+            while let Some(why) = unusable(t, kv_dim, hd) {
+                let next = if t.rotated() { t.absmax_twin() } else { CacheType::F16 };
+                notes.push(format!("a {t} {which} cache {why}: using {next} instead"));
+                t = next;
+            }
+            if t.rotated() && hadamard::block_size(hd) < hd {
+                notes.push(format!(
+                    "{t} {which} cache: head_dim {hd} is not a power of two, so each head is rotated in blocks of {}",
+                    hadamard::block_size(hd)
+                ));
+            }
+            *ty = t;
+        }
+        notes
+    }
+
+    /// How many of `n_past` cached positions can be kept when the first `n` are wanted: `n`,
+    /// except that a per-channel cache keeps a quantized group whole or not at all (its
+    /// positions' f16 values are gone), so it keeps `n` rounded down to a group.
+    pub fn keepable(&self, n_past: usize, n: usize) -> usize {
+        let n = n.min(n_past);
+        let channel = [self.k_type, self.v_type].iter().any(|t| matches!(t.layout(), CacheLayout::Channel(_)));
+        let g = channel::GROUP;
+        // Positions from here on are still in the f16 window.
+        let window_start = (n_past / g).min(self.n_ctx / g) * g;
+        if !channel || n >= window_start { n } else { n / g * g }
+    }
+
+    /// Total bytes of the cache, everything included.
     pub fn bytes(&self) -> usize {
-        let per_layer = self.k_type.bytes(self.n_ctx * self.kv_dim) + self.v_type.bytes(self.n_ctx * self.kv_dim);
-        per_layer * self.n_layers
+        (self.k_type.layer_bytes(self.n_ctx, self.kv_dim) + self.v_type.layer_bytes(self.n_ctx, self.kv_dim))
+            * self.n_layers
+    }
+}
+
+/// Why a cache of type `ty` cannot hold rows of `kv_dim` values in heads of `head_dim`.
+fn unusable(ty: CacheType, kv_dim: usize, head_dim: usize) -> Option<String> {
+    let m = ty.row_multiple();
+    if !kv_dim.is_multiple_of(m) {
+        return Some(format!("stores rows in blocks of {m} values, but this model's K/V rows have {kv_dim}"));
+    }
+    if ty.rotated() && hadamard::block_size(head_dim) < 2 {
+        return Some(format!("rotates each head by a Hadamard matrix, which needs an even head_dim, not {head_dim}"));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kv_dim: usize, head_dim: usize, k: CacheType, v: CacheType) -> KvCacheSpec {
+        KvCacheSpec { n_layers: 2, n_ctx: 4096, kv_dim, head_dim, k_type: k, v_type: v }
+    }
+
+    #[test]
+    fn names_parse_back() {
+        for t in CacheType::ALL {
+            assert_eq!(CacheType::parse(t.name()), Some(t));
+            assert!(CacheType::NAMES.contains(t.name()));
+        }
+        assert_eq!(CacheType::parse("Q4C"), Some(CacheType::Q4c));
+        assert_eq!(CacheType::parse("q5"), None);
+    }
+
+    /// The 4-bit pair the README recommends fits in 0.30 × f16 at 4,096 positions, window,
+    /// offsets and scales included.
+    #[test]
+    fn recommended_four_bit_cache_is_under_0_30_of_f16() {
+        for (kv_dim, hd) in [(192, 64), (128, 64), (1024, 128)] {
+            let q = spec(kv_dim, hd, CacheType::Q4c, CacheType::Q4r).bytes() as f64;
+            let f = spec(kv_dim, hd, CacheType::F16, CacheType::F16).bytes() as f64;
+            assert!(q / f <= 0.30, "kv_dim {kv_dim}: {:.4}", q / f);
+        }
+    }
+
+    #[test]
+    fn truncating_keeps_whole_quantized_groups() {
+        let mut s = spec(128, 64, CacheType::F16, CacheType::F16);
+        assert_eq!(s.keepable(100, 50), 50);
+        s.k_type = CacheType::Q4c;
+        // Groups 0..3 (positions 0..96) are quantized, 96..100 in the window.
+        assert_eq!(s.keepable(100, 98), 98);
+        assert_eq!(s.keepable(100, 96), 96);
+        assert_eq!(s.keepable(100, 95), 64);
+        assert_eq!(s.keepable(100, 31), 0);
+        assert_eq!(s.keepable(100, 200), 100);
+        // The tail past the last whole group of the context never leaves the window.
+        s.n_ctx = 100;
+        assert_eq!(s.keepable(100, 97), 97);
+    }
+
+    #[test]
+    fn unusable_types_fall_back_with_a_note() {
+        // 96-wide rows: not whole blocks of 64, so q4r becomes q4 (blocks of 32).
+        let mut s = spec(96, 32, CacheType::Q4c, CacheType::Q4r);
+        let notes = s.resolve();
+        assert_eq!((s.k_type, s.v_type), (CacheType::Q4c, CacheType::Q4));
+        assert!(notes.len() == 1 && notes[0].contains("q4r V cache") && notes[0].contains("using q4"), "{notes:?}");
+        assert!(s.check().is_ok());
+        // 40-wide rows fit no block: everything quantized becomes f16.
+        let mut s = spec(40, 20, CacheType::Q8r, CacheType::Q6c);
+        let notes = s.resolve();
+        assert_eq!((s.k_type, s.v_type), (CacheType::F16, CacheType::F16));
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        // A head_dim that is not a power of two rotates in smaller blocks, and says so.
+        let mut s = spec(640, 80, CacheType::F16, CacheType::Q4r);
+        let notes = s.resolve();
+        assert_eq!(s.v_type, CacheType::Q4r);
+        assert!(notes[0].contains("blocks of 16"), "{notes:?}");
+        // check() refuses what resolve() would replace.
+        assert!(spec(96, 32, CacheType::Q4r, CacheType::F16).check().is_err());
     }
 }

@@ -17,7 +17,7 @@ use duet_quant::gguf::{GgufFile, GgufWriter};
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightView};
 use duet_runtime::cpu::{CpuBackend, CpuTensor};
 use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor};
-use duet_runtime::kv_cache::{CacheType, KvCacheSpec};
+use duet_runtime::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
 use duet_test_support::{Rng, skip};
 
 fn gpu(test: &str, f16: bool, max_binding: Option<u64>) -> Option<GpuBackend> {
@@ -337,30 +337,41 @@ fn attention_case(
         };
         eprintln!("attention {kind} H={h} Hkv={hkv} hd={hd} K {kt} V {vt}{lq} rows {n} at {pos0}: nmse {e:.2e}");
         assert!(!check || e <= bound, "attention {kind} rows {n} at {pos0}: nmse {e:.3e} > {bound:.0e}");
-        // The absmax rows the GPU wrote: the CPU's quantize_row bytes, then zero padding.
-        for (ty, vals, is_v) in [(kt, &kvv, false), (vt, &vv, true)] {
-            let Some(fmt) = ty.absmax() else { continue };
-            let kv_dim = hkv * hd;
-            let got = p.gpu.read_kv_rows(&cg, 1, is_v, pos0..pos0 + n).unwrap();
-            let row_bytes = got.len() / n;
-            assert_eq!(row_bytes, fmt.bytes(kv_dim).next_multiple_of(4));
-            let mut want = vec![0u8; fmt.bytes(kv_dim)];
-            for r in 0..n {
-                fmt.quantize_row(&vals[r * kv_dim..(r + 1) * kv_dim], &mut want);
-                let row = &got[r * row_bytes..(r + 1) * row_bytes];
-                assert_eq!(
-                    &row[..want.len()],
-                    &want[..],
-                    "{ty} {} cache row {}: bytes",
-                    if is_v { "V" } else { "K" },
-                    pos0 + r
-                );
-                assert!(row[want.len()..].iter().all(|&b| b == 0), "{ty} cache row {}: padding", pos0 + r);
+        // What the GPU stored is the CPU's bytes: block rows each padded to a word, a
+        // per-channel layer's groups and window as they are.
+        for (ty, is_v) in [(kt, false), (vt, true)] {
+            let cpu = if is_v { &cc.v[1] } else { &cc.k[1] }.stored_bytes();
+            let got = p.gpu.read_kv_buffer(&cg, 1, is_v).unwrap();
+            let which = if is_v { "V" } else { "K" };
+            match ty.layout() {
+                // f16 rounding on the GPU is pack2x16float's (checked through attention).
+                CacheLayout::F32 | CacheLayout::F16 => {}
+                CacheLayout::Channel(_) => {
+                    assert_same_bytes(&got, &cpu, &format!("{ty} {which} cache after rows {pos0}..{}", pos0 + n))
+                }
+                CacheLayout::Absmax(_) | CacheLayout::Rotated(_) => {
+                    let (crb, grb) = (cpu.len() / n_ctx, got.len() / n_ctx);
+                    assert_eq!(grb, crb.next_multiple_of(4));
+                    for r in 0..pos0 + n {
+                        let row = &got[r * grb..(r + 1) * grb];
+                        assert_eq!(&row[..crb], &cpu[r * crb..(r + 1) * crb], "{ty} {which} cache row {r}: bytes");
+                        assert!(row[crb..].iter().all(|&b| b == 0), "{ty} {which} cache row {r}: padding");
+                    }
+                }
             }
         }
         pos0 += n;
     }
     (cpu_out, gpu_out)
+}
+
+/// `got == want`, else a failure naming the first differing byte and the counts.
+fn assert_same_bytes(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: {} bytes, expected {}", got.len(), want.len());
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        let n = got.iter().zip(want).filter(|(a, b)| a != b).count();
+        panic!("{what}: {n} of {} bytes differ, the first at byte {i} ({} vs {})", got.len(), got[i], want[i]);
+    }
 }
 
 /// Standard attention of `h` query and `hkv` KV heads of `hd`, scale hd^−½.
@@ -404,24 +415,38 @@ fn attention_standard_and_differential() {
     }
 }
 
-/// q8, q6 and q4 caches, alone and mixed with f16: the GPU writes the CPU's block bytes and
-/// its attention matches the CPU backend's over the same cache types. Shapes include a row
-/// of an odd number of blocks (padded on the GPU) and head_dim 16 (heads sharing blocks).
+/// Every quantized cache type (absmax, rotated, per-channel), alone and mixed with f16 and
+/// with each other: the GPU writes the CPU's bytes and its attention matches the CPU
+/// backend's over the same cache types. The steps complete per-channel groups mid-batch and
+/// leave rows in their window; shapes include a row of an odd number of blocks (padded on
+/// the GPU), head_dim 16 (heads sharing blocks), and head_dim 48 (rotated in blocks of 16).
+/// Types a shape's rows cannot hold are skipped (KvCacheSpec::check).
 #[test]
 fn attention_quantized_caches() {
+    use CacheType::*;
     let test = "attention_quantized_caches";
     let Some(gpu) = gpu(test, false, None) else { return };
     let mut p = Pair { cpu: ggml_cpu(), gpu };
     let mut rng = Rng::new(9);
     let steps = [37, 1, 1, 29, 1];
     let pairs = [
-        (CacheType::Q8, CacheType::Q8),
-        (CacheType::Q6, CacheType::Q6),
-        (CacheType::Q4, CacheType::Q4),
-        (CacheType::Q8, CacheType::F16),
-        (CacheType::F16, CacheType::Q4),
+        (Q8, Q8),
+        (Q6, Q6),
+        (Q4, Q4),
+        (Q8, F16),
+        (F16, Q4),
+        (Q8r, Q8r),
+        (Q6r, Q6r),
+        (Q4r, Q4r),
+        (Q8c, Q8c),
+        (Q6c, Q6c),
+        (Q4c, Q4c),
+        (Q4c, Q4r),
+        (Q8c, F16),
+        (F16, Q6r),
+        (Q4r, Q6c),
     ];
-    for (h, hkv, hd) in [(6, 2, 64), (8, 2, 128), (6, 6, 16), (4, 2, 48)] {
+    for (h, hkv, hd) in [(6, 2, 64), (8, 2, 128), (6, 6, 16), (4, 2, 48), (4, 4, 48)] {
         let std = standard_spec(h, hkv, hd);
         let sub = Some(rng.normals(2 * hd).iter().map(|v| 1.0 + 0.1 * v).collect());
         let diff = AttentionSpec {
@@ -429,6 +454,10 @@ fn attention_quantized_caches() {
             ..std.clone()
         };
         for (kt, vt) in pairs {
+            let kv = KvCacheSpec { n_layers: 1, n_ctx: 1, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
+            if kv.check().is_err() {
+                continue;
+            }
             attention_case(&mut p, &mut rng, &std, kt, vt, &steps, true);
             attention_case(&mut p, &mut rng, &diff, kt, vt, &steps, true);
         }
@@ -506,7 +535,7 @@ fn absmax_cache_write_edge_rows() {
         logit_quant: None,
     };
     for ty in [CacheType::Q8, CacheType::Q6, CacheType::Q4] {
-        let fmt = ty.absmax().unwrap();
+        let CacheLayout::Absmax(fmt) = ty.layout() else { unreachable!("absmax types") };
         let qmax = fmt.qmax();
         // Block of ties: qmax·d, then (k + ½)·d, d = 0.25 (exact in f16, 1/d exact).
         let ties: Vec<f32> = (0..32)
@@ -537,6 +566,65 @@ fn absmax_cache_write_edge_rows() {
                 fmt.quantize_row(x, &mut want);
                 assert_eq!(&got[r * rb..r * rb + want.len()], &want[..], "{ty} row {r}");
                 assert!(got[r * rb + want.len()..(r + 1) * rb].iter().all(|&b| b == 0), "{ty} row {r}: padding");
+            }
+        }
+        eprintln!("{ty}: {n} edge rows of {kv_dim} values written byte for byte as the CPU");
+    }
+}
+
+/// The rotated and per-channel K/V writes on edge rows, byte for byte against the CPU
+/// backend's cache: an all-zero block, values whose scales and steps are f16 subnormals,
+/// large values, values past f16's range (a per-channel column holding ±inf decodes as
+/// NaN on both), a constant channel (step 0) and a channel with one outlier row, written in
+/// a batch that completes a group of 32 and leaves 9 rows in the window, then in single
+/// rows that complete the next group.
+#[test]
+fn rotated_and_channel_cache_write_edge_rows() {
+    use CacheType::*;
+    let test = "rotated_and_channel_cache_write_edge_rows";
+    let Some(gpu) = gpu(test, false, None) else { return };
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
+    let mut rng = Rng::new(21);
+    let (h, hkv, hd) = (4, 2, 64);
+    let kv_dim = hkv * hd;
+    let spec = standard_spec(h, hkv, hd);
+    let n = 64;
+    let mut rows: Vec<Vec<f32>> = (0..n).map(|_| rng.normals(kv_dim)).collect();
+    rows[0][..64].fill(0.0);
+    rows[1] = rng.normals(kv_dim).iter().map(|v| v * 1e-6).collect();
+    rows[2] = rng.normals(kv_dim).iter().map(|v| v * 3e4).collect();
+    rows[3] = rng.normals(kv_dim).iter().map(|v| v * 1e-3).collect();
+    rows[4] = rng.normals(kv_dim).iter().map(|v| v * 1e4).collect();
+    for (r, row) in rows.iter_mut().enumerate() {
+        row[5] = 2.5;
+        row[9] = if r == 17 { 900.0 } else { 0.125 * (r % 3) as f32 };
+    }
+    for ty in [Q8r, Q6r, Q4r, Q8c, Q6c, Q4c] {
+        let kv = KvCacheSpec { n_layers: 1, n_ctx: n, kv_dim, head_dim: hd, k_type: ty, v_type: ty };
+        let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
+        let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
+        let mut pos0 = 0;
+        for batch in [41].into_iter().chain(std::iter::repeat_n(1, n - 41)) {
+            let vals = rows[pos0..pos0 + batch].concat();
+            let (qc, qg) = p.tensor(batch, h * hd, &vec![0.5; batch * h * hd]);
+            let (kc, kg) = p.tensor(batch, kv_dim, &vals);
+            let (mut oc, mut og) = p.tensor(batch, h * hd, &[]);
+            p.cpu.attention(&qc, &kc, &kc, &mut cc, 0, pos0, &spec, &mut oc);
+            p.gpu.attention(&qg, &kg, &kg, &mut cg, 0, pos0, &spec, &mut og);
+            pos0 += batch;
+            if batch > 1 || pos0 == n {
+                for is_v in [false, true] {
+                    let cpu = if is_v { &cc.v[0] } else { &cc.k[0] }.stored_bytes();
+                    let got = p.gpu.read_kv_buffer(&cg, 0, is_v).unwrap();
+                    if matches!(ty, Q8c | Q6c | Q4c) {
+                        assert_same_bytes(&got, &cpu, &format!("{ty} after {pos0} rows"));
+                    } else {
+                        let (crb, grb) = (cpu.len() / n, got.len() / n);
+                        for r in 0..pos0 {
+                            assert_eq!(&got[r * grb..r * grb + crb], &cpu[r * crb..(r + 1) * crb], "{ty} row {r}");
+                        }
+                    }
+                }
             }
         }
         eprintln!("{ty}: {n} edge rows of {kv_dim} values written byte for byte as the CPU");

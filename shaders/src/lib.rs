@@ -83,23 +83,59 @@ impl fmt::Display for WeightType {
     }
 }
 
-/// Element type of a K or V cache on the GPU.
+/// Element type of a K or V cache on the GPU (the CPU's `CacheType`, byte for byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CacheElem {
     F32,
     /// Two IEEE halves per u32.
     F16,
-    /// Symmetric absmax blocks of 32 values (`duet_quant::absmax`): an f16 scale, then the
+    /// Symmetric absmax blocks of 32 values (`duet_quant::kv::absmax`): an f16 scale, then the
     /// values in 8, 6 or 4 bits — 34, 26 and 18 bytes a block. The blocks of a row are
     /// stored back to back; each row is padded with zero bytes to a whole u32 word
     /// ([`CacheElem::row_bytes`]) so that rows start word-aligned.
     Q8,
     Q6,
     Q4,
+    /// Rows in each head's Hadamard basis, in signed-max blocks of 64
+    /// (`duet_quant::kv::signed_max`): 66, 50 and 34 bytes a block, rows padded as above.
+    Q8r,
+    Q6r,
+    Q4r,
+    /// Per-channel groups of 32 positions (`duet_quant::kv::channel`), then an f16 window of
+    /// 32 rows for the positions past the last complete group ([`CacheElem::buffer_bytes`]).
+    Q8c,
+    Q6c,
+    Q4c,
+}
+
+/// How a [`CacheElem`] stores its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheKind {
+    Plain,
+    /// Blocks along each row with one f16 scale per `per_scale` values.
+    Blocks {
+        bits: u32,
+        per_scale: u32,
+    },
+    Channel {
+        bits: u32,
+    },
 }
 
 impl CacheElem {
-    pub const ALL: [CacheElem; 5] = [CacheElem::F32, CacheElem::F16, CacheElem::Q8, CacheElem::Q6, CacheElem::Q4];
+    pub const ALL: [CacheElem; 11] = [
+        CacheElem::F32,
+        CacheElem::F16,
+        CacheElem::Q8,
+        CacheElem::Q6,
+        CacheElem::Q4,
+        CacheElem::Q8r,
+        CacheElem::Q6r,
+        CacheElem::Q4r,
+        CacheElem::Q8c,
+        CacheElem::Q6c,
+        CacheElem::Q4c,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -108,29 +144,65 @@ impl CacheElem {
             CacheElem::Q8 => "q8",
             CacheElem::Q6 => "q6",
             CacheElem::Q4 => "q4",
+            CacheElem::Q8r => "q8r",
+            CacheElem::Q6r => "q6r",
+            CacheElem::Q4r => "q4r",
+            CacheElem::Q8c => "q8c",
+            CacheElem::Q6c => "q6c",
+            CacheElem::Q4c => "q4c",
         }
     }
 
-    /// Bits per value of an absmax block type.
-    pub fn absmax_bits(self) -> Option<u32> {
+    pub fn kind(self) -> CacheKind {
+        use CacheElem::*;
         match self {
-            CacheElem::F32 | CacheElem::F16 => None,
-            CacheElem::Q8 => Some(8),
-            CacheElem::Q6 => Some(6),
-            CacheElem::Q4 => Some(4),
+            F32 | F16 => CacheKind::Plain,
+            Q8 | Q6 | Q4 => CacheKind::Blocks { bits: self.bits(), per_scale: 32 },
+            Q8r | Q6r | Q4r => CacheKind::Blocks { bits: self.bits(), per_scale: 64 },
+            Q8c | Q6c | Q4c => CacheKind::Channel { bits: self.bits() },
         }
     }
 
-    /// Bytes of one cache row of `kv_dim` values as the GPU stores it (absmax rows padded to
-    /// a multiple of 4 bytes; `kv_dim` a multiple of 32 for them).
+    /// Bits per stored value.
+    pub fn bits(self) -> u32 {
+        use CacheElem::*;
+        match self {
+            F32 => 32,
+            F16 => 16,
+            Q8 | Q8r | Q8c => 8,
+            Q6 | Q6r | Q6c => 6,
+            Q4 | Q4r | Q4c => 4,
+        }
+    }
+
+    /// Whether rows are stored in each head's Hadamard basis.
+    pub fn rotated(self) -> bool {
+        matches!(self, CacheElem::Q8r | CacheElem::Q6r | CacheElem::Q4r)
+    }
+
+    /// Bytes of one cache row of `kv_dim` values as the GPU stores it, for the per-row
+    /// kinds (block rows padded to a multiple of 4 bytes; `kv_dim` a multiple of the block).
     pub fn row_bytes(self, kv_dim: usize) -> usize {
-        match self {
-            CacheElem::F32 => 4 * kv_dim,
-            CacheElem::F16 => 2 * kv_dim,
-            q => {
-                let bits = q.absmax_bits().expect("absmax type") as usize;
-                (kv_dim / 32 * (2 + 4 * bits)).next_multiple_of(4)
+        match self.kind() {
+            CacheKind::Plain => (self.bits() as usize / 8) * kv_dim,
+            CacheKind::Blocks { bits, per_scale } => {
+                let per_scale = per_scale as usize;
+                (kv_dim / per_scale * (2 + per_scale / 32 * 4 * bits as usize)).next_multiple_of(4)
             }
+            CacheKind::Channel { .. } => panic!("a per-channel cache has no rows of its own"),
+        }
+    }
+
+    /// Bytes of one per-channel group of 32 positions (`kv_dim` a multiple of 32).
+    pub fn group_bytes(self, kv_dim: usize) -> usize {
+        4 * kv_dim + 32 * kv_dim * self.bits() as usize / 8
+    }
+
+    /// Bytes of one layer's cache for `n_ctx` positions: rows, or groups then the window.
+    pub fn buffer_bytes(self, n_ctx: usize, kv_dim: usize) -> usize {
+        match self.kind() {
+            CacheKind::Channel { .. } => n_ctx / 32 * self.group_bytes(kv_dim) + 32.min(n_ctx) * 2 * kv_dim,
+            _ => n_ctx * self.row_bytes(kv_dim),
         }
     }
 }
@@ -154,7 +226,13 @@ pub enum Op {
     /// Residual add and bias broadcast.
     Add,
     CopyRow,
+    /// The cache write of an element type (for the per-channel types: the groups a batch
+    /// completes).
     KvWrite(CacheElem),
+    /// The f16 window of a per-channel cache.
+    KvWindow,
+    /// Hadamard rotation of row blocks (the rotated cache types' K, V, Q and output).
+    Rotate,
     Attention {
         diff: bool,
         shape: AttnShape,
@@ -181,7 +259,17 @@ impl Op {
         for t in WeightType::ALL {
             v.extend([Op::MatVec(t), Op::MatMul(t), Op::Embed(t)]);
         }
-        v.extend([Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow, Op::Dex, Op::LogitReduce]);
+        v.extend([
+            Op::RmsNorm,
+            Op::Rope,
+            Op::SwiGlu,
+            Op::Add,
+            Op::CopyRow,
+            Op::Dex,
+            Op::LogitReduce,
+            Op::KvWindow,
+            Op::Rotate,
+        ]);
         for c in CacheElem::ALL {
             v.extend([Op::KvWrite(c), Op::LogitAbsmax(c)]);
         }
@@ -239,6 +327,8 @@ impl Variant {
             Op::CopyRow => "copy_row".into(),
             Op::Dex => "dex".into(),
             Op::KvWrite(e) => format!("kv_write-{}", c(e)),
+            Op::KvWindow => "kv_window".into(),
+            Op::Rotate => "rotate".into(),
             Op::LogitAbsmax(e) => format!("logit_absmax-k{}", c(e)),
             Op::LogitReduce => "logit_reduce".into(),
             Op::Attention { diff, shape, k, v } => format!(
@@ -270,6 +360,9 @@ pub const fn attn_tile(shape: AttnShape) -> (u32, u32) {
 }
 /// Threads per workgroup of the logit-absmax kernels.
 pub const LA_WG: u32 = 64;
+/// Largest Hadamard block of the rotate kernel, and its workgroup size.
+pub const ROT_MAX: u32 = 256;
+pub const ROT_WG: u32 = 64;
 /// Largest head_dim of the DEX kernel.
 pub const DEX_MAX_HEAD_DIM: u32 = 256;
 /// Threads per workgroup of the element-wise kernels (rope, swiglu, add, copy_row, kv_write).
@@ -279,24 +372,27 @@ const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 const WEIGHTS_COMMON: &str = include_str!("wgsl/weights/common.wgsl");
 const KSCALE: &str = include_str!("wgsl/weights/kscale.wgsl");
 const WORKGROUP_MAX: &str = include_str!("wgsl/workgroup_max.wgsl");
+const QUANT_COMMON: &str = include_str!("wgsl/cache/quant_common.wgsl");
 
 /// The reader of the K (`which` = 'k': binding 2, `k_at`) or V ('v': binding 3, `v_at`)
 /// cache: `{k,v}_at(row, col)` is the value at column `col` of cache row `row`.
 fn cache_reader(which: char, e: CacheElem) -> String {
-    match (which, e) {
-        ('k', CacheElem::F32) => include_str!("wgsl/cache/k_f32.wgsl").into(),
-        ('k', CacheElem::F16) => include_str!("wgsl/cache/k_f16.wgsl").into(),
-        ('v', CacheElem::F32) => include_str!("wgsl/cache/v_f32.wgsl").into(),
-        ('v', CacheElem::F16) => include_str!("wgsl/cache/v_f16.wgsl").into(),
-        (w, q) => {
-            let bits = q.absmax_bits().expect("absmax type");
-            let (binding, buf, func) = if w == 'k' { ("2", "KC", "k_at") } else { ("3", "VC", "v_at") };
-            include_str!("wgsl/cache/absmax_read.wgsl")
-                .replace("$BINDING", binding)
-                .replace("$BUF", buf)
-                .replace("$FN", func)
-                .replace("$BITS", &bits.to_string())
+    let (binding, buf, func) = if which == 'k' { ("2", "KC", "k_at") } else { ("3", "VC", "v_at") };
+    let template = |src: &str| {
+        src.replace("$BINDING", binding)
+            .replace("$BUF", buf)
+            .replace("$FN", func)
+            .replace("$BITS", &e.bits().to_string())
+    };
+    match (which, e.kind()) {
+        ('k', CacheKind::Plain) if e == CacheElem::F32 => include_str!("wgsl/cache/k_f32.wgsl").into(),
+        ('k', CacheKind::Plain) => include_str!("wgsl/cache/k_f16.wgsl").into(),
+        (_, CacheKind::Plain) if e == CacheElem::F32 => include_str!("wgsl/cache/v_f32.wgsl").into(),
+        (_, CacheKind::Plain) => include_str!("wgsl/cache/v_f16.wgsl").into(),
+        (_, CacheKind::Blocks { per_scale, .. }) => {
+            template(include_str!("wgsl/cache/absmax_read.wgsl")).replace("$PER", &per_scale.to_string())
         }
+        (_, CacheKind::Channel { .. }) => template(include_str!("wgsl/cache/channel_read.wgsl")),
     }
 }
 
@@ -340,8 +436,8 @@ pub fn source(v: &Variant) -> String {
         Op::Add => s.push_str(include_str!("wgsl/add.wgsl")),
         Op::CopyRow => s.push_str(include_str!("wgsl/copy_row.wgsl")),
         Op::Dex => s.push_str(include_str!("wgsl/dex.wgsl")),
-        Op::KvWrite(e) => match e.absmax_bits() {
-            None => {
+        Op::KvWrite(e) => match e.kind() {
+            CacheKind::Plain => {
                 s.push_str(if e == CacheElem::F32 {
                     include_str!("wgsl/cache/store_f32.wgsl")
                 } else {
@@ -349,11 +445,32 @@ pub fn source(v: &Variant) -> String {
                 });
                 s.push_str(include_str!("wgsl/kv_write.wgsl"));
             }
-            Some(bits) => {
-                let _ = writeln!(s, "const QBITS: u32 = {bits}u;");
-                s.push_str(include_str!("wgsl/kv_write_absmax.wgsl"));
+            kind => {
+                // The words one invocation assembles: two blocks (absmax 2 + 4·bits bytes,
+                // signed-max 2 + 8·bits), or one row's 32 codes of a channel group.
+                let (file, words) = match kind {
+                    CacheKind::Blocks { per_scale: 32, bits } => {
+                        (include_str!("wgsl/kv_write_absmax.wgsl"), (2 + 4 * bits) / 2)
+                    }
+                    CacheKind::Blocks { bits, .. } => {
+                        (include_str!("wgsl/kv_write_signed_max.wgsl"), (2 + 8 * bits) / 2)
+                    }
+                    _ => (include_str!("wgsl/kv_write_channel.wgsl"), e.bits()),
+                };
+                let _ = writeln!(s, "const QBITS: u32 = {}u;\nconst WBUF_WORDS: u32 = {words}u;", e.bits());
+                s.push_str(QUANT_COMMON);
+                s.push_str(include_str!("wgsl/cache/pack.wgsl"));
+                s.push_str(file);
             }
         },
+        Op::KvWindow => {
+            s.push_str(QUANT_COMMON);
+            s.push_str(include_str!("wgsl/kv_window.wgsl"));
+        }
+        Op::Rotate => {
+            let _ = writeln!(s, "const ROT_MAX: u32 = {ROT_MAX}u;\nconst ROT_WG: u32 = {ROT_WG}u;");
+            s.push_str(include_str!("wgsl/rotate.wgsl"));
+        }
         Op::LogitAbsmax(k) => {
             s.push_str(&cache_reader('k', k));
             s.push_str(WORKGROUP_MAX);

@@ -27,12 +27,15 @@ pub struct ModelArgs {
     /// Prompt tokens evaluated per batch
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
-    /// K cache element type: f32, f16, or q8/q6/q4 (absmax blocks of 32 values with an f16
-    /// scale: 0.53, 0.41 and 0.28 of f16's bytes)
-    #[arg(long = "cache-type-k", default_value = "f16", value_parser = parse_cache_type)]
+    /// K cache type: f32, f16; q8c/q6c/q4c (each channel quantized over groups of 32
+    /// positions, the newest in f16: the most accurate for K); q8r/q6r/q4r (each head
+    /// Hadamard-rotated, blocks of 64 along the row: the most accurate for V); q8/q6/q4
+    /// (plain absmax blocks of 32). For 4 bits use `--ctk q4c --ctv q4r` (0.29 of f16's
+    /// bytes at 4,096 positions). See the README's K/V cache section
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16", value_parser = parse_cache_type)]
     pub cache_type_k: CacheType,
-    /// V cache element type, as for K
-    #[arg(long = "cache-type-v", default_value = "f16", value_parser = parse_cache_type)]
+    /// V cache type, the same choices as for K (q8r/q6r/q4r are the most accurate for V)
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16", value_parser = parse_cache_type)]
     pub cache_type_v: CacheType,
     /// CPU activation precision for the integer matmuls: q8x2 quantizes each activation to
     /// Q8 and then its rounding error to Q8 again (about 16-bit accurate; twice the multiply
@@ -228,6 +231,13 @@ fn set_attn_logits<B: Backend>(model: &mut Model<B>, args: &ModelArgs, path: &Pa
 }
 
 fn report(engine: &AnyEngine, path: &Path, t0: Instant, quiet: bool) {
+    let notes = match engine {
+        AnyEngine::Cpu(e) => &e.notes,
+        AnyEngine::Gpu(e) => &e.notes,
+    };
+    for n in notes {
+        eprintln!("warning: {n}");
+    }
     if quiet {
         return;
     }

@@ -255,7 +255,7 @@ pub fn bench_model(
                     settings.push((Some(t), bits, Some(g)));
                 }
             } else {
-                if !cfg.kv_dim().is_multiple_of(duet_quant::absmax::BLOCK) {
+                if !cfg.kv_dim().is_multiple_of(duet_quant::kv::absmax::BLOCK) {
                     let why = format!("K/V caches: rows of {} values do not split into blocks of 32", cfg.kv_dim());
                     if !skipped.contains(&why) {
                         skipped.push(why);

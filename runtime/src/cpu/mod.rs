@@ -3,7 +3,6 @@
 //! map; work is spread over a fork-join thread pool.
 
 mod attention;
-mod kv_blocks;
 mod matmul;
 pub mod ops;
 pub mod pool;

@@ -31,3 +31,89 @@ pub(crate) fn exp(x: __m256) -> __m256 {
     let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)));
     _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
 }
+
+/// Whether this CPU runs the AVX2 + FMA + F16C kernels (std caches the CPUID answers: a
+/// couple of loads).
+#[inline]
+pub(crate) fn avx2() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+/// The f16 at `p` (little-endian, any alignment) as f32.
+///
+/// # Safety
+/// Two bytes readable at `p`; F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
+    unsafe {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+}
+
+/// The 32 unsigned codes of one packed group (`duet_quant::kv::pack`) as u8 lanes 0..32.
+///
+/// # Safety
+/// `packed_bytes(bits)` bytes readable at `p`; AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn codes_u8(bits: u32, p: *const u8) -> __m256i {
+    unsafe {
+        // Low nibbles are codes 0..16, high nibbles 16..32.
+        let nibbles = |bytes: __m128i| {
+            let m = _mm_set1_epi8(0x0F);
+            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), m), _mm_and_si128(bytes, m))
+        };
+        match bits {
+            8 => _mm256_loadu_si256(p as *const __m256i),
+            4 => nibbles(_mm_loadu_si128(p as *const __m128i)),
+            // The low 4 bits as at 4 bits; the top 2 bits of codes j, j+8, j+16, j+24 in bits
+            // 0-1, 2-3, 4-5, 6-7 of byte 16 + j (j < 8).
+            _ => {
+                let lo = nibbles(_mm_loadu_si128(p as *const __m128i));
+                let hb = _mm256_set1_epi64x((p.add(16) as *const i64).read_unaligned());
+                let hi = _mm256_and_si256(_mm256_srlv_epi64(hb, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(3));
+                _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4))
+            }
+        }
+    }
+}
+
+/// A query of `NG`·32 values rounded to i16 per group of 32 for the integer score loops:
+/// each group's i16 lanes (two registers of 16) and its scale absmax/32767 (a relative error
+/// of 2^-16 of the group's largest value; ties round to even). `None` when the query is not
+/// finite.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn query_i16<const NG: usize>(q: &[f32]) -> Option<([[__m256i; 2]; NG], [f32; NG])> {
+    let mut qv = [[_mm256_setzero_si256(); 2]; NG];
+    let mut dq = [0f32; NG];
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    for (g, (qg, d)) in qv.iter_mut().zip(&mut dq).enumerate() {
+        // SAFETY: q holds NG·32 values (the callers' contract), 8 read at a time.
+        let x: [__m256; 4] = std::array::from_fn(|k| unsafe { _mm256_loadu_ps(q.as_ptr().add(32 * g + 8 * k)) });
+        let m = x.iter().fold(_mm256_setzero_ps(), |m, v| _mm256_max_ps(m, _mm256_and_ps(*v, abs_mask)));
+        let amax = crate::cpu::simd::hmax(m);
+        // NaN lanes are skipped by max: look for them (and ±inf) directly.
+        if !amax.is_finite() || x.iter().any(|v| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(*v, *v)) != 0) {
+            return None;
+        }
+        *d = amax / 32767.0;
+        let inv = _mm256_set1_ps(if amax > 0.0 { 32767.0 / amax } else { 0.0 });
+        let i: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv)));
+        // packs interleaves 128-bit lanes: (0,1) packs to lanes [0a 1a 0b 1b]; permute back.
+        qg[0] = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i[0], i[1]));
+        qg[1] = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i[2], i[3]));
+    }
+    Some((qv, dq))
+}
+
+/// The largest of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hmax(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+}

@@ -4,10 +4,17 @@
 //! Quantized attention logits take their absmax from a table the attention kernel reads:
 //! static scales uploaded once, or the dynamic ones computed by logit_absmax (per row) and
 //! reduced by logit_reduce (per head, per tensor) just before it.
+//!
+//! The rotated cache types take rotated copies of K (and Q, so that q·k is unchanged) or V
+//! before the write (the rotate kernel); a rotated V's attention output is rotated back into
+//! the caller's tensor, a DIFF sub-norm weight applied only then. A per-channel cache's
+//! write quantizes the groups a batch completes (kv_write), then stores the rows past them
+//! in its f16 window (kv_window).
 
 use std::sync::Arc;
 
-use duet_shaders::{ATT_MAX_HEAD_DIM, AttnShape, CacheElem, EW_WG, Op, attn_tile};
+use duet_quant::kv::hadamard;
+use duet_shaders::{ATT_MAX_HEAD_DIM, AttnShape, CacheElem, CacheKind, EW_WG, Op, attn_tile};
 
 use super::buffers::{Buf, GpuKvCache, GpuTensor};
 use super::{GpuBackend, f, grid};
@@ -25,6 +32,13 @@ pub fn new_kv_cache(b: &mut GpuBackend, spec: &KvCacheSpec) -> Result<GpuKvCache
     let cache = GpuKvCache::new(&b.ctx, &b.alloc, spec)?;
     // Every attention kernel this cache can need, now rather than at the first token.
     let mut ops = vec![Op::KvWrite(cache.k_elem), Op::KvWrite(cache.v_elem)];
+    let elems = [cache.k_elem, cache.v_elem];
+    if elems.iter().any(|e| matches!(e.kind(), CacheKind::Channel { .. })) {
+        ops.push(Op::KvWindow);
+    }
+    if elems.iter().any(|e| e.rotated()) {
+        ops.push(Op::Rotate);
+    }
     for diff in [false, true] {
         for shape in [AttnShape::Decode, AttnShape::Prefill] {
             ops.push(Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem });
@@ -64,13 +78,105 @@ fn logit_scratch(b: &mut GpuBackend, slots: usize) -> (Arc<Buf>, Arc<Buf>) {
     }
 }
 
+/// Scratch buffer `slot` (0: Q, 1: K, 2: V, 3: attention output) of at least `bytes`, for
+/// the rotated copies.
+fn rot_scratch(b: &mut GpuBackend, slot: usize, bytes: u64) -> Arc<Buf> {
+    if b.rot_scratch.len() <= slot {
+        b.rot_scratch.resize(slot + 1, None);
+    }
+    match &b.rot_scratch[slot] {
+        Some(buf) if buf.size >= bytes => Arc::clone(buf),
+        _ => {
+            let buf = b.alloc.storage(&b.ctx, bytes.next_power_of_two(), "rotated copy");
+            b.rot_scratch[slot] = Some(Arc::clone(&buf));
+            buf
+        }
+    }
+}
+
+/// `out` = `x` (rows × cols) with every block of `block` values Hadamard-rotated, then
+/// multiplied by `weight[col mod len]` when given.
+#[allow(clippy::too_many_arguments)]
+fn rotate(
+    b: &mut GpuBackend,
+    x: &Arc<Buf>,
+    out: &Arc<Buf>,
+    rows: usize,
+    cols: usize,
+    block: usize,
+    weight: Option<&Arc<Buf>>,
+    w_len: usize,
+) {
+    let g = grid(rows * cols / block, 1);
+    let params = [
+        rows as u32,
+        cols as u32,
+        block as u32,
+        g.0,
+        f(hadamard::norm(block)),
+        if weight.is_some() { w_len as u32 } else { 0 },
+    ];
+    let w = weight.cloned().unwrap_or_else(|| Arc::clone(&b.dummy));
+    b.run(Op::Rotate, &params, &[x, &w, out], g);
+}
+
+/// Writes `rows` rows of `src` (kv_dim values each) at positions pos0.. of a cache layer.
+fn write_rows(
+    b: &mut GpuBackend,
+    src: &Arc<Buf>,
+    dst: &Arc<Buf>,
+    elem: CacheElem,
+    rows: usize,
+    cache: &GpuKvCache,
+    pos0: usize,
+) {
+    let kv_dim = cache.kv_dim;
+    match elem.kind() {
+        CacheKind::Plain | CacheKind::Blocks { .. } => {
+            // Plain: one invocation per pair of values; blocks: per pair of blocks.
+            let items = match elem.kind() {
+                CacheKind::Blocks { per_scale, .. } => rows * (kv_dim / per_scale as usize).div_ceil(2),
+                _ => rows * kv_dim / 2,
+            };
+            let g = grid(items, EW_WG as usize);
+            b.run(Op::KvWrite(elem), &[rows as u32, kv_dim as u32, pos0 as u32, g.0], &[src, dst], g);
+        }
+        CacheKind::Channel { .. } => {
+            let groups = cache.n_ctx / 32;
+            let (first, end) = (pos0 / 32, ((pos0 + rows) / 32).min(groups));
+            if end > first {
+                let g = grid((end - first) * (kv_dim / 32), 1);
+                let params = [rows, kv_dim, pos0, g.0 as usize, first, end - first, groups].map(|v| v as u32);
+                b.run(Op::KvWrite(elem), &params, &[src, dst], g);
+            }
+            // The window ends up as the CPU's, which passes every row through it: each slot
+            // holds the last position that maps to it, so the batch's last 32 rows.
+            let from_row = rows.saturating_sub(32);
+            if from_row < rows {
+                let g = grid((rows - from_row) * kv_dim / 2, EW_WG as usize);
+                let window_word = groups * elem.group_bytes(kv_dim) / 4;
+                let params = [rows, kv_dim, pos0, g.0 as usize, from_row, window_word].map(|v| v as u32);
+                b.run(Op::KvWindow, &params, &[src, dst], g);
+            }
+        }
+    }
+}
+
+/// Groups of 32 positions a per-channel cache holds (what its readers need), else 0.
+fn cache_groups(cache: &GpuKvCache) -> u32 {
+    let channel = [cache.k_elem, cache.v_elem].iter().any(|e| matches!(e.kind(), CacheKind::Channel { .. }));
+    if channel { (cache.n_ctx / 32) as u32 } else { 0 }
+}
+
 /// The absmax table of `spec`'s logit quantization for `rows` query rows at `pos0` and its
 /// row stride (after the new K rows are in `kc`), or the unused binding when it has none.
+#[allow(clippy::too_many_arguments)]
 fn logit_absmax(
     b: &mut GpuBackend,
-    q: &GpuTensor,
+    q: &Arc<Buf>,
     kc: &Arc<Buf>,
     k_elem: CacheElem,
+    cache_groups: u32,
     rows: usize,
     pos0: usize,
     spec: &AttentionSpec,
@@ -93,8 +199,9 @@ fn logit_absmax(
         (spec.n_kv_heads * spec.head_dim) as u32,
         g.0,
         f(spec.scale),
+        cache_groups,
     ];
-    b.run(Op::LogitAbsmax(k_elem), &params, &[&q.buf, kc, &per_row], g);
+    b.run(Op::LogitAbsmax(k_elem), &params, &[q, kc, &per_row], g);
     match lq.scale {
         LogitScale::Row => (per_row, nh as u32),
         _ => {
@@ -121,17 +228,24 @@ pub fn attention(
     let kv_dim = spec.n_kv_heads * spec.head_dim;
     assert_eq!(kv_dim, cache.kv_dim);
     assert!(pos0 + rows <= cache.n_ctx, "attention past the cache's {} positions", cache.n_ctx);
-    // Store the new K and V rows.
-    for (src, dst, elem) in [(k, &cache.k[layer], cache.k_elem), (v, &cache.v[layer], cache.v_elem)] {
-        // f32/f16: one invocation per pair of values; absmax: per pair of 32-value blocks.
-        let items = match elem.absmax_bits() {
-            None => rows * kv_dim / 2,
-            Some(_) => rows * (kv_dim / 32).div_ceil(2),
-        };
-        let g = grid(items, EW_WG as usize);
-        let params = [rows as u32, kv_dim as u32, pos0 as u32, g.0];
-        b.run(Op::KvWrite(elem), &params, &[&src.buf, dst], g);
+    // Rotated copies where the cache types ask for them: K with Q, V alone.
+    let (hd, rot) = (spec.head_dim, hadamard::block_size(spec.head_dim));
+    let q_dim = spec.n_heads * hd;
+    let (mut qb, mut kb, mut vb) = (Arc::clone(&q.buf), Arc::clone(&k.buf), Arc::clone(&v.buf));
+    if cache.k_elem.rotated() {
+        qb = rot_scratch(b, 0, (rows * q_dim * 4) as u64);
+        kb = rot_scratch(b, 1, (rows * kv_dim * 4) as u64);
+        rotate(b, &q.buf, &qb, rows, q_dim, rot, None, 0);
+        rotate(b, &k.buf, &kb, rows, kv_dim, rot, None, 0);
     }
+    if cache.v_elem.rotated() {
+        vb = rot_scratch(b, 2, (rows * kv_dim * 4) as u64);
+        rotate(b, &v.buf, &vb, rows, kv_dim, rot, None, 0);
+    }
+    // Store the new K and V rows.
+    let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
+    write_rows(b, &kb, &kc, cache.k_elem, rows, cache, pos0);
+    write_rows(b, &vb, &vc, cache.v_elem, rows, cache, pos0);
     let (diff, lambda, out_scale, sub) = match &spec.kind {
         AttentionKind::Standard => (false, 0.0, 1.0, None),
         AttentionKind::Differential { lambda, lambda_init, sub_norm } => {
@@ -142,30 +256,38 @@ pub fn attention(
     let units = if diff { spec.n_heads / 2 } else { spec.n_heads };
     let (br, _) = attn_tile(shape);
     let g = grid(rows.div_ceil(br as usize) * units, 1);
-    let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
-    let (la, la_stride) = logit_absmax(b, q, &kc, cache.k_elem, rows, pos0, spec);
+    let groups = cache_groups(cache);
+    let (la, la_stride) = logit_absmax(b, &qb, &kc, cache.k_elem, groups, rows, pos0, spec);
     let sub_buf = match sub {
         Some(w) => constant_buf(b, w, "sub-norm weight"),
         None => Arc::clone(&b.dummy),
     };
+    // A rotated V's output is rotated back afterwards, the sub-norm weight applied then.
+    let v_rot = cache.v_elem.rotated();
+    let ob = if v_rot { rot_scratch(b, 3, (rows * q_dim * 4) as u64) } else { Arc::clone(&out.buf) };
     let params = [
         rows as u32,
         spec.n_heads as u32,
         spec.n_kv_heads as u32,
-        spec.head_dim as u32,
+        hd as u32,
         pos0 as u32,
-        (spec.n_heads * spec.head_dim) as u32,
+        q_dim as u32,
         kv_dim as u32,
         g.0,
         f(spec.scale),
         f(lambda),
         f(out_scale),
         f(spec.rms_eps),
-        u32::from(sub.is_some()),
+        u32::from(sub.is_some() && !v_rot),
         units as u32,
         f(spec.logit_quant.as_ref().map_or(0.0, |l| l.qmax())),
         la_stride,
+        groups,
     ];
     let op = Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem };
-    b.run(op, &params, &[&q.buf, &kc, &vc, &out.buf, &sub_buf, &la], g);
+    b.run(op, &params, &[&qb, &kc, &vc, &ob, &sub_buf, &la], g);
+    if v_rot {
+        let w = sub.map(|_| &sub_buf);
+        rotate(b, &ob, &out.buf, rows, q_dim, rot, w, 2 * hd);
+    }
 }

@@ -166,6 +166,7 @@ pub struct GpuKvCache {
     pub v_elem: CacheElem,
     pub n_ctx: usize,
     pub kv_dim: usize,
+    pub head_dim: usize,
 }
 
 pub fn cache_elem(t: CacheType) -> CacheElem {
@@ -175,17 +176,24 @@ pub fn cache_elem(t: CacheType) -> CacheElem {
         CacheType::Q8 => CacheElem::Q8,
         CacheType::Q6 => CacheElem::Q6,
         CacheType::Q4 => CacheElem::Q4,
+        CacheType::Q8r => CacheElem::Q8r,
+        CacheType::Q6r => CacheElem::Q6r,
+        CacheType::Q4r => CacheElem::Q4r,
+        CacheType::Q8c => CacheElem::Q8c,
+        CacheType::Q6c => CacheElem::Q6c,
+        CacheType::Q4c => CacheElem::Q4c,
     }
 }
 
 impl GpuKvCache {
-    /// q8, q6 and q4 rows are [`CacheElem::row_bytes`]: the CPU's block bytes padded to a
-    /// whole u32 word.
+    /// Block rows are [`CacheElem::row_bytes`] (the CPU's block bytes padded to a whole u32
+    /// word); a per-channel layer is the CPU's groups then its window, unpadded
+    /// ([`CacheElem::buffer_bytes`]).
     pub fn new(ctx: &GpuContext, alloc: &Allocator, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
         spec.check()?;
         let (k_elem, v_elem) = (cache_elem(spec.k_type), cache_elem(spec.v_type));
-        let k_bytes = (spec.n_ctx * k_elem.row_bytes(spec.kv_dim)) as u64;
-        let v_bytes = (spec.n_ctx * v_elem.row_bytes(spec.kv_dim)) as u64;
+        let k_bytes = k_elem.buffer_bytes(spec.n_ctx, spec.kv_dim) as u64;
+        let v_bytes = v_elem.buffer_bytes(spec.n_ctx, spec.kv_dim) as u64;
         let limit = ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size);
         if k_bytes.max(v_bytes) > limit {
             return Err(RuntimeError::Device(format!(
@@ -206,6 +214,6 @@ impl GpuKvCache {
             k.push(ctx.checked("the K/V cache", || alloc.storage(ctx, k_bytes, &format!("K cache {il}")))?);
             v.push(ctx.checked("the K/V cache", || alloc.storage(ctx, v_bytes, &format!("V cache {il}")))?);
         }
-        Ok(GpuKvCache { k, v, k_elem, v_elem, n_ctx: spec.n_ctx, kv_dim: spec.kv_dim })
+        Ok(GpuKvCache { k, v, k_elem, v_elem, n_ctx: spec.n_ctx, kv_dim: spec.kv_dim, head_dim: spec.head_dim })
     }
 }

@@ -54,6 +54,8 @@ pub struct GpuBackend {
     logit_scratch: Option<(usize, Arc<Buf>, Arc<Buf>)>,
     /// Bound where a kernel's optional input is absent.
     dummy: Arc<Buf>,
+    /// Rotated copies for the rotated cache types (Q, K, V, attention output), grown to fit.
+    rot_scratch: Vec<Option<Arc<Buf>>>,
     /// Bytes of the largest activation tensor made so far.
     largest_tensor: u64,
 }
@@ -93,6 +95,7 @@ impl GpuBackend {
             constants: HashMap::new(),
             logit_scratch: None,
             dummy,
+            rot_scratch: Vec::new(),
             largest_tensor: 0,
         };
         b.prepare(&[Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow])?;
@@ -172,6 +175,16 @@ impl GpuBackend {
             return Ok(Vec::new());
         }
         self.rec.submit(&self.ctx, &self.alloc, Some((buf, off, size)));
+        self.ids_pending = false;
+        Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
+    }
+
+    /// The whole buffer of K (`v` false) or V of `layer` as stored: rows, or a per-channel
+    /// cache's groups then its window (tests and tools). Recorded work runs first.
+    pub fn read_kv_buffer(&mut self, cache: &GpuKvCache, layer: usize, v: bool) -> Result<Vec<u8>, RuntimeError> {
+        let (buf, elem) = if v { (&cache.v[layer], cache.v_elem) } else { (&cache.k[layer], cache.k_elem) };
+        let size = elem.buffer_bytes(cache.n_ctx, cache.kv_dim) as u64;
+        self.rec.submit(&self.ctx, &self.alloc, Some((buf, 0, size)));
         self.ids_pending = false;
         Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
     }

@@ -11,9 +11,9 @@ use duet_shaders::{Op, Variant};
 /// with a dynamic offset), then storage buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LayoutKind {
-    /// read, read, read_write (matvec, matmul, embed, rms_norm, logit_absmax).
+    /// read, read, read_write (matvec, matmul, embed, rms_norm, logit_absmax, rotate).
     In2Out1,
-    /// read, read_write (rope, swiglu, add, copy_row, kv_write, dex, logit_reduce).
+    /// read, read_write (rope, swiglu, add, copy_row, kv_write, kv_window, dex, logit_reduce).
     In1Out1,
     /// read Q, K, V, read_write O, read sub-norm, read logit absmax (attention).
     Attention,
@@ -22,10 +22,17 @@ pub enum LayoutKind {
 impl LayoutKind {
     pub fn of(op: Op) -> LayoutKind {
         match op {
-            Op::MatVec(_) | Op::MatMul(_) | Op::Embed(_) | Op::RmsNorm | Op::LogitAbsmax(_) => LayoutKind::In2Out1,
-            Op::Rope | Op::SwiGlu | Op::Add | Op::CopyRow | Op::KvWrite(_) | Op::Dex | Op::LogitReduce => {
-                LayoutKind::In1Out1
+            Op::MatVec(_) | Op::MatMul(_) | Op::Embed(_) | Op::RmsNorm | Op::LogitAbsmax(_) | Op::Rotate => {
+                LayoutKind::In2Out1
             }
+            Op::Rope
+            | Op::SwiGlu
+            | Op::Add
+            | Op::CopyRow
+            | Op::KvWrite(_)
+            | Op::KvWindow
+            | Op::Dex
+            | Op::LogitReduce => LayoutKind::In1Out1,
             Op::Attention { .. } => LayoutKind::Attention,
         }
     }

@@ -89,6 +89,8 @@ pub enum Logits {
 /// activations sized for the largest batch.
 pub struct Session<B: Backend> {
     pub cache: B::KvCache,
+    /// What the cache holds and how.
+    pub cache_spec: KvCacheSpec,
     pub n_past: usize,
     pub n_ctx: usize,
     pub max_batch: usize,
@@ -165,6 +167,12 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
+    /// The K/V cache of this model for `n_ctx` positions in the given types.
+    pub fn cache_spec(&self, n_ctx: usize, k_type: CacheType, v_type: CacheType) -> KvCacheSpec {
+        let c = &self.config;
+        KvCacheSpec { n_layers: c.n_layers, n_ctx, kv_dim: c.kv_dim(), head_dim: c.head_dim, k_type, v_type }
+    }
+
     /// A new session with a K/V cache for `n_ctx` positions.
     pub fn new_session(
         &self,
@@ -175,8 +183,7 @@ impl<B: Backend> Model<B> {
         v_type: CacheType,
     ) -> Result<Session<B>, RuntimeError> {
         let c = &self.config;
-        let spec =
-            KvCacheSpec { n_layers: c.n_layers, n_ctx, kv_dim: c.kv_dim(), head_dim: c.head_dim, k_type, v_type };
+        let spec = self.cache_spec(n_ctx, k_type, v_type);
         spec.check()?;
         let mb = max_batch.max(1);
         if let Some(limit) = b.max_tensor_bytes() {
@@ -199,6 +206,7 @@ impl<B: Backend> Model<B> {
         }
         Ok(Session {
             cache: b.new_kv_cache(&spec)?,
+            cache_spec: spec,
             n_past: 0,
             n_ctx,
             max_batch: mb,
@@ -355,8 +363,11 @@ impl<B: Backend> Session<B> {
         self.n_past = 0;
     }
 
-    /// Drops cached positions from `n` on (they will be overwritten).
-    pub fn truncate(&mut self, n: usize) {
-        self.n_past = self.n_past.min(n);
+    /// Drops cached positions from `n` on (they will be overwritten) and returns how many
+    /// stay: `n`, or fewer where the cache keeps only whole groups
+    /// ([`KvCacheSpec::keepable`]).
+    pub fn truncate(&mut self, n: usize) -> usize {
+        self.n_past = self.cache_spec.keepable(self.n_past, n);
+        self.n_past
     }
 }

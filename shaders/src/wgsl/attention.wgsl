@@ -31,6 +31,7 @@ struct Params {
     units: u32,      // n_heads (standard) or n_heads / 2 (differential)
     lq_qmax: f32,    // 2^(bits−1) − 1 of the logit quantization, 0: off
     lq_stride: u32,  // LA's row stride (n_heads or 0)
+    cache_groups: u32,  // groups a per-channel cache holds (its readers need it)
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

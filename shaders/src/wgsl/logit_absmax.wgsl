@@ -14,6 +14,7 @@ struct Params {
     kv_dim: u32,     // n_kv_heads · head_dim
     grid_x: u32,
     scale: f32,
+    cache_groups: u32,  // groups a per-channel cache holds (its reader needs it)
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

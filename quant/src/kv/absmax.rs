@@ -20,8 +20,7 @@
 
 use crate::fp::f16_bits_to_f32;
 
-/// Values per block.
-pub const BLOCK: usize = 32;
+pub use super::pack::N as BLOCK;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AbsmaxFormat {
@@ -82,55 +81,25 @@ impl AbsmaxFormat {
             let v = (x[i] * id).round();
             if v.is_nan() { 0 } else { v.clamp(-qmax, qmax) as i32 }
         });
-        let data = &mut out[2..];
-        match self {
-            AbsmaxFormat::Q8 => {
-                for (o, &v) in data.iter_mut().zip(&q) {
-                    *o = v as i8 as u8;
-                }
-            }
-            AbsmaxFormat::Q6 => {
-                let u: [u8; BLOCK] = std::array::from_fn(|i| (q[i] + 32) as u8);
-                for j in 0..16 {
-                    data[j] = (u[j] & 15) | ((u[j + 16] & 15) << 4);
-                }
-                for j in 0..8 {
-                    data[16 + j] =
-                        (u[j] >> 4) | ((u[j + 8] >> 4) << 2) | ((u[j + 16] >> 4) << 4) | ((u[j + 24] >> 4) << 6);
-                }
-            }
-            AbsmaxFormat::Q4 => {
-                for j in 0..16 {
-                    data[j] = ((q[j] + 8) as u8) | (((q[j + 16] + 8) as u8) << 4);
-                }
-            }
-        }
+        // Codes as the packing stores them: q8 the two's-complement byte (Q8_0), q6/q4 q + 2^(bits−1).
+        let u: [u8; BLOCK] = std::array::from_fn(|i| match self {
+            AbsmaxFormat::Q8 => q[i] as i8 as u8,
+            _ => (q[i] + self.qmax() + 1) as u8,
+        });
+        super::pack::pack32(self.bits(), &u, &mut out[2..]);
     }
 
     /// The quantized values of one block into `q`; returns the scale `d`.
     #[inline]
     pub fn unpack_block(self, block: &[u8], q: &mut [i8; BLOCK]) -> f32 {
         let d = f16_bits_to_f32(u16::from_le_bytes([block[0], block[1]]));
-        let data = &block[2..self.block_bytes()];
-        match self {
-            AbsmaxFormat::Q8 => {
-                for (o, &b) in q.iter_mut().zip(data) {
-                    *o = b as i8;
-                }
-            }
-            AbsmaxFormat::Q6 => {
-                for j in 0..16 {
-                    let hi = |k: usize| (data[16 + k % 8] >> (2 * (k / 8))) & 3;
-                    q[j] = (((data[j] & 15) | (hi(j) << 4)) as i32 - 32) as i8;
-                    q[j + 16] = (((data[j] >> 4) | (hi(j + 16) << 4)) as i32 - 32) as i8;
-                }
-            }
-            AbsmaxFormat::Q4 => {
-                for j in 0..16 {
-                    q[j] = (data[j] & 15) as i8 - 8;
-                    q[j + 16] = (data[j] >> 4) as i8 - 8;
-                }
-            }
+        let mut u = [0u8; BLOCK];
+        super::pack::unpack32(self.bits(), &block[2..self.block_bytes()], &mut u);
+        for (o, &c) in q.iter_mut().zip(&u) {
+            *o = match self {
+                AbsmaxFormat::Q8 => c as i8,
+                _ => (c as i32 - self.qmax() - 1) as i8,
+            };
         }
         d
     }

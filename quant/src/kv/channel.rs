@@ -1,0 +1,278 @@
+//! Per-column asymmetric quantization over groups of rows: the K cache format of KIVI (Liu et
+//! al. 2024), for the `q8c`/`q6c`/`q4c` cache types.
+//!
+//! A key's large coordinates sit in fixed channels and barely change from one token to the
+//! next, so quantizing each channel over a group of tokens, from its own minimum with its
+//! own step, leaves every channel its full resolution — where blocks along a row spend
+//! their levels on the one outlier channel. On SmolLM2-135M a 4-bit K cache stored this
+//! way costs a tenth of what Hadamard-rotated Q4_0 rows cost (README, K/V cache formats).
+//!
+//! A group holds [`GROUP`] rows of `cols` values (`cols` a multiple of 32), quantized from
+//! their f16 values (a cache keeps the rows of a group that is not yet full in f16, and
+//! quantizing f16 values makes the bytes independent of how the rows were batched):
+//!
+//! * `lo[cols]`: f16, each column's smallest value (exact: the inputs are f16 values);
+//! * `step[cols]`: f16, `(largest − lo) / (2^bits − 1)` rounded up to f16, so the largest
+//!   value is in range;
+//! * [`GROUP`] rows of codes `u ∈ [0, 2^bits − 1]`, each row `cols·bits/8` bytes, packed 32
+//!   at a time ([`super::pack`]).
+//!
+//! `value = lo + step·u` with `u = clamp(round((x − lo) / step), 0, 2^bits − 1)`, round
+//! halves away from zero (a step of 0 gives u = 0) — [`ChannelFormat::error_bound`]. Only
+//! correctly rounded subtraction and division are involved, never a product that a GPU
+//! compiler could fuse into the next addition, so the GPU writes the same bytes.
+
+use half::f16;
+
+use super::pack::{N, pack32, packed_bytes, unpack32};
+use crate::fp::{f16_bits_to_f32, f32_to_f16_bits};
+
+/// Rows per group.
+pub const GROUP: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChannelFormat {
+    Q8,
+    Q6,
+    Q4,
+}
+
+impl ChannelFormat {
+    pub const ALL: [ChannelFormat; 3] = [ChannelFormat::Q8, ChannelFormat::Q6, ChannelFormat::Q4];
+
+    pub fn bits(self) -> u32 {
+        match self {
+            ChannelFormat::Q8 => 8,
+            ChannelFormat::Q6 => 6,
+            ChannelFormat::Q4 => 4,
+        }
+    }
+
+    /// The largest code, `2^bits − 1`.
+    pub fn top(self) -> u32 {
+        (1 << self.bits()) - 1
+    }
+
+    /// Bytes of `lo` and `step` for `cols` columns.
+    pub fn header_bytes(self, cols: usize) -> usize {
+        4 * cols
+    }
+
+    /// Bytes of one row's codes.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols / N * packed_bytes(self.bits())
+    }
+
+    /// Bytes of one whole group.
+    pub fn group_bytes(self, cols: usize) -> usize {
+        self.header_bytes(cols) + GROUP * self.row_bytes(cols)
+    }
+
+    /// Largest round-trip error of a value in a column whose group spans `lo..=hi` (f16
+    /// values): half a step (the step rounded up to f16: at most 2⁻¹⁰ larger, or by f16's
+    /// subnormal spacing 2⁻²⁴ for tiny ones), plus the f32 rounding of computing the code
+    /// and the value.
+    pub fn error_bound(self, lo: f32, hi: f32) -> f32 {
+        let step = (hi - lo) / self.top() as f32 * (1.0 + 1.0 / 1024.0) + 1.0 / (1u32 << 24) as f32;
+        step * (0.5 + 1.0 / 16384.0) + (lo.abs().max(hi.abs())) * f32::EPSILON
+    }
+
+    /// Quantizes a group: `x` is [`GROUP`] rows of `cols` f16 values, row-major; `out` is
+    /// [`ChannelFormat::group_bytes`] bytes.
+    pub fn quantize_group(self, x: &[f16], cols: usize, out: &mut [u8]) {
+        assert!(cols.is_multiple_of(N), "channel groups are whole blocks of {N} columns, not {cols}");
+        assert_eq!(x.len(), GROUP * cols, "a group is {GROUP} rows");
+        assert_eq!(out.len(), self.group_bytes(cols), "output is not the group's size");
+        let (header, codes) = out.split_at_mut(self.header_bytes(cols));
+        let (lo_bytes, step_bytes) = header.split_at_mut(2 * cols);
+        let top = self.top() as f32;
+        let mut lo = vec![0f32; cols];
+        let mut step = vec![0f32; cols];
+        for c in 0..cols {
+            // f32::min/max skip NaN; a column of NaN or ±inf decodes as NaN (step NaN).
+            let (mut a, mut b) = (f32::INFINITY, f32::NEG_INFINITY);
+            for r in 0..GROUP {
+                let v = x[r * cols + c].to_f32();
+                a = a.min(v);
+                b = b.max(v);
+            }
+            let (lo_bits, step_bits) = if a.is_finite() && b.is_finite() {
+                (f32_to_f16_bits(a), f16_bits_up((b - a) / top))
+            } else {
+                (f32_to_f16_bits(if a.is_finite() { a } else { 0.0 }), 0x7e00)
+            };
+            lo_bytes[2 * c..2 * c + 2].copy_from_slice(&lo_bits.to_le_bytes());
+            step_bytes[2 * c..2 * c + 2].copy_from_slice(&step_bits.to_le_bytes());
+            lo[c] = f16_bits_to_f32(lo_bits);
+            step[c] = f16_bits_to_f32(step_bits);
+        }
+        let rb = self.row_bytes(cols);
+        for (r, row_codes) in codes.chunks_exact_mut(rb).enumerate() {
+            let row = &x[r * cols..(r + 1) * cols];
+            for (blk, dst) in row_codes.chunks_exact_mut(packed_bytes(self.bits())).enumerate() {
+                let u: [u8; N] = std::array::from_fn(|j| {
+                    let c = blk * N + j;
+                    let t = if step[c] == 0.0 { 0.0 } else { ((row[c].to_f32() - lo[c]) / step[c]).round() };
+                    // NaN (from a NaN input) → 0; the clamp keeps rounding at the ends in range.
+                    if t.is_nan() { 0 } else { t.clamp(0.0, top) as u8 }
+                });
+                pack32(self.bits(), &u, dst);
+            }
+        }
+    }
+
+    /// Each column's `lo` and `step` of a group.
+    pub fn header(self, group: &[u8], cols: usize, lo: &mut [f32], step: &mut [f32]) {
+        let f = |b: &[u8]| f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        for (c, (l, s)) in lo.iter_mut().zip(step.iter_mut()).enumerate().take(cols) {
+            *l = f(&group[2 * c..]);
+            *s = f(&group[2 * cols + 2 * c..]);
+        }
+    }
+
+    /// Dequantizes a group into `out` ([`GROUP`] rows of `cols`).
+    pub fn dequantize_group(self, group: &[u8], cols: usize, out: &mut [f32]) {
+        assert_eq!(group.len(), self.group_bytes(cols), "input is not the group's size");
+        assert_eq!(out.len(), GROUP * cols, "a group is {GROUP} rows");
+        let (mut lo, mut step) = (vec![0f32; cols], vec![0f32; cols]);
+        self.header(group, cols, &mut lo, &mut step);
+        let rb = self.row_bytes(cols);
+        let codes = &group[self.header_bytes(cols)..];
+        let mut u = [0u8; N];
+        for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+            for (blk, o) in row.chunks_exact_mut(N).enumerate() {
+                let pb = packed_bytes(self.bits());
+                unpack32(self.bits(), &codes[r * rb + blk * pb..r * rb + (blk + 1) * pb], &mut u);
+                for (j, (v, &c)) in o.iter_mut().zip(&u).enumerate() {
+                    let col = blk * N + j;
+                    *v = lo[col] + step[col] * c as f32;
+                }
+            }
+        }
+    }
+}
+
+/// The f16 bits of `v ≥ 0` rounded up (toward +∞); above f16's range, +∞.
+pub fn f16_bits_up(v: f32) -> u16 {
+    let h = f32_to_f16_bits(v);
+    if f16_bits_to_f32(h) >= v || v.is_nan() { h } else { h + 1 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::legacy::test_util::normal;
+
+    const COLS: usize = 64;
+
+    /// Columns of different characters: an offset outlier channel with a small spread
+    /// (what keys look like), a constant column, mixed signs, tiny values.
+    fn group() -> Vec<f16> {
+        let n = normal(GROUP * COLS, 11);
+        (0..GROUP * COLS)
+            .map(|i| {
+                let (r, c) = (i / COLS, i % COLS);
+                let v = match c {
+                    3 => 40.0 + 0.05 * n[i],
+                    7 => -2.5,
+                    9 => 1e-5 * n[i],
+                    11 => {
+                        if r == 0 {
+                            300.0
+                        } else {
+                            n[i]
+                        }
+                    }
+                    _ => n[i] * (1.0 + c as f32 / 16.0),
+                };
+                f16::from_f32(v)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn round_trip_error_is_within_the_bound() {
+        let x = group();
+        for f in ChannelFormat::ALL {
+            let mut bytes = vec![0u8; f.group_bytes(COLS)];
+            f.quantize_group(&x, COLS, &mut bytes);
+            let mut back = vec![0f32; x.len()];
+            f.dequantize_group(&bytes, COLS, &mut back);
+            for c in 0..COLS {
+                let col: Vec<f32> = (0..GROUP).map(|r| x[r * COLS + c].to_f32()).collect();
+                let lo = col.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+                let hi = col.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                let bound = f.error_bound(lo, hi);
+                for r in 0..GROUP {
+                    let (a, b) = (col[r], back[r * COLS + c]);
+                    assert!((a - b).abs() <= bound, "{f:?} col {c} row {r}: {a} -> {b}, bound {bound}");
+                }
+                // The column's extremes come back within a step: lo exactly.
+                assert_eq!(
+                    back.iter().skip(c).step_by(COLS).fold(f32::INFINITY, |m, &v| m.min(v)),
+                    lo,
+                    "{f:?} col {c}"
+                );
+            }
+            // A constant column is exact.
+            assert!((0..GROUP).all(|r| back[r * COLS + 7] == -2.5));
+        }
+    }
+
+    /// Two more bits divide the step by ~4 and the squared error by ~16 (at least 8 here),
+    /// over the columns of normal values (the row outlier of column 11 leaves its others a
+    /// step or two, where the error stops shrinking that way).
+    #[test]
+    fn more_bits_less_error() {
+        let x = group();
+        let err = |f: ChannelFormat| {
+            let mut bytes = vec![0u8; f.group_bytes(COLS)];
+            f.quantize_group(&x, COLS, &mut bytes);
+            let mut back = vec![0f32; x.len()];
+            f.dequantize_group(&bytes, COLS, &mut back);
+            let normal_column = |i: &usize| ![3, 7, 9, 11].contains(&(i % COLS));
+            (0..x.len()).filter(normal_column).map(|i| ((x[i].to_f32() - back[i]) as f64).powi(2)).sum::<f64>()
+        };
+        let (e8, e6, e4) = (err(ChannelFormat::Q8), err(ChannelFormat::Q6), err(ChannelFormat::Q4));
+        assert!(e8 * 8.0 < e6 && e6 * 8.0 < e4, "squared errors 8/6/4 bits: {e8} {e6} {e4}");
+    }
+
+    #[test]
+    fn layout_and_sizes() {
+        assert_eq!(ChannelFormat::Q4.group_bytes(64), 4 * 64 + 32 * 32);
+        assert_eq!(ChannelFormat::Q6.row_bytes(64), 48);
+        assert_eq!(ChannelFormat::Q8.group_bytes(32), 128 + 32 * 32);
+        // Header first: lo then step, f16 little-endian; the codes of row r after it.
+        let mut x = vec![f16::from_f32(1.0); GROUP * 32];
+        x[5 * 32 + 2] = f16::from_f32(16.0);
+        let mut b = vec![0u8; ChannelFormat::Q4.group_bytes(32)];
+        ChannelFormat::Q4.quantize_group(&x, 32, &mut b);
+        assert_eq!(u16::from_le_bytes([b[4], b[5]]), f16::from_f32(1.0).to_bits(), "lo of column 2");
+        assert_eq!(u16::from_le_bytes([b[64 + 4], b[64 + 5]]), f16::from_f32(1.0).to_bits(), "step 15/15");
+        assert_eq!(b[128 + 5 * 16 + 2], 15, "row 5, column 2 is the top code (low nibble)");
+        assert_eq!(b[128 + 4 * 16 + 2], 0);
+    }
+
+    #[test]
+    fn rounding_up_to_f16() {
+        assert_eq!(f16_bits_up(1.0), 0x3c00);
+        assert_eq!(f16_bits_up(1.0 + 1e-6), 0x3c01);
+        assert_eq!(f16_bits_up(0.0), 0);
+        assert_eq!(f16_bits_up(1e-9), 1, "below the smallest subnormal rounds up to it");
+        assert_eq!(f16_bits_up(70000.0), 0x7c00);
+    }
+
+    #[test]
+    fn non_finite_inputs_do_not_panic() {
+        let mut x = group();
+        x[3] = f16::NAN;
+        x[COLS + 4] = f16::INFINITY;
+        let f = ChannelFormat::Q4;
+        let mut bytes = vec![0u8; f.group_bytes(COLS)];
+        f.quantize_group(&x, COLS, &mut bytes);
+        let mut back = vec![0f32; x.len()];
+        f.dequantize_group(&bytes, COLS, &mut back);
+        assert!(back[4].is_nan(), "a column holding inf decodes as NaN");
+        assert!(back[5].is_finite());
+    }
+}

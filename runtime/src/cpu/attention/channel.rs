@@ -1,0 +1,424 @@
+//! A cache in per-channel groups (`q8c`/`q6c`/`q4c`, [`duet_quant::kv::channel`]): its
+//! storage and attention's inner loops over it, reading the groups in place.
+//!
+//! Positions fill an f16 window of [`GROUP`] slots (position p in slot p mod GROUP); when a
+//! group's last position arrives the window is quantized into the group's bytes. So the
+//! positions `0..GROUP·⌊len/GROUP⌋` are read from groups and the rest, at most GROUP − 1,
+//! from the window's first slots.
+//!
+//! With `value = lo_c + step_c·u`, one head's scores over a group are
+//! `Σ_c q_c·lo_c + Σ_c (q_c·step_c)·u_c`: the first sum and the scaled query `q·step` once
+//! per group, then integer dot products of the codes per position (AVX2: the scaled query
+//! rounded to i16 per 32 channels, as in [`super::blocks`]). The value sums accumulate
+//! `Σ_t p_t·u_t` per channel and apply `lo·Σp + step·acc` once per group.
+
+use duet_quant::kv::channel::{ChannelFormat, GROUP};
+use duet_quant::kv::pack::{self, N};
+use half::f16;
+
+use super::plain;
+
+pub struct ChannelRows {
+    pub fmt: ChannelFormat,
+    pub kv_dim: usize,
+    /// Complete groups, `group_bytes(kv_dim)` each: `n_ctx / GROUP` of them.
+    pub groups: Vec<u8>,
+    /// `min(GROUP, n_ctx)` rows of `kv_dim` f16 values.
+    pub window: Vec<f16>,
+    /// Positions written so far (the last store's end).
+    pub len: usize,
+}
+
+impl ChannelRows {
+    pub fn new(fmt: ChannelFormat, n_ctx: usize, kv_dim: usize) -> ChannelRows {
+        ChannelRows {
+            fmt,
+            kv_dim,
+            groups: vec![0; n_ctx / GROUP * fmt.group_bytes(kv_dim)],
+            window: vec![f16::ZERO; GROUP.min(n_ctx) * kv_dim],
+            len: 0,
+        }
+    }
+
+    fn n_groups(&self) -> usize {
+        self.groups.len() / self.fmt.group_bytes(self.kv_dim)
+    }
+
+    /// Stores `rows` (whole rows of kv_dim values) at positions pos0.., quantizing every
+    /// group they complete.
+    pub fn write(&mut self, pos0: usize, rows: &[f32]) {
+        let (d, gb) = (self.kv_dim, self.fmt.group_bytes(self.kv_dim));
+        for (i, row) in rows.chunks_exact(d).enumerate() {
+            let p = pos0 + i;
+            let slot = p % GROUP;
+            plain::f32_to_f16(row, &mut self.window[slot * d..(slot + 1) * d]);
+            let g = p / GROUP;
+            if slot == GROUP - 1 && g < self.n_groups() {
+                self.fmt.quantize_group(&self.window, d, &mut self.groups[g * gb..(g + 1) * gb]);
+            }
+        }
+        self.len = pos0 + rows.len() / d;
+    }
+
+    /// Positions before this one are read from groups.
+    fn grouped(&self) -> usize {
+        (self.len / GROUP).min(self.n_groups()) * GROUP
+    }
+
+    /// `out[j] = scale · q · K_j[col0..col0 + q.len()]` for positions j < out.len().
+    pub fn scores(&self, q: &[f32], col0: usize, scale: f32, out: &mut [f32]) {
+        let n = out.len();
+        assert!(n <= self.len, "attention past the {} written positions", self.len);
+        let hd = q.len();
+        let grouped = self.grouped().min(n);
+        let (mut lo, mut step, mut qs) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+        #[cfg(target_arch = "x86_64")]
+        let simd =
+            col0.is_multiple_of(N) && hd.is_multiple_of(N) && (N..=4 * N).contains(&hd) && crate::cpu::simd::avx2();
+        for (g, o) in out[..grouped].chunks_mut(GROUP).enumerate() {
+            let group = self.group(g);
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                let (hb, at) = (self.fmt.header_bytes(self.kv_dim), col0 / N * pack::packed_bytes(self.fmt.bits()));
+                // SAFETY: features checked; the group's header holds lo and step for every
+                // column, and its GROUP ≥ o.len() rows of codes the head's hd/32 packed
+                // groups at byte `at`.
+                unsafe {
+                    x86::scores(
+                        self.fmt.bits(),
+                        q,
+                        group.as_ptr().add(2 * col0),
+                        group.as_ptr().add(2 * (self.kv_dim + col0)),
+                        group.as_ptr().add(hb + at),
+                        self.fmt.row_bytes(self.kv_dim),
+                        scale,
+                        o,
+                    )
+                };
+                continue;
+            }
+            self.head_header(group, col0, &mut lo, &mut step);
+            let c0: f32 = q.iter().zip(&lo).map(|(a, b)| a * b).sum();
+            for ((s, a), b) in qs.iter_mut().zip(q).zip(&step) {
+                *s = a * b;
+            }
+            let codes = &group[self.fmt.header_bytes(self.kv_dim)..];
+            let mut u = [0u8; N];
+            for (t, o) in o.iter_mut().enumerate() {
+                let mut s = c0;
+                self.for_codes(codes, t, col0, hd, &mut u, |x0, len, u| {
+                    s += qs[x0..x0 + len].iter().zip(u).map(|(a, &b)| a * b as f32).sum::<f32>();
+                });
+                *o = s * scale;
+            }
+        }
+        plain::scores_f16(q, &self.window[col0..], self.kv_dim, scale, &mut out[grouped..]);
+    }
+
+    /// `out += Σ_j p[j] · V_j[col0..col0 + out.len()]` over positions j < p.len().
+    pub fn weighted_sum(&self, p: &[f32], col0: usize, out: &mut [f32]) {
+        let n = p.len();
+        assert!(n <= self.len, "attention past the {} written positions", self.len);
+        let hd = out.len();
+        let grouped = self.grouped().min(n);
+        let (mut lo, mut step, mut acc) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+        for (g, pg) in p[..grouped].chunks(GROUP).enumerate() {
+            let group = self.group(g);
+            self.head_header(group, col0, &mut lo, &mut step);
+            let codes = &group[self.fmt.header_bytes(self.kv_dim)..];
+            acc.fill(0.0);
+            let simd = {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    col0.is_multiple_of(N)
+                        && hd.is_multiple_of(N)
+                        && (N..=4 * N).contains(&hd)
+                        && crate::cpu::simd::avx2()
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                false
+            };
+            if simd {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let at = col0 / N * pack::packed_bytes(self.fmt.bits());
+                    // SAFETY: as in `scores`.
+                    unsafe {
+                        x86::code_sums(
+                            self.fmt.bits(),
+                            pg,
+                            codes.as_ptr().add(at),
+                            self.fmt.row_bytes(self.kv_dim),
+                            &mut acc,
+                        )
+                    };
+                }
+            } else {
+                let mut u = [0u8; N];
+                for (t, &w) in pg.iter().enumerate() {
+                    self.for_codes(codes, t, col0, hd, &mut u, |x0, len, u| {
+                        for (a, &c) in acc[x0..x0 + len].iter_mut().zip(u) {
+                            *a += w * c as f32;
+                        }
+                    });
+                }
+            }
+            let sum_p: f32 = pg.iter().sum();
+            for (((o, &a), &l), &s) in out.iter_mut().zip(&acc).zip(&lo).zip(&step) {
+                *o += l * sum_p + s * a;
+            }
+        }
+        plain::weighted_sum_f16(&p[grouped..], &self.window[col0..], self.kv_dim, out);
+    }
+
+    /// Positions 0..n as the loops read them (n·kv_dim values into `out`).
+    pub fn dequantized(&self, n: usize, out: &mut [f32]) {
+        let (d, grouped) = (self.kv_dim, self.grouped().min(n));
+        let mut tmp = vec![0f32; GROUP * d];
+        for g in 0..grouped / GROUP {
+            self.fmt.dequantize_group(self.group(g), d, &mut tmp);
+            out[g * GROUP * d..(g + 1) * GROUP * d].copy_from_slice(&tmp);
+        }
+        for (o, h) in out[grouped * d..n * d].iter_mut().zip(&self.window) {
+            *o = h.to_f32();
+        }
+    }
+
+    fn group(&self, g: usize) -> &[u8] {
+        let gb = self.fmt.group_bytes(self.kv_dim);
+        &self.groups[g * gb..(g + 1) * gb]
+    }
+
+    /// `lo` and `step` of columns col0..col0 + lo.len() of a group.
+    fn head_header(&self, group: &[u8], col0: usize, lo: &mut [f32], step: &mut [f32]) {
+        let f = |at: usize| duet_quant::fp::f16_bits_to_f32(u16::from_le_bytes([group[at], group[at + 1]]));
+        for (i, (l, s)) in lo.iter_mut().zip(step.iter_mut()).enumerate() {
+            *l = f(2 * (col0 + i));
+            *s = f(2 * (self.kv_dim + col0 + i));
+        }
+    }
+
+    /// Calls `f(x offset, count, codes)` for the packed groups of 32 covering columns
+    /// col0..col0 + n of row t of a group's codes.
+    fn for_codes(
+        &self,
+        codes: &[u8],
+        t: usize,
+        col0: usize,
+        n: usize,
+        u: &mut [u8; N],
+        mut f: impl FnMut(usize, usize, &[u8]),
+    ) {
+        let (bits, pb) = (self.fmt.bits(), pack::packed_bytes(self.fmt.bits()));
+        let row = &codes[t * self.fmt.row_bytes(self.kv_dim)..];
+        let mut c = col0;
+        while c < col0 + n {
+            let (g, o) = (c / N, c % N);
+            let len = (N - o).min(col0 + n - c);
+            pack::unpack32(bits, &row[g * pb..], u);
+            f(c - col0, len, &u[o..o + len]);
+            c += len;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use crate::cpu::simd::{codes_u8, hsum, query_i16};
+
+    /// Scores of the rows of one group, the head NG·32 channels wide: the header's lo and
+    /// step decoded 8 at a time, `c0 = Σ q·lo`, the scaled query q' = q·step rounded to i16
+    /// per 32 channels, then per row `(c0 + Σ q'·u)·scale` with the codes widened to i16
+    /// (vpmaddwd: at most 2·255·32767 < 2^31 per lane).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; NG·32 f16 values at `lo` and at `step`; row t < out.len() has its
+    /// NG packed groups at `codes + t·row_bytes`; q.len() = NG·32.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_ng<const NG: usize>(
+        bits: u32,
+        q: &[f32],
+        lo: *const u8,
+        step: *const u8,
+        codes: *const u8,
+        row_bytes: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let pb = 4 * bits as usize;
+        unsafe {
+            let mut c0 = _mm256_setzero_ps();
+            let mut qs = [0f32; 128];
+            for i in (0..NG * 32).step_by(8) {
+                let qv = _mm256_loadu_ps(q.as_ptr().add(i));
+                let l = _mm256_cvtph_ps(_mm_loadu_si128(lo.add(2 * i) as *const __m128i));
+                let st = _mm256_cvtph_ps(_mm_loadu_si128(step.add(2 * i) as *const __m128i));
+                c0 = _mm256_fmadd_ps(qv, l, c0);
+                _mm256_storeu_ps(qs.as_mut_ptr().add(i), _mm256_mul_ps(qv, st));
+            }
+            let c0 = hsum(c0);
+            let Some((qv, dq)) = query_i16::<NG>(&qs[..NG * 32]) else {
+                out.fill(f32::NAN);
+                return;
+            };
+            for (t, o) in out.iter_mut().enumerate() {
+                let row = codes.add(t * row_bytes);
+                let mut acc = _mm256_setzero_ps();
+                for (g, qg) in qv.iter().enumerate() {
+                    let u = codes_u8(bits, row.add(g * pb));
+                    let lo = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)), qg[0]);
+                    let hi = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(u)), qg[1]);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(dq[g]), _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), acc);
+                }
+                *o = (c0 + hsum(acc)) * scale;
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`scores_ng`] with NG = q.len()/32 in 1..=4.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores(
+        bits: u32,
+        q: &[f32],
+        lo: *const u8,
+        step: *const u8,
+        codes: *const u8,
+        row_bytes: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        unsafe {
+            match q.len() / 32 {
+                1 => scores_ng::<1>(bits, q, lo, step, codes, row_bytes, scale, out),
+                2 => scores_ng::<2>(bits, q, lo, step, codes, row_bytes, scale, out),
+                3 => scores_ng::<3>(bits, q, lo, step, codes, row_bytes, scale, out),
+                _ => scores_ng::<4>(bits, q, lo, step, codes, row_bytes, scale, out),
+            }
+        }
+    }
+
+    /// `acc[c] += Σ_t p[t]·u_t[c]`, acc kept in registers over the rows.
+    ///
+    /// # Safety
+    /// AVX2, FMA; row t < p.len() has acc.len()/32 packed groups at `codes + t·row_bytes`;
+    /// acc.len() is 32 to 128 and a multiple of 32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn code_sums_ng<const NG: usize>(bits: u32, p: &[f32], codes: *const u8, row_bytes: usize, acc: &mut [f32]) {
+        let pb = 4 * bits as usize;
+        unsafe {
+            let mut a: [[__m256; 4]; NG] =
+                std::array::from_fn(|g| std::array::from_fn(|k| _mm256_loadu_ps(acc.as_ptr().add(32 * g + 8 * k))));
+            for (t, &w) in p.iter().enumerate() {
+                let row = codes.add(t * row_bytes);
+                let wv = _mm256_set1_ps(w);
+                for (g, ag) in a.iter_mut().enumerate() {
+                    let u = codes_u8(bits, row.add(g * pb));
+                    let halves = [_mm256_castsi256_si128(u), _mm256_extracti128_si256::<1>(u)];
+                    for (k, x) in ag.iter_mut().enumerate() {
+                        let h = halves[k / 2];
+                        let eight = if k % 2 == 0 { h } else { _mm_unpackhi_epi64(h, h) };
+                        *x = _mm256_fmadd_ps(wv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight)), *x);
+                    }
+                }
+            }
+            for (g, ag) in a.iter().enumerate() {
+                for (k, x) in ag.iter().enumerate() {
+                    _mm256_storeu_ps(acc.as_mut_ptr().add(32 * g + 8 * k), *x);
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`code_sums_ng`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn code_sums(bits: u32, p: &[f32], codes: *const u8, row_bytes: usize, acc: &mut [f32]) {
+        unsafe {
+            match acc.len() / 32 {
+                1 => code_sums_ng::<1>(bits, p, codes, row_bytes, acc),
+                2 => code_sums_ng::<2>(bits, p, codes, row_bytes, acc),
+                3 => code_sums_ng::<3>(bits, p, codes, row_bytes, acc),
+                _ => code_sums_ng::<4>(bits, p, codes, row_bytes, acc),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Scores and value sums over groups and window against the dequantized rows, for
+    /// every width, aligned and unaligned heads, with a partial group in the window and
+    /// rows stored in uneven batches.
+    #[test]
+    fn loops_match_the_dequantized_cache() {
+        let (n_ctx, kv_dim) = (80, 128);
+        let len = 75; // two groups of 32 and 11 window rows
+        let vals: Vec<f32> = (0..len * kv_dim)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0 + (i % kv_dim == 5) as u8 as f32 * 30.0)
+            .collect();
+        for fmt in ChannelFormat::ALL {
+            let mut c = ChannelRows::new(fmt, n_ctx, kv_dim);
+            for (a, b) in [(0, 7), (7, 40), (40, 41), (41, len)] {
+                c.write(a, &vals[a * kv_dim..b * kv_dim]);
+            }
+            assert_eq!(c.len, len);
+            // What the cache holds: groups dequantized, the window as f16.
+            let mut deq = vec![0f32; len * kv_dim];
+            for g in 0..2 {
+                fmt.dequantize_group(c.group(g), kv_dim, &mut deq[g * GROUP * kv_dim..(g + 1) * GROUP * kv_dim]);
+            }
+            for p in 64..len {
+                for i in 0..kv_dim {
+                    deq[p * kv_dim + i] = f16::from_f32(vals[p * kv_dim + i]).to_f32();
+                }
+            }
+            for (col0, hd) in [(0, 64), (64, 64), (0, 128), (32, 96), (16, 16), (8, 40)] {
+                let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
+                // The scaled query q·step is rounded to i16 per 32 channels: each code (at most
+                // 2^bits − 1) meets an error of at most half of that chunk's absmax/32767.
+                let q_rounding: Vec<f32> = (0..2)
+                    .map(|g| {
+                        let (mut lo, mut step) = (vec![0f32; kv_dim], vec![0f32; kv_dim]);
+                        fmt.header(c.group(g), kv_dim, &mut lo, &mut step);
+                        let qs: Vec<f32> = q.iter().zip(&step[col0..]).map(|(a, b)| a * b).collect();
+                        let top = fmt.top() as f32;
+                        qs.chunks(N)
+                            .map(|ch| ch.len() as f32 * top * ch.iter().fold(0f32, |m, v| m.max(v.abs())) / 65534.0)
+                            .sum::<f32>()
+                            * 0.5
+                    })
+                    .collect();
+                for n in [1, 31, 32, 33, 64, len] {
+                    let mut got = vec![0f32; n];
+                    c.scores(&q, col0, 0.5, &mut got);
+                    for (j, g) in got.iter().enumerate() {
+                        let k = &deq[j * kv_dim + col0..j * kv_dim + col0 + hd];
+                        let want: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * 0.5;
+                        let tol = 1e-5 * (1.0 + want.abs()) + q_rounding.get(j / GROUP).copied().unwrap_or(0.0);
+                        assert!(
+                            (g - want).abs() <= tol,
+                            "{fmt:?} {col0}+{hd} n={n} row {j}: {g} vs {want} (tol {tol})"
+                        );
+                    }
+                    let p: Vec<f32> = (0..n).map(|j| 1.0 / (j + 2) as f32).collect();
+                    let mut out = vec![0.25f32; hd];
+                    c.weighted_sum(&p, col0, &mut out);
+                    for (i, o) in out.iter().enumerate() {
+                        let want: f32 = 0.25 + (0..n).map(|j| p[j] * deq[j * kv_dim + col0 + i]).sum::<f32>();
+                        assert!(
+                            (o - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                            "{fmt:?} {col0}+{hd} n={n} col {i}: {o} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,40 @@
+// A $BITS-bit per-channel cache (q8c/q6c/q4c, duet_quant::kv::channel): P.cache_groups
+// groups of 32 positions — lo[kv_dim] and step[kv_dim] as f16, then 32 rows of codes, each
+// kv_dim·$BITS/8 bytes packed 32 at a time (value = lo + step·code) — then the f16 window
+// holding the positions past the last complete group (position p in slot p mod 32). After
+// this batch's write, the groups complete are those below min((pos0 + rows) / 32,
+// cache_groups). Values are decoded where they are read.
+@group(0) @binding($BINDING) var<storage, read> $BUF: array<u32>;
+
+fn $FN_half(i: u32) -> f32 {
+    return half_to_f32($BUF[i >> 1u] >> ((i & 1u) * 16u));
+}
+
+// Column c of cache row `row`.
+fn $FN(row: u32, c: u32) -> f32 {
+    let rb = P.kv_dim * $BITSu / 8u;
+    let gb = 4u * P.kv_dim + 32u * rb;
+    let grouped = min((P.pos0 + P.rows) / 32u, P.cache_groups) * 32u;
+    if (row >= grouped) {
+        return $FN_half((P.cache_groups * gb) / 2u + (row % 32u) * P.kv_dim + c);
+    }
+    let base = (row / 32u) * gb;
+    let lo = $FN_half(base / 2u + c);
+    let step = $FN_half(base / 2u + P.kv_dim + c);
+    let g = base + 4u * P.kv_dim + (row % 32u) * rb + (c / 32u) * 4u * $BITSu;
+    let j = c % 32u;
+    var u: u32;
+    if ($BITSu == 8u) {
+        u = ($BUF[(g + j) >> 2u] >> (((g + j) & 3u) * 8u)) & 0xffu;
+    } else if ($BITSu == 6u) {
+        let b0 = g + (j & 15u);
+        let b1 = g + 16u + (j & 7u);
+        let lo4 = (($BUF[b0 >> 2u] >> ((b0 & 3u) * 8u)) >> ((j >> 4u) * 4u)) & 15u;
+        let hi2 = (($BUF[b1 >> 2u] >> ((b1 & 3u) * 8u)) >> ((j >> 3u) * 2u)) & 3u;
+        u = lo4 | (hi2 << 4u);
+    } else {
+        let b0 = g + (j & 15u);
+        u = (($BUF[b0 >> 2u] >> ((b0 & 3u) * 8u)) >> ((j >> 4u) * 4u)) & 15u;
+    }
+    return lo + step * f32(u);
+}

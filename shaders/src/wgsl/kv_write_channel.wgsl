@@ -1,0 +1,105 @@
+// K/V cache write into a QBITS-bit per-channel cache (q8c/q6c/q4c): quantizes each group of
+// 32 positions that this batch completes (duet_quant::kv::channel, the CPU backend's recipe
+// bit for bit). The cache buffer holds `cache_groups` groups of GB bytes — lo[kv_dim] and
+// step[kv_dim] as f16, then 32 rows of packed codes, RB = kv_dim·QBITS/8 bytes each — then
+// the f16 window of the group not yet complete (position p in slot p mod 32). A group's
+// values are the f16 roundings of its rows: the window's for positions before pos0 (written
+// by earlier batches), S's rounded here for the batch's own rows (S row r is position
+// pos0 + r). The window is written afterwards by kv_window, so nothing read here is
+// overwritten first.
+//
+// One workgroup of 32 per (group, block of 32 channels): thread c finds channel c's lo (the
+// smallest value: exact, the values are f16) and step = f16 up((largest - lo) / top), then
+// thread t packs row t's 32 codes clamp(round((x - lo) / step), 0, top) (halves away from
+// zero; step 0 gives 0).
+
+struct Params {
+    rows: u32,
+    kv_dim: u32,        // a multiple of 32
+    pos0: u32,
+    grid_x: u32,
+    first_group: u32,   // the first group this batch completes
+    n_groups: u32,      // how many it completes
+    cache_groups: u32,  // groups the buffer holds (the window follows them)
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> S: array<f32>;
+@group(0) @binding(2) var<storage, read_write> C: array<u32>;
+
+const TOP: f32 = f32((1u << QBITS) - 1u);
+
+var<workgroup> lo_s: array<f32, 32>;
+var<workgroup> step_s: array<f32, 32>;
+var<workgroup> bits_s: array<u32, 64>;
+
+fn group_bytes() -> u32 {
+    return 4u * P.kv_dim + 32u * (P.kv_dim * QBITS / 8u);
+}
+
+// Channel c of position p of the group being quantized, as its f16 value.
+fn value(p: u32, c: u32) -> f32 {
+    if (p >= P.pos0) {
+        return half_to_f32(f16_rne_signed(S[(p - P.pos0) * P.kv_dim + c]));
+    }
+    let i = (P.cache_groups * group_bytes()) / 2u + (p % 32u) * P.kv_dim + c;
+    return half_to_f32(C[i >> 1u] >> ((i & 1u) * 16u));
+}
+
+@compute @workgroup_size(32)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let blocks = P.kv_dim / 32u;
+    let item = wg_index(wid, P.grid_x);
+    if (item >= P.n_groups * blocks) {
+        return;
+    }
+    let g = P.first_group + item / blocks;
+    let c0 = (item % blocks) * 32u;
+    let p0 = g * 32u;
+    let base = g * group_bytes();  // bytes, a multiple of 4
+
+    // Thread lid: channel c0 + lid.
+    var lo = 3.0e38;
+    var hi = -3.0e38;
+    for (var t = 0u; t < 32u; t++) {
+        let x = value(p0 + t, c0 + lid);
+        lo = min(lo, x);
+        hi = max(hi, x);
+    }
+    var step_bits = f16_up(div_rn(hi - lo, TOP));
+    var lo_bits = f16_rne_signed(lo);
+    // A column holding ±inf (an f16 overflow) decodes as NaN, as on the CPU: lo 0 unless
+    // finite, step NaN, codes 0.
+    if (!(abs(lo) <= 65504.0 && abs(hi) <= 65504.0)) {
+        step_bits = 0x7e00u;
+        if (!(abs(lo) <= 65504.0)) {
+            lo_bits = 0u;
+        }
+    }
+    lo_s[lid] = lo;
+    step_s[lid] = half_to_f32(step_bits);
+    bits_s[lid] = lo_bits;
+    bits_s[32u + lid] = step_bits;
+    workgroupBarrier();
+    if (lid % 2u == 0u) {
+        C[(base + 2u * (c0 + lid)) / 4u] = bits_s[lid] | (bits_s[lid + 1u] << 16u);
+        C[(base + 2u * (P.kv_dim + c0 + lid)) / 4u] = bits_s[32u + lid] | (bits_s[33u + lid] << 16u);
+    }
+
+    // Thread lid: row lid's codes for these 32 channels.
+    for (var w = 0u; w < WBUF_WORDS; w++) {
+        wbuf[w] = 0u;
+    }
+    for (var j = 0u; j < 32u; j++) {
+        var u = 0.0;
+        if (step_s[j] > 0.0) {
+            u = clamp(round_away(div_rn(value(p0 + lid, c0 + j) - lo_s[j], step_s[j])), 0.0, TOP);
+        }
+        codes[j] = u32(u);
+    }
+    pack_codes(0u);
+    let at = (base + 4u * P.kv_dim + lid * (P.kv_dim * QBITS / 8u) + (c0 / 32u) * 4u * QBITS) / 4u;
+    for (var w = 0u; w < QBITS; w++) {
+        C[at + w] = wbuf[w];
+    }
+}
