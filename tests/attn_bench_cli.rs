@@ -76,11 +76,14 @@ fn quick_run_writes_valid_json_csv_svg() {
     let (d, l) = (&models[0], &models[1]);
     assert_eq!(d["arch"], "diffllama");
     assert_eq!(l["arch"], "llama");
-    // --quick: baseline + logits {8,4} × {tensor,row,static} + {k,v,kv} × {8,4}; static only
-    // where the file is calibrated.
-    assert_eq!(d["runs"].as_array().unwrap().len(), 1 + 6 + 6);
-    assert_eq!(l["runs"].as_array().unwrap().len(), 1 + 4 + 6);
-    assert!(l["skipped"][0].as_str().unwrap().contains("no calibration"));
+    // --quick: baseline + logits {8,4} × {tensor,row,static} + {k,v,kv} × {8,4} × {block32,
+    // chan-rot}; static only where the file is calibrated, and the rotated V (blocks of 64)
+    // only where K/V rows have whole blocks of 64 (not the Llama fixture's 32).
+    assert_eq!(d["runs"].as_array().unwrap().len(), 1 + 6 + 12);
+    assert_eq!(l["runs"].as_array().unwrap().len(), 1 + 4 + 8);
+    let skipped: Vec<&str> = l["skipped"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    assert!(skipped[0].contains("no calibration"), "{skipped:?}");
+    assert!(skipped.iter().any(|s| s.contains("rot64 caches (v)") && s.contains("blocks of 64")), "{skipped:?}");
     for m in models {
         let runs = m["runs"].as_array().unwrap();
         let base = &runs[0];
@@ -105,13 +108,22 @@ fn quick_run_writes_valid_json_csv_svg() {
     let doc = roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("SVG is not XML: {e}"));
     assert_eq!(doc.root_element().tag_name().name(), "svg");
     assert!(svg.contains("diff.gguf kv") && svg.contains("llama.gguf logits"), "a line per model and target");
+    assert!(svg.contains("diff.gguf kv (chan32+rot64)"), "a line per cache format");
 
     let csv = std::fs::read_to_string(prefix.with_extension("csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(lines.len(), 1 + 13 + 11, "a header and a line per run");
+    assert_eq!(lines.len(), 1 + 19 + 13, "a header and a line per run");
     assert!(lines.iter().skip(1).all(|l| l.split(',').count() == lines[0].split(',').count()));
 
-    for needle in ["attention logits", "hidden states", "| kv | 4 | block32 |", "A1·V−λA2·V", "wrote "] {
+    for needle in [
+        "attention logits",
+        "hidden states",
+        "| kv | 4 | block32 |",
+        "| kv | 4 | chan32+rot64 |",
+        "| k | 8 | chan32 |",
+        "A1·V−λA2·V",
+        "wrote ",
+    ] {
         assert!(stdout.contains(needle), "table lacks {needle:?}:\n{stdout}");
     }
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use duet_runtime::attn_bench::{BenchOptions, BenchReport, Target, bench_model, output};
+use duet_runtime::attn_bench::{BenchOptions, BenchReport, CacheScheme, Target, bench_model, output};
 use duet_runtime::model::LogitGranularity;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -37,6 +37,11 @@ pub struct Args {
     /// for files without them); comma-separated
     #[arg(long, value_delimiter = ',', default_value = "tensor,head,row,static", value_parser = parse_granularity)]
     pub granularity: Vec<LogitGranularity>,
+    /// K/V cache formats of the k, v and kv runs, side by side: block32 (q8/q6/q4, absmax
+    /// blocks of 32 along each row) and chan-rot (K per channel over groups of 32 positions,
+    /// q8c/q6c/q4c; V Hadamard-rotated in blocks of 64, q8r/q6r/q4r); comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "block32,chan-rot", value_parser = parse_scheme)]
+    pub cache_formats: Vec<CacheScheme>,
     /// Write PREFIX.json, PREFIX.csv and PREFIX.svg
     #[arg(short = 'o', long = "output", default_value = "attn-bench")]
     pub output: PathBuf,
@@ -57,6 +62,10 @@ fn parse_target(s: &str) -> Result<Target, String> {
     Target::parse(s).ok_or_else(|| format!("unknown target '{s}' (logits, k, v or kv)"))
 }
 
+fn parse_scheme(s: &str) -> Result<CacheScheme, String> {
+    CacheScheme::parse(s).ok_or_else(|| format!("unknown cache format '{s}' (block32 or chan-rot)"))
+}
+
 fn parse_granularity(s: &str) -> Result<LogitGranularity, String> {
     LogitGranularity::parse(s).ok_or_else(|| format!("unknown granularity '{s}' (tensor, head, row or static)"))
 }
@@ -68,6 +77,7 @@ pub fn run(args: Args) -> Result<()> {
         bits: args.bits.clone(),
         targets: args.targets.clone(),
         granularities: args.granularity.clone(),
+        cache_schemes: args.cache_formats.clone(),
         threads: args.threads,
     };
     if args.quick {

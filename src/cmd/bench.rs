@@ -60,14 +60,8 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
     let n_vocab = engine.model.config.n_vocab as u32;
     // Deterministic pseudo-random tokens (llama-bench uses random tokens too).
     let tokens: Vec<u32> = (0..longest as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % n_vocab).collect();
-    let kv = duet_runtime::kv_cache::KvCacheSpec {
-        n_layers: engine.model.config.n_layers,
-        n_ctx: engine.n_ctx(),
-        kv_dim: engine.model.config.kv_dim(),
-        head_dim: engine.model.config.head_dim,
-        k_type: args.model.cache_type_k,
-        v_type: args.model.cache_type_v,
-    };
+    // The cache the session holds (a type the model cannot use was replaced, with a warning).
+    let kv = engine.session.cache_spec.clone();
     let f16_kv = duet_runtime::kv_cache::KvCacheSpec {
         k_type: duet_runtime::kv_cache::CacheType::F16,
         v_type: duet_runtime::kv_cache::CacheType::F16,
@@ -75,8 +69,8 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
     };
     println!(
         "| model | size | params | backend | KV cache ({}/{}, {} ctx) | test | t/s (median) | spread (min–max) |",
-        args.model.cache_type_k,
-        args.model.cache_type_v,
+        kv.k_type,
+        kv.v_type,
         engine.n_ctx()
     );
     println!("|---|---|---|---|---|---|---|---|");

@@ -59,6 +59,61 @@ impl Target {
     }
 }
 
+/// How a cache run stores K and V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CacheScheme {
+    /// q8/q6/q4: absmax blocks of 32 along each row, K and V alike.
+    Block32,
+    /// q8c/q6c/q4c for K (per channel over groups of 32 positions), q8r/q6r/q4r for V (each
+    /// head Hadamard-rotated, blocks of 64): the recommended pair.
+    ChannelRotated,
+}
+
+impl CacheScheme {
+    pub const ALL: [CacheScheme; 2] = [CacheScheme::Block32, CacheScheme::ChannelRotated];
+
+    /// The option's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheScheme::Block32 => "block32",
+            CacheScheme::ChannelRotated => "chan-rot",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CacheScheme> {
+        CacheScheme::ALL.into_iter().find(|c| c.name() == s)
+    }
+
+    /// The (K, V) cache types of a run at `bits` that quantizes `target`.
+    pub fn types(self, target: Target, bits: u32) -> (CacheType, CacheType) {
+        let (k, v) = match (self, bits) {
+            (CacheScheme::Block32, 8) => (CacheType::Q8, CacheType::Q8),
+            (CacheScheme::Block32, 6) => (CacheType::Q6, CacheType::Q6),
+            (CacheScheme::Block32, _) => (CacheType::Q4, CacheType::Q4),
+            (CacheScheme::ChannelRotated, 8) => (CacheType::Q8c, CacheType::Q8r),
+            (CacheScheme::ChannelRotated, 6) => (CacheType::Q6c, CacheType::Q6r),
+            (CacheScheme::ChannelRotated, _) => (CacheType::Q4c, CacheType::Q4r),
+        };
+        match target {
+            Target::K => (k, CacheType::F16),
+            Target::V => (CacheType::F16, v),
+            Target::KV => (k, v),
+            Target::Logits => (CacheType::F16, CacheType::F16),
+        }
+    }
+
+    /// What the results call a run of this scheme on `target`: "block32", or the formats'
+    /// layouts ("chan32" for K, "rot64" for V, "chan32+rot64" for both).
+    pub fn label(self, target: Target) -> &'static str {
+        match (self, target) {
+            (CacheScheme::Block32, _) => "block32",
+            (CacheScheme::ChannelRotated, Target::K) => "chan32",
+            (CacheScheme::ChannelRotated, Target::V) => "rot64",
+            (CacheScheme::ChannelRotated, _) => "chan32+rot64",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
     /// Tokens per window (one batch each).
@@ -70,6 +125,8 @@ pub struct BenchOptions {
     pub targets: Vec<Target>,
     /// Logit granularities; `static` only for files with calibration.
     pub granularities: Vec<LogitGranularity>,
+    /// Cache formats of the k, v and kv runs, side by side.
+    pub cache_schemes: Vec<CacheScheme>,
     pub threads: usize,
 }
 
@@ -79,8 +136,10 @@ pub struct RunResult {
     /// None: the 16-bit baseline.
     pub target: Option<Target>,
     pub bits: u32,
-    /// For logit runs; cache runs use blocks of 32.
+    /// For logit runs.
     pub granularity: Option<LogitGranularity>,
+    /// For cache runs.
+    pub cache_scheme: Option<CacheScheme>,
     pub ppl: f64,
     pub mean_kl: f64,
     pub top1: f64,
@@ -239,7 +298,8 @@ pub fn bench_model(
     let calibrated = e.model.file.get("duet.calibration.logits.absmax").is_some();
 
     // The settings, baseline first.
-    let mut settings: Vec<(Option<Target>, u32, Option<LogitGranularity>)> = vec![(None, 16, None)];
+    let mut settings: Vec<(Option<Target>, u32, Option<LogitGranularity>, Option<CacheScheme>)> =
+        vec![(None, 16, None, None)];
     let mut skipped = Vec::new();
     for &t in &opts.targets {
         for &bits in opts.bits.iter().filter(|&&b| b != 16) {
@@ -252,21 +312,24 @@ pub fn bench_model(
                         }
                         continue;
                     }
-                    settings.push((Some(t), bits, Some(g)));
+                    settings.push((Some(t), bits, Some(g), None));
                 }
             } else {
-                if !cfg.kv_dim().is_multiple_of(duet_quant::kv::absmax::BLOCK) {
-                    let why = format!("K/V caches: rows of {} values do not split into blocks of 32", cfg.kv_dim());
-                    if !skipped.contains(&why) {
-                        skipped.push(why);
-                    }
-                    continue;
-                }
                 if !matches!(bits, 8 | 6 | 4) {
                     skipped.push(format!("{} at {bits} bits: caches come in 8, 6 and 4 bits", t.name()));
                     continue;
                 }
-                settings.push((Some(t), bits, None));
+                for &scheme in &opts.cache_schemes {
+                    let (kt, vt) = scheme.types(t, bits);
+                    if let Err(why) = e.model.cache_spec(16, kt, vt).check() {
+                        let why = format!("{} caches ({}): {why}", scheme.label(t), t.name());
+                        if !skipped.contains(&why) {
+                            skipped.push(why);
+                        }
+                        continue;
+                    }
+                    settings.push((Some(t), bits, None, Some(scheme)));
+                }
             }
         }
     }
@@ -277,18 +340,11 @@ pub fn bench_model(
                target: Option<Target>,
                bits: u32,
                g: Option<LogitGranularity>,
+               scheme: Option<CacheScheme>,
                calibrator: Option<Calibrator>|
      -> Result<Pass, RuntimeError> {
-        let cache = match bits {
-            8 => CacheType::Q8,
-            6 => CacheType::Q6,
-            4 => CacheType::Q4,
-            _ => CacheType::F16,
-        };
-        let (kt, vt) = match target {
-            Some(Target::K) => (cache, CacheType::F16),
-            Some(Target::V) => (CacheType::F16, cache),
-            Some(Target::KV) => (cache, cache),
+        let (kt, vt) = match (target, scheme) {
+            (Some(t), Some(c)) => c.types(t, bits),
             _ => (CacheType::F16, CacheType::F16),
         };
         let lq = if target == Some(Target::Logits) { g.map(|g| (bits, g)) } else { None };
@@ -308,7 +364,7 @@ pub fn bench_model(
     // The baseline passes of every window feed one calibrator: the outlier table.
     let mut calibrator = Some(Calibrator::new(&cfg));
     for (w, tokens) in windows.iter().enumerate() {
-        let mut base = run(&mut e, tokens, None, 16, None, calibrator.take())?;
+        let mut base = run(&mut e, tokens, None, 16, None, None, calibrator.take())?;
         calibrator = base.capture.calibrator.take();
         progress(w * settings.len() + 1, total, &format!("window {}/{}: 16-bit baseline", w + 1, windows.len()));
         let base_rows: Vec<&[f32]> = base.logits.chunks_exact(n_vocab).collect();
@@ -321,8 +377,8 @@ pub fn bench_model(
             .map(|(l, b)| split_branches(b, cfg.head_dim, lambdas[l]))
             .collect();
 
-        for (i, &(target, bits, g)) in settings.iter().enumerate() {
-            let pass = if i == 0 { None } else { Some(run(&mut e, tokens, target, bits, g, None)?) };
+        for (i, &(target, bits, g, scheme)) in settings.iter().enumerate() {
+            let pass = if i == 0 { None } else { Some(run(&mut e, tokens, target, bits, g, scheme, None)?) };
             let p = pass.as_ref().unwrap_or(&base);
             let acc = &mut pooled[i];
             for (t, row) in p.logits.chunks_exact(n_vocab).enumerate() {
@@ -352,9 +408,9 @@ pub fn bench_model(
                 }
             }
             if i > 0 {
-                let label = match (target, g) {
-                    (Some(t), Some(g)) => format!("{} {bits}-bit {}", t.name(), g.name()),
-                    (Some(t), None) => format!("{} {bits}-bit", t.name()),
+                let label = match (target, g, scheme) {
+                    (Some(t), Some(g), _) => format!("{} {bits}-bit {}", t.name(), g.name()),
+                    (Some(t), None, Some(c)) => format!("{} {bits}-bit {}", t.name(), c.label(t)),
                     _ => String::new(),
                 };
                 progress(w * settings.len() + i + 1, total, &format!("window {}/{}: {label}", w + 1, windows.len()));
@@ -365,13 +421,14 @@ pub fn bench_model(
     let runs = settings
         .iter()
         .zip(pooled)
-        .map(|(&(target, bits, granularity), acc)| {
+        .map(|(&(target, bits, granularity, cache_scheme), acc)| {
             let errs = |v: &[(f64, f64)]| v.iter().copied().map(rel_err).collect::<Vec<f64>>();
             let [b1, b2, bd] = &acc.branches;
             RunResult {
                 target,
                 bits,
                 granularity,
+                cache_scheme,
                 ppl: (acc.nll / acc.predicted as f64).exp(),
                 mean_kl: acc.kl / acc.positions as f64,
                 top1: acc.agree as f64 / acc.positions as f64,

@@ -12,13 +12,13 @@ fn target_name(r: &RunResult) -> &'static str {
     r.target.map_or("none", |t| t.name())
 }
 
-/// "tensor"/"head"/"row"/"static" for logit runs, "block32" for cache runs, "none" for the
-/// baseline.
+/// "tensor"/"head"/"row"/"static" for logit runs, the cache scheme's label for cache runs
+/// ("block32", or "chan32", "rot64", "chan32+rot64"), "none" for the baseline.
 fn granularity_name(r: &RunResult) -> &'static str {
-    match (r.target, r.granularity) {
-        (None, _) => "none",
-        (_, Some(g)) => g.name(),
-        (Some(_), None) => "block32",
+    match (r.target, r.granularity, r.cache_scheme) {
+        (Some(_), Some(g), _) => g.name(),
+        (Some(t), None, Some(c)) => c.label(t),
+        _ => "none",
     }
 }
 
@@ -183,7 +183,8 @@ fn outlier_table(m: &ModelReport) -> String {
 }
 
 /// Bits on x (16 → 4), one line per model and target (logit runs: the first granularity
-/// measured, named in the label); panels: mean KL (log scale), top-1 agreement, perplexity.
+/// measured; cache runs: each format), the granularity or the non-legacy cache format named
+/// in the label; panels: mean KL (log scale), top-1 agreement, perplexity.
 pub fn to_svg(r: &BenchReport) -> String {
     let mut kl = Vec::new();
     let mut top1 = Vec::new();
@@ -203,8 +204,12 @@ pub fn to_svg(r: &BenchReport) -> String {
         for (t, g) in targets {
             let runs: Vec<&RunResult> =
                 m.runs.iter().filter(|r| target_name(r) == t && granularity_name(r) == g).collect();
-            let label =
-                if t == "logits" { format!("{} {t} ({g})", short(&m.path)) } else { format!("{} {t}", short(&m.path)) };
+            // Cache runs name their formats unless they are the legacy blocks.
+            let label = if t == "logits" || g != "block32" {
+                format!("{} {t} ({g})", short(&m.path))
+            } else {
+                format!("{} {t}", short(&m.path))
+            };
             let pts = |f: &dyn Fn(&RunResult) -> f64, with_base: bool| {
                 let mut p: Vec<(f64, f64)> = Vec::new();
                 if with_base {
