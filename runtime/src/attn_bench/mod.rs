@@ -176,6 +176,16 @@ pub struct BenchReport {
     pub models: Vec<ModelReport>,
 }
 
+/// One quantization setting: what, at how many bits, and how (logit granularity or cache
+/// scheme). The 16-bit baseline has no target.
+#[derive(Clone, Copy)]
+struct Setting {
+    target: Option<Target>,
+    bits: u32,
+    granularity: Option<LogitGranularity>,
+    cache_scheme: Option<CacheScheme>,
+}
+
 /// What one pass leaves behind: per layer, the attention output and (DIFF) the branches.
 #[derive(Default)]
 struct Capture {
@@ -298,8 +308,7 @@ pub fn bench_model(
     let calibrated = e.model.file.get("duet.calibration.logits.absmax").is_some();
 
     // The settings, baseline first.
-    let mut settings: Vec<(Option<Target>, u32, Option<LogitGranularity>, Option<CacheScheme>)> =
-        vec![(None, 16, None, None)];
+    let mut settings = vec![Setting { target: None, bits: 16, granularity: None, cache_scheme: None }];
     let mut skipped = Vec::new();
     for &t in &opts.targets {
         for &bits in opts.bits.iter().filter(|&&b| b != 16) {
@@ -312,7 +321,7 @@ pub fn bench_model(
                         }
                         continue;
                     }
-                    settings.push((Some(t), bits, Some(g), None));
+                    settings.push(Setting { target: Some(t), bits, granularity: Some(g), cache_scheme: None });
                 }
             } else {
                 if !matches!(bits, 8 | 6 | 4) {
@@ -328,7 +337,7 @@ pub fn bench_model(
                         }
                         continue;
                     }
-                    settings.push((Some(t), bits, None, Some(scheme)));
+                    settings.push(Setting { target: Some(t), bits, granularity: None, cache_scheme: Some(scheme) });
                 }
             }
         }
@@ -337,17 +346,14 @@ pub fn bench_model(
     let total = settings.len() * windows.len();
     let run = |e: &mut Engine<CpuBackend>,
                tokens: &[u32],
-               target: Option<Target>,
-               bits: u32,
-               g: Option<LogitGranularity>,
-               scheme: Option<CacheScheme>,
+               s: Setting,
                calibrator: Option<Calibrator>|
      -> Result<Pass, RuntimeError> {
-        let (kt, vt) = match (target, scheme) {
-            (Some(t), Some(c)) => c.types(t, bits),
+        let (kt, vt) = match (s.target, s.cache_scheme) {
+            (Some(t), Some(c)) => c.types(t, s.bits),
             _ => (CacheType::F16, CacheType::F16),
         };
-        let lq = if target == Some(Target::Logits) { g.map(|g| (bits, g)) } else { None };
+        let lq = if s.target == Some(Target::Logits) { s.granularity.map(|g| (s.bits, g)) } else { None };
         e.model.set_logit_quant(lq)?;
         let capture = Arc::new(Mutex::new(Capture { calibrator, ..Capture::default() }));
         e.backend.set_observer(Some(Box::new(Arc::clone(&capture))));
@@ -364,7 +370,7 @@ pub fn bench_model(
     // The baseline passes of every window feed one calibrator: the outlier table.
     let mut calibrator = Some(Calibrator::new(&cfg));
     for (w, tokens) in windows.iter().enumerate() {
-        let mut base = run(&mut e, tokens, None, 16, None, None, calibrator.take())?;
+        let mut base = run(&mut e, tokens, settings[0], calibrator.take())?;
         calibrator = base.capture.calibrator.take();
         progress(w * settings.len() + 1, total, &format!("window {}/{}: 16-bit baseline", w + 1, windows.len()));
         let base_rows: Vec<&[f32]> = base.logits.chunks_exact(n_vocab).collect();
@@ -377,8 +383,8 @@ pub fn bench_model(
             .map(|(l, b)| split_branches(b, cfg.head_dim, lambdas[l]))
             .collect();
 
-        for (i, &(target, bits, g, scheme)) in settings.iter().enumerate() {
-            let pass = if i == 0 { None } else { Some(run(&mut e, tokens, target, bits, g, scheme, None)?) };
+        for (i, &setting) in settings.iter().enumerate() {
+            let pass = if i == 0 { None } else { Some(run(&mut e, tokens, setting, None)?) };
             let p = pass.as_ref().unwrap_or(&base);
             let acc = &mut pooled[i];
             for (t, row) in p.logits.chunks_exact(n_vocab).enumerate() {
@@ -408,7 +414,8 @@ pub fn bench_model(
                 }
             }
             if i > 0 {
-                let label = match (target, g, scheme) {
+                let bits = setting.bits;
+                let label = match (setting.target, setting.granularity, setting.cache_scheme) {
                     (Some(t), Some(g), _) => format!("{} {bits}-bit {}", t.name(), g.name()),
                     (Some(t), None, Some(c)) => format!("{} {bits}-bit {}", t.name(), c.label(t)),
                     _ => String::new(),
@@ -421,7 +428,7 @@ pub fn bench_model(
     let runs = settings
         .iter()
         .zip(pooled)
-        .map(|(&(target, bits, granularity, cache_scheme), acc)| {
+        .map(|(&Setting { target, bits, granularity, cache_scheme }, acc)| {
             let errs = |v: &[(f64, f64)]| v.iter().copied().map(rel_err).collect::<Vec<f64>>();
             let [b1, b2, bd] = &acc.branches;
             RunResult {
