@@ -29,7 +29,7 @@ fn median(v: &mut [f64]) -> f64 {
 fn main() {
     let ctx: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2048);
     use CacheType::*;
-    let types = [(F16, F16), (Q4, Q4), (Q4c, F16), (F16, Q4r), (Q4c, Q4r)];
+    let types = [(F16, F16), (Q8, Q8), (Q4, Q4), (Q8c, Q8r), (Q6c, Q6r), (Q4c, Q4r), (Q4c, F16), (F16, Q4r)];
     let shapes = [
         ("standard 9/3 heads, hd 64", AttentionKind::Standard, 9, 3, 64),
         (

@@ -80,13 +80,38 @@ pub(crate) unsafe fn codes_u8(bits: u32, p: *const u8) -> __m256i {
     }
 }
 
+/// A query rounded to i16: per group of 32, its lanes (two registers of 16) and its scale.
+pub(crate) type QueryI16<const NG: usize> = ([[__m256i; 2]; NG], [f32; NG]);
+
 /// A query of `NG`·32 values rounded to i16 per group of 32 for the integer score loops:
 /// each group's i16 lanes (two registers of 16) and its scale absmax/32767 (a relative error
 /// of 2^-16 of the group's largest value; ties round to even). `None` when the query is not
 /// finite.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn query_i16<const NG: usize>(q: &[f32]) -> Option<([[__m256i; 2]; NG], [f32; NG])> {
+pub(crate) fn query_i16<const NG: usize>(q: &[f32]) -> Option<QueryI16<NG>> {
+    query_i16_rounded::<NG>(q, None)
+}
+
+/// [`query_i16`] at two levels: the query rounded to i16, then its rounding error rounded to
+/// i16 again (relative error 2^-31 of each group's largest value), for queries whose values
+/// span many orders of magnitude within a group (a per-channel cache's q·step).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn query_i16x2<const NG: usize>(q: &[f32]) -> Option<[QueryI16<NG>; 2]> {
+    let mut rest = [0f32; 128];
+    let hi = query_i16_rounded::<NG>(q, Some(&mut rest[..NG * 32]))?;
+    let lo = query_i16::<NG>(&rest[..NG * 32])?;
+    Some([hi, lo])
+}
+
+/// [`query_i16`], writing `q − rounded` into `rest` when given.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn query_i16_rounded<const NG: usize>(
+    q: &[f32],
+    mut rest: Option<&mut [f32]>,
+) -> Option<([[__m256i; 2]; NG], [f32; NG])> {
     let mut qv = [[_mm256_setzero_si256(); 2]; NG];
     let mut dq = [0f32; NG];
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
@@ -94,7 +119,7 @@ pub(crate) fn query_i16<const NG: usize>(q: &[f32]) -> Option<([[__m256i; 2]; NG
         // SAFETY: q holds NG·32 values (the callers' contract), 8 read at a time.
         let x: [__m256; 4] = std::array::from_fn(|k| unsafe { _mm256_loadu_ps(q.as_ptr().add(32 * g + 8 * k)) });
         let m = x.iter().fold(_mm256_setzero_ps(), |m, v| _mm256_max_ps(m, _mm256_and_ps(*v, abs_mask)));
-        let amax = crate::cpu::simd::hmax(m);
+        let amax = hmax(m);
         // NaN lanes are skipped by max: look for them (and ±inf) directly.
         if !amax.is_finite() || x.iter().any(|v| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(*v, *v)) != 0) {
             return None;
@@ -102,6 +127,14 @@ pub(crate) fn query_i16<const NG: usize>(q: &[f32]) -> Option<([[__m256i; 2]; NG
         *d = amax / 32767.0;
         let inv = _mm256_set1_ps(if amax > 0.0 { 32767.0 / amax } else { 0.0 });
         let i: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv)));
+        if let Some(rest) = rest.as_deref_mut() {
+            let dv = _mm256_set1_ps(*d);
+            for k in 0..4 {
+                let r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(i[k]), dv, x[k]);
+                // SAFETY: rest holds NG·32 values like q.
+                unsafe { _mm256_storeu_ps(rest.as_mut_ptr().add(32 * g + 8 * k), r) };
+            }
+        }
         // packs interleaves 128-bit lanes: (0,1) packs to lanes [0a 1a 0b 1b]; permute back.
         qg[0] = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i[0], i[1]));
         qg[1] = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i[2], i[3]));

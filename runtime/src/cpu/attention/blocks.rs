@@ -6,8 +6,8 @@
 //! A head's columns `col0..col0 + n` of a row are walked 32 values at a time; each group
 //! of 32 has one scale, applied once (`d·Σ q·x`). The value sums convert the integers to
 //! f32; the AVX2 scores multiply in integers against the query rounded to i16 per 32 values
-//! (a relative error of 2^-16, far below the cache's own), and are otherwise exact but for
-//! f32 summation order.
+//! at two levels (a relative error of 2^-31), and are otherwise exact but for f32 summation
+//! order.
 
 use duet_quant::kv::pack::{self, N};
 
@@ -113,7 +113,7 @@ pub fn weighted_sum(fmt: RowBlocks, p: &[f32], rows: &[u8], row_bytes: usize, co
 mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::cpu::simd::{codes_u8, f16_at, hsum, query_i16};
+    use crate::cpu::simd::{codes_u8, f16_at, hsum, query_i16x2};
 
     /// The 32 levels at `codes` as i8 lanes: the two's-complement bytes at 8 bits, the codes
     /// less 2^(bits−1) below.
@@ -130,9 +130,10 @@ mod x86 {
     }
 
     /// Whole-head scores, the head `NG` groups of 32 wide, as integer dot products: the
-    /// query rounded to i16 per group ([`query_i16`]), each K group's i8 levels widened to
-    /// i16 and multiplied pairwise into i32 lanes (vpmaddwd; at most 2·128·32767 < 2^31 per
-    /// lane and group), each group's sum scaled by d_K·d_q with one FMA.
+    /// query rounded to i16 per group at two levels ([`query_i16x2`]: the rounding error is
+    /// rounded again, 2^-31 of the group's largest value), each K group's i8 levels widened
+    /// to i16 and multiplied pairwise into i32 lanes (vpmaddwd; at most 2·128·32767 < 2^31
+    /// per lane and group), each level's sum scaled by d_K·d_q with one FMA.
     ///
     /// # Safety
     /// AVX2, FMA, F16C; row j < out.len() at `rows + j·row_bytes` holds the groups at
@@ -147,7 +148,7 @@ mod x86 {
         scale: f32,
         out: &mut [f32],
     ) {
-        let Some((qv, dq)) = query_i16::<NG>(q) else {
+        let Some([(qh, dh), (ql, dl)]) = query_i16x2::<NG>(q) else {
             out.fill(f32::NAN);
             return;
         };
@@ -155,13 +156,18 @@ mod x86 {
             for (j, o) in out.iter_mut().enumerate() {
                 let row = rows.add(j * row_bytes);
                 let mut acc = _mm256_setzero_ps();
-                for (g, qg) in qv.iter().enumerate() {
+                for g in 0..NG {
                     let (s, c) = groups[g];
                     let k = levels(bits, row.add(c));
-                    let lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(k)), qg[0]);
-                    let hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(k)), qg[1]);
-                    let sum = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(row.add(s)) * dq[g]), sum, acc);
+                    let (k0, k1) = (
+                        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(k)),
+                        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(k)),
+                    );
+                    let hi = _mm256_add_epi32(_mm256_madd_epi16(k0, qh[g][0]), _mm256_madd_epi16(k1, qh[g][1]));
+                    let lo = _mm256_add_epi32(_mm256_madd_epi16(k0, ql[g][0]), _mm256_madd_epi16(k1, ql[g][1]));
+                    let d = f16_at(row.add(s));
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dh[g]), _mm256_cvtepi32_ps(hi), acc);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dl[g]), _mm256_cvtepi32_ps(lo), acc);
                 }
                 *o = hsum(acc) * scale;
             }

@@ -9,8 +9,9 @@
 //! With `value = lo_c + step_c·u`, one head's scores over a group are
 //! `Σ_c q_c·lo_c + Σ_c (q_c·step_c)·u_c`: the first sum and the scaled query `q·step` once
 //! per group, then integer dot products of the codes per position (AVX2: the scaled query
-//! rounded to i16 per 32 channels, as in [`super::blocks`]). The value sums accumulate
-//! `Σ_t p_t·u_t` per channel and apply `lo·Σp + step·acc` once per group.
+//! rounded to i16 per 32 channels, and its rounding error to i16 again — q·step spans the
+//! channels' very different steps, too wide a range for one i16 level). The value sums
+//! accumulate `Σ_t p_t·u_t` per channel and apply `lo·Σp + step·acc` once per group.
 
 use duet_quant::kv::channel::{ChannelFormat, GROUP};
 use duet_quant::kv::pack::{self, N};
@@ -226,12 +227,12 @@ impl ChannelRows {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::cpu::simd::{codes_u8, hsum, query_i16};
+    use crate::cpu::simd::{codes_u8, hsum, query_i16x2};
 
     /// Scores of the rows of one group, the head NG·32 channels wide: the header's lo and
     /// step decoded 8 at a time, `c0 = Σ q·lo`, the scaled query q' = q·step rounded to i16
-    /// per 32 channels, then per row `(c0 + Σ q'·u)·scale` with the codes widened to i16
-    /// (vpmaddwd: at most 2·255·32767 < 2^31 per lane).
+    /// per 32 channels at two levels, then per row `(c0 + Σ q'·u)·scale` with the codes
+    /// widened to i16 (vpmaddwd: at most 2·255·32767 < 2^31 per lane).
     ///
     /// # Safety
     /// AVX2, FMA, F16C; NG·32 f16 values at `lo` and at `step`; row t < out.len() has its
@@ -260,18 +261,23 @@ mod x86 {
                 _mm256_storeu_ps(qs.as_mut_ptr().add(i), _mm256_mul_ps(qv, st));
             }
             let c0 = hsum(c0);
-            let Some((qv, dq)) = query_i16::<NG>(&qs[..NG * 32]) else {
+            let Some(levels) = query_i16x2::<NG>(&qs[..NG * 32]) else {
                 out.fill(f32::NAN);
                 return;
             };
             for (t, o) in out.iter_mut().enumerate() {
                 let row = codes.add(t * row_bytes);
                 let mut acc = _mm256_setzero_ps();
-                for (g, qg) in qv.iter().enumerate() {
+                for g in 0..NG {
                     let u = codes_u8(bits, row.add(g * pb));
-                    let lo = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)), qg[0]);
-                    let hi = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(u)), qg[1]);
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(dq[g]), _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), acc);
+                    let (u0, u1) = (
+                        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)),
+                        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(u)),
+                    );
+                    for (qv, dq) in &levels {
+                        let s = _mm256_add_epi32(_mm256_madd_epi16(u0, qv[g][0]), _mm256_madd_epi16(u1, qv[g][1]));
+                        acc = _mm256_fmadd_ps(_mm256_set1_ps(dq[g]), _mm256_cvtepi32_ps(s), acc);
+                    }
                 }
                 *o = (c0 + hsum(acc)) * scale;
             }
@@ -360,8 +366,13 @@ mod tests {
     fn loops_match_the_dequantized_cache() {
         let (n_ctx, kv_dim) = (80, 128);
         let len = 75; // two groups of 32 and 11 window rows
+        // Offset channel 5 (as keys have), and an outlier row in channel 9 of group 0.
         let vals: Vec<f32> = (0..len * kv_dim)
-            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0 + (i % kv_dim == 5) as u8 as f32 * 30.0)
+            .map(|i| {
+                let (r, c) = (i / kv_dim, i % kv_dim);
+                let outlier = if (r, c) == (17, 9) { 300.0 } else { 0.0 };
+                ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0 + (c == 5) as u8 as f32 * 30.0 + outlier
+            })
             .collect();
         for fmt in ChannelFormat::ALL {
             let mut c = ChannelRows::new(fmt, n_ctx, kv_dim);
@@ -381,18 +392,19 @@ mod tests {
             }
             for (col0, hd) in [(0, 64), (64, 64), (0, 128), (32, 96), (16, 16), (8, 40)] {
                 let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
-                // The scaled query q·step is rounded to i16 per 32 channels: each code (at most
-                // 2^bits − 1) meets an error of at most half of that chunk's absmax/32767.
+                // The scaled query q·step is rounded to i16 per 32 channels at two levels: each
+                // code (at most 2^bits − 1) meets an error of at most half a step of the second
+                // level, whose range is half a step of the first (absmax/32767). Column 9's
+                // outlier row gives its group a step ~100× the others': one level would miss
+                // by ~1e-3 of the logits.
                 let q_rounding: Vec<f32> = (0..2)
                     .map(|g| {
                         let (mut lo, mut step) = (vec![0f32; kv_dim], vec![0f32; kv_dim]);
                         fmt.header(c.group(g), kv_dim, &mut lo, &mut step);
                         let qs: Vec<f32> = q.iter().zip(&step[col0..]).map(|(a, b)| a * b).collect();
                         let top = fmt.top() as f32;
-                        qs.chunks(N)
-                            .map(|ch| ch.len() as f32 * top * ch.iter().fold(0f32, |m, v| m.max(v.abs())) / 65534.0)
-                            .sum::<f32>()
-                            * 0.5
+                        let amax = |ch: &[f32]| ch.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        qs.chunks(N).map(|ch| ch.len() as f32 * top * amax(ch) / 65534.0 / 32767.0).sum::<f32>() * 0.5
                     })
                     .collect();
                 for n in [1, 31, 32, 33, 64, len] {
@@ -401,7 +413,7 @@ mod tests {
                     for (j, g) in got.iter().enumerate() {
                         let k = &deq[j * kv_dim + col0..j * kv_dim + col0 + hd];
                         let want: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * 0.5;
-                        let tol = 1e-5 * (1.0 + want.abs()) + q_rounding.get(j / GROUP).copied().unwrap_or(0.0);
+                        let tol = 2e-6 * (1.0 + want.abs()) + q_rounding.get(j / GROUP).copied().unwrap_or(0.0);
                         assert!(
                             (g - want).abs() <= tol,
                             "{fmt:?} {col0}+{hd} n={n} row {j}: {g} vs {want} (tol {tol})"
