@@ -129,3 +129,24 @@ fn attn_logits_flag() {
     bad("x", &["'x' is not a bit count"]);
     bad("8:static", &[m, "no attention-logit calibration", "--calibrate"]);
 }
+
+/// `--score-second-half` scores what llama-perplexity scores: per chunk of n, the
+/// predictions from position n/2 on (n − n/2 − 1 of them), against n − 1 by default.
+#[test]
+fn perplexity_scores_the_second_half_like_llama_perplexity() {
+    let m = fixture_gguf();
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prompt.txt");
+    let predictions = |extra: &[&str]| -> usize {
+        let mut args = vec!["perplexity", "-q", "-m", m.to_str().unwrap(), "-f", text.to_str().unwrap()];
+        args.extend(["--device", "cpu", "-c", "16", "--max-tokens", "40"]);
+        args.extend(extra);
+        let o = duet(&args);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let after = out.split(" over ").nth(1).unwrap_or_else(|| panic!("no count: {out}"));
+        after.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    // Chunks of 16, 16 and 8 tokens.
+    assert_eq!(predictions(&[]), 15 + 15 + 7);
+    assert_eq!(predictions(&["--score-second-half"]), 7 + 7 + 3);
+}

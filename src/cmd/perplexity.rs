@@ -3,8 +3,9 @@
 //!
 //! The text is tokenized (BOS first when the model wants one) and cut into chunks of
 //! -c tokens; each chunk is evaluated from an empty cache and every position but the last
-//! of a chunk predicts the next token. All predictions count (llama-perplexity counts only
-//! the second half of each chunk).
+//! of a chunk predicts the next token. All predictions count, or with
+//! --score-second-half only those of the second half of each chunk, as llama-perplexity
+//! counts them (each prediction then has at least half a chunk of context).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -34,6 +35,11 @@ pub struct Args {
     /// same tokens and reports mean KL divergence and top-1 agreement
     #[arg(long, value_name = "FILE")]
     pub kl_base: Option<PathBuf>,
+    /// Score only the predictions of the second half of each chunk, as llama-perplexity
+    /// does (each then sees at least half a chunk of context); by default every position
+    /// but a chunk's last is scored
+    #[arg(long)]
+    pub score_second_half: bool,
     /// No loading message
     #[arg(short, long)]
     pub quiet: bool,
@@ -90,9 +96,10 @@ fn evaluate<B: Backend>(engine: &mut Engine<B>, args: &Args, base: Option<&Logit
         engine.reset();
         let logits = engine.model.forward(&mut engine.backend, &mut engine.session, chunk, Logits::All)?;
         let start = ci * n_ctx;
+        let first_scored = if args.score_second_half { chunk.len() / 2 } else { 0 };
         for t in 0..chunk.len() {
             let row = &logits[t * n_vocab..(t + 1) * n_vocab];
-            if t + 1 < chunk.len() {
+            if t >= first_scored && t + 1 < chunk.len() {
                 let lp = log_softmax(row);
                 let nll = -lp[chunk[t + 1] as usize];
                 nll_sum += nll;
