@@ -40,6 +40,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: first thing in main, before any thread exists.
+    unsafe { duet_runtime::gpu::device::prepare_loader_environment() };
     let cli = Cli::parse();
     let result = match cli.command {
         Command::AttnBench(args) => cmd::attn_bench::run(args),

@@ -165,6 +165,18 @@ pub trait Backend {
         None
     }
 
+    /// Refuses, before anything is allocated, a session this backend cannot hold: a K/V
+    /// cache of `cache` and batches of `max_batch` tokens for a model of `config` (the error
+    /// names the sizes and the largest context that fits).
+    fn check_session(
+        &self,
+        _config: &crate::model::ModelConfig,
+        _cache: &KvCacheSpec,
+        _max_batch: usize,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
     fn load_weight(&mut self, w: &WeightView<'_>) -> Result<Self::Weight, RuntimeError>;
     fn new_tensor(&mut self, rows: usize, cols: usize) -> Self::Tensor;
     /// Changes how many rows of a tensor are in use (at most its allocated rows).

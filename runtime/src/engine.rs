@@ -92,8 +92,16 @@ impl<B: Backend> Engine<B> {
         )?;
         let n_ctx = if opts.n_ctx == 0 { model.config.n_ctx_train.min(4096) } else { opts.n_ctx };
         let mut spec = model.cache_spec(n_ctx, opts.k_type, opts.v_type);
-        let notes = spec.resolve();
-        let session = model.new_session(&mut backend, n_ctx, opts.batch.min(n_ctx), spec.k_type, spec.v_type)?;
+        let mut notes = spec.resolve();
+        let n_train = model.config.n_ctx_train;
+        if n_train > 0 && n_ctx > n_train {
+            notes.push(format!(
+                "a context of {n_ctx} tokens is longer than the model's training context of {n_train}: expect its output to degrade past {n_train} tokens"
+            ));
+        }
+        let batch = opts.batch.min(n_ctx);
+        backend.check_session(&model.config, &spec, batch)?;
+        let session = model.new_session(&mut backend, n_ctx, batch, spec.k_type, spec.v_type)?;
         Ok(Engine { backend, model, tokenizer, template, session, cached: Vec::new(), notes })
     }
 

@@ -16,6 +16,9 @@ pub enum RuntimeError {
     Tokenizer(String),
     #[error("chat template: {0}")]
     Template(String),
+    /// Not enough memory for what was asked (a context too large), found before allocating.
+    #[error("{0}")]
+    OutOfMemory(String),
     /// A GPU problem (no adapter, a missing limit or feature, device lost, out of memory).
     #[error("{0}")]
     Device(String),

@@ -15,6 +15,7 @@ pub mod error;
 pub mod gpu;
 pub mod kv_cache;
 pub mod logits_file;
+pub mod memory;
 pub mod model;
 pub mod sampler;
 pub mod text;

@@ -93,15 +93,24 @@ fn chat<B: Backend>(engine: &mut Engine<B>, args: &Args) -> Result<()> {
         eprintln!("type a message; /reset forgets the conversation, /exit quits, Ctrl-C stops a reply");
     }
     let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
+    let mut input = stdin.lock();
     let mut out = std::io::stdout();
+    let mut raw = Vec::new();
     loop {
         if interactive {
             print!("> ");
             out.flush()?;
         }
-        let Some(line) = lines.next() else { break };
-        let line = line?;
+        raw.clear();
+        if input.read_until(b'\n', &mut raw)? == 0 {
+            break;
+        }
+        // Bytes that are not UTF-8 (a terminal in another encoding, a pasted binary) become
+        // U+FFFD: the message still goes through and the conversation goes on.
+        let line = String::from_utf8_lossy(&raw);
+        if let std::borrow::Cow::Owned(_) = line {
+            eprintln!("warning: that line was not valid UTF-8; the bytes that were not became U+FFFD (\u{fffd})");
+        }
         let msg = line.trim();
         match msg {
             "" => continue,

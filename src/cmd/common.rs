@@ -103,22 +103,34 @@ fn parse_cache_type(s: &str) -> Result<CacheType, String> {
     CacheType::parse(s).ok_or_else(|| format!("unknown cache type '{s}' ({})", CacheType::NAMES))
 }
 
+/// A float flag in `lo..=hi` (`lo` excluded when `open_lo`), else an error naming the range.
+fn ranged(s: &str, lo: f32, open_lo: bool, hi: f32) -> Result<f32, String> {
+    let v: f32 = s.trim().parse().map_err(|_| format!("'{s}' is not a number"))?;
+    let above = if open_lo { v > lo } else { v >= lo };
+    if !(above && v <= hi) {
+        let (l, h) = (if open_lo { "(" } else { "[" }, if hi.is_finite() { format!("{hi}]") } else { "∞)".into() });
+        return Err(format!("{s} is out of range: the valid range is {l}{lo}, {h}"));
+    }
+    Ok(v)
+}
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Temperature (0: greedy)
-    #[arg(long = "temp", default_value_t = 0.8)]
+    /// Temperature, 0 or more (0: greedy)
+    #[arg(long = "temp", default_value_t = 0.8, value_parser = |s: &str| ranged(s, 0.0, false, f32::MAX))]
     pub temperature: f32,
     /// Keep only the k most likely tokens (0: off)
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches p (1: off)
-    #[arg(long, default_value_t = 0.95)]
+    /// Keep the smallest set of tokens whose probability reaches p, in (0, 1] (1: off)
+    #[arg(long, default_value_t = 0.95, value_parser = |s: &str| ranged(s, 0.0, true, 1.0))]
     pub top_p: f32,
-    /// Drop tokens less likely than min-p × the most likely one (0: off)
-    #[arg(long, default_value_t = 0.05)]
+    /// Drop tokens less likely than min-p × the most likely one, in [0, 1] (0: off)
+    #[arg(long, default_value_t = 0.05, value_parser = |s: &str| ranged(s, 0.0, false, 1.0))]
     pub min_p: f32,
-    /// Penalise tokens seen in the last --repeat-last-n tokens (1: off)
-    #[arg(long, default_value_t = 1.0)]
+    /// Penalise tokens seen in the last --repeat-last-n tokens, more than 0 (1: off; below
+    /// 1 favours them)
+    #[arg(long, default_value_t = 1.0, value_parser = |s: &str| ranged(s, 0.0, true, f32::MAX))]
     pub repeat_penalty: f32,
     /// How many recent tokens the repetition penalty looks at
     #[arg(long, default_value_t = 64)]
@@ -146,9 +158,9 @@ impl SamplingArgs {
 }
 
 /// Loads the model on the device `args.device` asks for, printing what was loaded (and on
-/// what) to stderr. `auto` takes a hardware GPU if one is usable, else the CPU; a model the
-/// GPU cannot hold (out of memory, an unsupported type or shape) falls back to the CPU
-/// with a notice.
+/// what) to stderr. `auto` takes a hardware GPU if one is usable, else the CPU, and a model
+/// the GPU cannot hold (out of memory, an unsupported type or shape) falls back to the CPU
+/// with a notice; `gpu` means the GPU or an error.
 pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngine> {
     if !path.exists() {
         anyhow::bail!("{}: no such model file", path.display());
@@ -189,10 +201,15 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
                         report(&engine, path, t0, quiet);
                         return Ok(engine);
                     }
-                    Err(e @ (RuntimeError::Device(_) | RuntimeError::Unsupported(_))) => {
+                    Err(e @ (RuntimeError::Device(_) | RuntimeError::Unsupported(_)))
+                        if args.device == Device::Auto =>
+                    {
                         eprintln!("warning: the GPU cannot run this model ({e}); falling back to the CPU");
                     }
-                    Err(e) => return Err(anyhow::Error::new(e).context(format!("loading {}", path.display()))),
+                    Err(e) => {
+                        let on = if args.device == Device::Gpu { " on the GPU (--device gpu)" } else { "" };
+                        return Err(anyhow::Error::new(e).context(format!("loading {}{on}", path.display())));
+                    }
                 }
             }
             Err(e) if args.device == Device::Gpu => {

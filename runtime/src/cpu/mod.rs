@@ -127,6 +127,19 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn check_session(
+        &self,
+        config: &crate::model::ModelConfig,
+        cache: &KvCacheSpec,
+        max_batch: usize,
+    ) -> Result<(), RuntimeError> {
+        // A tenth of what is available stays for the weights' pages and the rest of the system.
+        match crate::memory::available_bytes() {
+            Some(avail) => crate::memory::check_session(config, cache, max_batch, self.threads(), avail / 10 * 9),
+            None => Ok(()),
+        }
+    }
+
     fn load_weight(&mut self, w: &WeightView<'_>) -> Result<CpuWeight, RuntimeError> {
         if !w.ty.is_supported() || w.ty == GgmlType::Q8_K {
             return Err(RuntimeError::Unsupported(format!(
@@ -173,7 +186,7 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv_cache(&mut self, spec: &KvCacheSpec) -> Result<CpuKvCache, RuntimeError> {
-        Ok(CpuKvCache::new(spec))
+        CpuKvCache::new(spec)
     }
 
     fn embed(&mut self, table: &CpuWeight, tokens: &[u32], out: &mut CpuTensor) {

@@ -196,8 +196,15 @@ impl GpuKvCache {
         let v_bytes = v_elem.buffer_bytes(spec.n_ctx, spec.kv_dim) as u64;
         let limit = ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size);
         if k_bytes.max(v_bytes) > limit {
+            // The largest context whose layers fit, by bisection (bytes grow with positions).
+            let fits = |n: usize| [k_elem, v_elem].iter().all(|e| e.buffer_bytes(n, spec.kv_dim) as u64 <= limit);
+            let (mut lo, mut hi) = (0usize, spec.n_ctx);
+            while lo + 1 < hi {
+                let mid = lo + (hi - lo) / 2;
+                if fits(mid) { lo = mid } else { hi = mid }
+            }
             return Err(RuntimeError::Device(format!(
-                "one layer's K/V cache ({} bytes for {} positions) exceeds what the GPU binds at once ({limit} bytes): lower --ctx-size",
+                "one layer's K/V cache ({} bytes for {} positions) exceeds what the GPU binds at once ({limit} bytes): the largest context that fits is {lo} tokens (lower --ctx-size)",
                 k_bytes.max(v_bytes),
                 spec.n_ctx
             )));

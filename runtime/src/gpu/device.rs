@@ -265,6 +265,35 @@ impl GpuContext {
     }
 }
 
+/// Gives the GPU drivers the environment they expect, so that probing for an adapter prints
+/// nothing: with `XDG_RUNTIME_DIR` unset, Mesa's Vulkan drivers (through libwayland) print
+/// "error: XDG_RUNTIME_DIR is invalid or not set in the environment." while the loader
+/// enumerates them — noise, not an error of ours. When it is unset or not a directory, it is
+/// pointed at a private directory of this user (`$TMPDIR/duet-runtime-UID`, mode 0700). Linux
+/// only (elsewhere there is nothing to do).
+///
+/// # Safety
+/// It sets an environment variable: call it before any other thread exists (first thing in
+/// `main`).
+pub unsafe fn prepare_loader_environment() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        let ok = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir());
+        if ok {
+            return;
+        }
+        let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else { return };
+        let dir = std::env::temp_dir().join(format!("duet-runtime-{uid}"));
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        let ours = std::fs::metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        if ours {
+            // SAFETY: the caller guarantees no other thread reads or writes the environment.
+            unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -90,10 +90,15 @@ impl ModelConfig {
         };
         let n_vocab = match file.get_u32_opt(&key("vocab_size"))? {
             Some(n) => n as usize,
-            None => file
-                .tensor("token_embd.weight")
-                .map(|t| t.dims()[1] as usize)
-                .ok_or_else(|| bad("no token_embd.weight tensor".into()))?,
+            None => match file.tensor("token_embd.weight").map(|t| t.dims()) {
+                Some([_, rows]) => *rows as usize,
+                Some(dims) => {
+                    return Err(bad(format!(
+                        "token_embd.weight has shape {dims:?}; expected [n_embd, n_vocab], 2 dimensions"
+                    )));
+                }
+                None => return Err(bad("no token_embd.weight tensor".into())),
+            },
         };
         Ok(ModelConfig {
             arch,

@@ -9,7 +9,9 @@ use half::f16;
 use super::blocks::{self, RowBlocks};
 use super::channel::ChannelRows;
 use super::plain;
+use crate::error::RuntimeError;
 use crate::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
+use crate::memory::zeroed;
 
 /// One layer's K or V rows (`n_ctx × kv_dim`).
 pub enum CacheRows {
@@ -29,23 +31,26 @@ pub enum CacheRows {
 }
 
 impl CacheRows {
-    fn new(ty: CacheType, n_ctx: usize, kv_dim: usize, head_dim: usize) -> CacheRows {
+    /// A layer's rows for `n_ctx` positions, zeroed; an error (not an abort) when the memory
+    /// cannot be had.
+    fn new(ty: CacheType, n_ctx: usize, kv_dim: usize, head_dim: usize) -> Result<CacheRows, RuntimeError> {
         let n = n_ctx * kv_dim;
         let layout = ty.layout();
-        let blocks = |fmt: RowBlocks, rotate: usize| {
+        let what = "the K/V cache";
+        let blocks = |fmt: RowBlocks, rotate: usize| -> Result<CacheRows, RuntimeError> {
             let row_bytes = kv_dim / fmt.per_scale * fmt.block_bytes();
-            CacheRows::Blocks { fmt, layout, bytes: vec![0; n_ctx * row_bytes], row_bytes, rotate }
+            Ok(CacheRows::Blocks { fmt, layout, bytes: zeroed(n_ctx * row_bytes, what)?, row_bytes, rotate })
         };
-        match layout {
-            CacheLayout::F32 => CacheRows::F32(vec![0.0; n]),
-            CacheLayout::F16 => CacheRows::F16(vec![f16::ZERO; n]),
-            CacheLayout::Absmax(f) => blocks(RowBlocks { bits: f.bits(), per_scale: 32 }, 1),
+        Ok(match layout {
+            CacheLayout::F32 => CacheRows::F32(zeroed(n, what)?),
+            CacheLayout::F16 => CacheRows::F16(zeroed(n, what)?),
+            CacheLayout::Absmax(f) => blocks(RowBlocks { bits: f.bits(), per_scale: 32 }, 1)?,
             CacheLayout::Rotated(f) => blocks(
                 RowBlocks { bits: f.bits(), per_scale: duet_quant::kv::signed_max::BLOCK },
                 hadamard::block_size(head_dim),
-            ),
-            CacheLayout::Channel(f) => CacheRows::Channel(ChannelRows::new(f, n_ctx, kv_dim)),
-        }
+            )?,
+            CacheLayout::Channel(f) => CacheRows::Channel(ChannelRows::new(f, n_ctx, kv_dim)?),
+        })
     }
 
     /// Stores whole rows (`kv_dim` values each) at positions pos0...
@@ -148,13 +153,13 @@ pub struct CpuKvCache {
 }
 
 impl CpuKvCache {
-    pub fn new(spec: &KvCacheSpec) -> CpuKvCache {
+    pub fn new(spec: &KvCacheSpec) -> Result<CpuKvCache, RuntimeError> {
         let (n, d, hd) = (spec.n_ctx, spec.kv_dim, spec.head_dim);
-        CpuKvCache {
+        Ok(CpuKvCache {
             spec: spec.clone(),
-            k: (0..spec.n_layers).map(|_| CacheRows::new(spec.k_type, n, d, hd)).collect(),
-            v: (0..spec.n_layers).map(|_| CacheRows::new(spec.v_type, n, d, hd)).collect(),
-        }
+            k: (0..spec.n_layers).map(|_| CacheRows::new(spec.k_type, n, d, hd)).collect::<Result<_, _>>()?,
+            v: (0..spec.n_layers).map(|_| CacheRows::new(spec.v_type, n, d, hd)).collect::<Result<_, _>>()?,
+        })
     }
 
     /// Stores rows of k and v (`rows × kv_dim`) at positions pos0.. of `layer`.

@@ -18,6 +18,8 @@ use duet_quant::kv::pack::{self, N};
 use half::f16;
 
 use super::plain;
+use crate::error::RuntimeError;
+use crate::memory::zeroed;
 
 pub struct ChannelRows {
     pub fmt: ChannelFormat,
@@ -31,14 +33,14 @@ pub struct ChannelRows {
 }
 
 impl ChannelRows {
-    pub fn new(fmt: ChannelFormat, n_ctx: usize, kv_dim: usize) -> ChannelRows {
-        ChannelRows {
+    pub fn new(fmt: ChannelFormat, n_ctx: usize, kv_dim: usize) -> Result<ChannelRows, RuntimeError> {
+        Ok(ChannelRows {
             fmt,
             kv_dim,
-            groups: vec![0; n_ctx / GROUP * fmt.group_bytes(kv_dim)],
-            window: vec![f16::ZERO; GROUP.min(n_ctx) * kv_dim],
+            groups: zeroed(n_ctx / GROUP * fmt.group_bytes(kv_dim), "the K/V cache")?,
+            window: zeroed(GROUP.min(n_ctx) * kv_dim, "the K/V cache")?,
             len: 0,
-        }
+        })
     }
 
     fn n_groups(&self) -> usize {
@@ -375,7 +377,7 @@ mod tests {
             })
             .collect();
         for fmt in ChannelFormat::ALL {
-            let mut c = ChannelRows::new(fmt, n_ctx, kv_dim);
+            let mut c = ChannelRows::new(fmt, n_ctx, kv_dim).unwrap();
             for (a, b) in [(0, 7), (7, 40), (40, 41), (41, len)] {
                 c.write(a, &vals[a * kv_dim..b * kv_dim]);
             }

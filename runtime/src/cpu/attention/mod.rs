@@ -207,7 +207,7 @@ mod tests {
     /// query rows).
     fn filled(ty_k: CacheType, ty_v: CacheType, k: &[f32], v: &[f32]) -> CpuKvCache {
         let cs = KvCacheSpec { n_layers: 1, n_ctx: 64, kv_dim: KV_DIM, head_dim: HD, k_type: ty_k, v_type: ty_v };
-        let mut cache = CpuKvCache::new(&cs);
+        let mut cache = CpuKvCache::new(&cs).unwrap();
         let split = POS0 * KV_DIM;
         cache.store(0, 0, &k[..split], &v[..split]);
         cache.store(0, POS0, &k[split..], &v[split..]);
