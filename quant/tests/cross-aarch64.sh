@@ -14,7 +14,8 @@
 # also the sysroot qemu loads from), installed only when missing and only as root. When the
 # target cannot be added or a package cannot be had, it prints "SKIPPED cross-aarch64: why",
 # appends the reason to $DUET_SKIP_LOG if that is set (as tests/run-all.sh's skips do), and
-# exits 0. A test failure exits non-zero.
+# exits 0 — unless $DUET_REQUIRE_ORACLES is set (the test command sets it), when it fails.
+# A test failure exits non-zero.
 #
 # It builds into its own target directory ($DUET_CROSS_TARGET_DIR, default
 # target/cross-aarch64), so it never waits on, or invalidates, a native build.
@@ -26,6 +27,10 @@ root=$(pwd)
 triple=aarch64-unknown-linux-gnu
 note() { printf '\n== %s\n' "$*"; }
 skip() {
+  if [ -n "${DUET_REQUIRE_ORACLES:-}" ]; then
+    echo "error: cross-aarch64: $* (DUET_REQUIRE_ORACLES is set: the NEON kernels must be tested)" >&2
+    exit 1
+  fi
   echo "SKIPPED cross-aarch64: $*"
   if [ -n "${DUET_SKIP_LOG:-}" ]; then echo "cross-aarch64: $*" >> "$DUET_SKIP_LOG"; fi
   exit 0

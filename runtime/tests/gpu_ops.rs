@@ -18,13 +18,13 @@ use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, Wei
 use duet_runtime::cpu::{CpuBackend, CpuTensor};
 use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor};
 use duet_runtime::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
-use duet_test_support::{Rng, skip};
+use duet_test_support::{Rng, no_gpu};
 
 fn gpu(test: &str, f16: bool, max_binding: Option<u64>) -> Option<GpuBackend> {
     match GpuBackend::new(&GpuOptions { f16: Some(f16), max_binding, ..Default::default() }) {
         Ok(b) => Some(b),
         Err(e) => {
-            skip(test, &format!("no usable GPU adapter ({e})"));
+            no_gpu(test, &format!("no usable GPU adapter ({e})"));
             None
         }
     }

@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn packed_matmul_matches_per_row_kernels() {
         let Some(gk) = duet_quant::gemm::gemm_kernels() else {
-            eprintln!("SKIPPED packed_matmul_matches_per_row_kernels: no packed kernel set on this CPU");
+            duet_test_support::skip("packed_matmul_matches_per_row_kernels", "no packed kernel set on this CPU");
             return;
         };
         let pool = ThreadPool::new(3);

@@ -4,7 +4,9 @@
 //! downloaded model, a Vulkan adapter) find it through environment variables that
 //! `tests/run-all.sh` sets. When one is missing the test calls [`skip`], which prints the
 //! reason and records it in `$DUET_SKIP_LOG` so the script can list every skip at the end.
-//! With `DUET_REQUIRE_ORACLES=1` (set by CI) a missing Python oracle is a failure instead.
+//! The test command sets `DUET_REQUIRE_ORACLES=1` (a missing Python oracle or downloaded
+//! asset is then a failure) and, where it installed a Vulkan driver, `DUET_REQUIRE_GPU=1`
+//! (a missing adapter is then a failure): CI never passes by skipping.
 
 pub mod json_schema;
 
@@ -41,15 +43,28 @@ pub fn oracle_python(test: &str) -> Option<PathBuf> {
 }
 
 /// A path from an environment variable naming a downloaded asset (e.g. `DUET_SMOLLM2`),
-/// or `None` after recording a skip.
+/// or `None` after recording a skip — a panic under `$DUET_REQUIRE_ORACLES`.
 pub fn asset(test: &str, var: &str, what: &str) -> Option<PathBuf> {
     match std::env::var_os(var) {
         Some(p) if Path::new(&p).exists() => Some(PathBuf::from(p)),
         _ => {
-            skip(test, &format!("{what} not available (set {var}; tests/run-all.sh fetches it)"));
+            let reason = format!("{what} not available (set {var}; tests/run-all.sh fetches it)");
+            if std::env::var_os("DUET_REQUIRE_ORACLES").is_some() {
+                panic!("{test}: DUET_REQUIRE_ORACLES is set but {reason}");
+            }
+            skip(test, &reason);
             None
         }
     }
+}
+
+/// A test that needs a GPU adapter found none: a panic when the test command installed a
+/// driver for it (`$DUET_REQUIRE_GPU`), else a recorded skip.
+pub fn no_gpu(test: &str, reason: &str) {
+    if std::env::var_os("DUET_REQUIRE_GPU").is_some() {
+        panic!("{test}: DUET_REQUIRE_GPU is set (a Vulkan driver was installed) but {reason}");
+    }
+    skip(test, reason);
 }
 
 /// Runs `cmd` with `input` on its stdin (then closed) and captures stdout and stderr, as a
