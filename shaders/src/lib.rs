@@ -9,6 +9,10 @@
 
 use std::fmt::{self, Write};
 
+mod params;
+
+pub use params::*;
+
 /// Weight element types the matmul, matvec and embedding kernels read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WeightType {

@@ -14,10 +14,13 @@
 use std::sync::Arc;
 
 use duet_quant::kv::hadamard;
-use duet_shaders::{ATT_MAX_HEAD_DIM, AttnShape, CacheElem, CacheKind, EW_WG, Op, attn_tile};
+use duet_shaders::{
+    ATT_MAX_HEAD_DIM, AttentionParams, AttnShape, CacheElem, CacheKind, EW_WG, KvWindowParams, KvWriteChannelParams,
+    KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RotateParams, attn_tile,
+};
 
 use super::buffers::{Buf, GpuKvCache, GpuTensor};
-use super::{GpuBackend, f, grid};
+use super::{GpuBackend, grid};
 use crate::backend::{AttentionKind, AttentionSpec, LogitScale};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
@@ -108,14 +111,14 @@ fn rotate(
     w_len: usize,
 ) {
     let g = grid(rows * cols / block, 1);
-    let params = [
-        rows as u32,
-        cols as u32,
-        block as u32,
-        g.0,
-        f(hadamard::norm(block)),
-        if weight.is_some() { w_len as u32 } else { 0 },
-    ];
+    let params = RotateParams {
+        rows: rows as u32,
+        cols: cols as u32,
+        block: block as u32,
+        grid_x: g.0,
+        norm: hadamard::norm(block),
+        w_len: if weight.is_some() { w_len as u32 } else { 0 },
+    };
     let w = weight.cloned().unwrap_or_else(|| Arc::clone(&b.dummy));
     b.run(Op::Rotate, &params, &[x, &w, out], g);
 }
@@ -139,14 +142,23 @@ fn write_rows(
                 _ => rows * kv_dim / 2,
             };
             let g = grid(items, EW_WG as usize);
-            b.run(Op::KvWrite(elem), &[rows as u32, kv_dim as u32, pos0 as u32, g.0], &[src, dst], g);
+            let params = KvWriteParams { rows: rows as u32, kv_dim: kv_dim as u32, pos0: pos0 as u32, grid_x: g.0 };
+            b.run(Op::KvWrite(elem), &params, &[src, dst], g);
         }
         CacheKind::Channel { .. } => {
             let groups = cache.n_ctx / 32;
             let (first, end) = (pos0 / 32, ((pos0 + rows) / 32).min(groups));
             if end > first {
                 let g = grid((end - first) * (kv_dim / 32), 1);
-                let params = [rows, kv_dim, pos0, g.0 as usize, first, end - first, groups].map(|v| v as u32);
+                let params = KvWriteChannelParams {
+                    rows: rows as u32,
+                    kv_dim: kv_dim as u32,
+                    pos0: pos0 as u32,
+                    grid_x: g.0,
+                    first_group: first as u32,
+                    n_groups: (end - first) as u32,
+                    cache_groups: groups as u32,
+                };
                 b.run(Op::KvWrite(elem), &params, &[src, dst], g);
             }
             // The window ends up as the CPU's, which passes every row through it: each slot
@@ -155,7 +167,14 @@ fn write_rows(
             if from_row < rows {
                 let g = grid((rows - from_row) * kv_dim / 2, EW_WG as usize);
                 let window_word = groups * elem.group_bytes(kv_dim) / 4;
-                let params = [rows, kv_dim, pos0, g.0 as usize, from_row, window_word].map(|v| v as u32);
+                let params = KvWindowParams {
+                    rows: rows as u32,
+                    kv_dim: kv_dim as u32,
+                    pos0: pos0 as u32,
+                    grid_x: g.0,
+                    from_row: from_row as u32,
+                    window_word: window_word as u32,
+                };
                 b.run(Op::KvWindow, &params, &[src, dst], g);
             }
         }
@@ -189,24 +208,25 @@ fn logit_absmax(
     }
     let (per_row, per_head) = logit_scratch(b, rows * nh);
     let g = grid(rows * nh, 1);
-    let params = [
-        rows as u32,
-        nh as u32,
-        spec.n_kv_heads as u32,
-        spec.head_dim as u32,
-        pos0 as u32,
-        (nh * spec.head_dim) as u32,
-        (spec.n_kv_heads * spec.head_dim) as u32,
-        g.0,
-        f(spec.scale),
+    let params = LogitAbsmaxParams {
+        rows: rows as u32,
+        n_heads: nh as u32,
+        n_kv_heads: spec.n_kv_heads as u32,
+        head_dim: spec.head_dim as u32,
+        pos0: pos0 as u32,
+        q_dim: (nh * spec.head_dim) as u32,
+        kv_dim: (spec.n_kv_heads * spec.head_dim) as u32,
+        grid_x: g.0,
+        scale: spec.scale,
         cache_groups,
-    ];
+    };
     b.run(Op::LogitAbsmax(k_elem), &params, &[q, kc, &per_row], g);
     match lq.scale {
         LogitScale::Row => (per_row, nh as u32),
         _ => {
             let whole = u32::from(lq.scale == LogitScale::Tensor);
-            b.run(Op::LogitReduce, &[rows as u32, nh as u32, whole], &[&per_row, &per_head], (1, 1));
+            let params = LogitReduceParams { rows: rows as u32, n_heads: nh as u32, whole_tensor: whole };
+            b.run(Op::LogitReduce, &params, &[&per_row, &per_head], (1, 1));
             (per_head, 0)
         }
     }
@@ -265,25 +285,25 @@ pub fn attention(
     // A rotated V's output is rotated back afterwards, the sub-norm weight applied then.
     let v_rot = cache.v_elem.rotated();
     let ob = if v_rot { rot_scratch(b, 3, (rows * q_dim * 4) as u64) } else { Arc::clone(&out.buf) };
-    let params = [
-        rows as u32,
-        spec.n_heads as u32,
-        spec.n_kv_heads as u32,
-        hd as u32,
-        pos0 as u32,
-        q_dim as u32,
-        kv_dim as u32,
-        g.0,
-        f(spec.scale),
-        f(lambda),
-        f(out_scale),
-        f(spec.rms_eps),
-        u32::from(sub.is_some() && !v_rot),
-        units as u32,
-        f(spec.logit_quant.as_ref().map_or(0.0, |l| l.qmax())),
-        la_stride,
-        groups,
-    ];
+    let params = AttentionParams {
+        rows: rows as u32,
+        n_heads: spec.n_heads as u32,
+        n_kv_heads: spec.n_kv_heads as u32,
+        head_dim: hd as u32,
+        pos0: pos0 as u32,
+        q_dim: q_dim as u32,
+        kv_dim: kv_dim as u32,
+        grid_x: g.0,
+        scale: spec.scale,
+        lambda,
+        out_scale,
+        eps: spec.rms_eps,
+        has_sub_norm: u32::from(sub.is_some() && !v_rot),
+        units: units as u32,
+        lq_qmax: spec.logit_quant.as_ref().map_or(0.0, |l| l.qmax()),
+        lq_stride: la_stride,
+        cache_groups: groups,
+    };
     let op = Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem };
     b.run(op, &params, &[&qb, &kc, &vc, &ob, &sub_buf, &la], g);
     if v_rot {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use duet_shaders::{MM_TM, MM_TN, MV_ROWS, Op, WeightType};
+use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_ROWS, MatMulParams, MatVecParams, Op, WeightType};
 
 use super::buffers::{GpuTensor, GpuWeight, upload_rows, weight_type};
 use super::{GpuBackend, grid};
@@ -54,20 +54,28 @@ pub fn matmul(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTen
     for c in &w.chunks {
         if t == 1 {
             let g = grid(c.rows, MV_ROWS as usize);
-            let params = [c.rows as u32, w.cols as u32, w.row_bytes as u32, c.row0 as u32, g.0, 0, 0];
+            let params = MatVecParams {
+                n_rows: c.rows as u32,
+                cols: w.cols as u32,
+                row_bytes: w.row_bytes as u32,
+                out_off: c.row0 as u32,
+                grid_x: g.0,
+                x_off: 0,
+                o_base: 0,
+            };
             b.run(Op::MatVec(w.ty), &params, &[&c.buf, &x.buf, &out.buf], g);
         } else {
             let g = (c.rows.div_ceil(MM_TM as usize) as u32, t.div_ceil(MM_TN as usize) as u32);
-            let params = [
-                c.rows as u32,
-                w.cols as u32,
-                w.row_bytes as u32,
-                c.row0 as u32,
-                g.0,
-                t as u32,
-                x.cols as u32,
-                out.cols as u32,
-            ];
+            let params = MatMulParams {
+                n_rows: c.rows as u32,
+                cols: w.cols as u32,
+                row_bytes: w.row_bytes as u32,
+                out_off: c.row0 as u32,
+                grid_x: g.0,
+                t_rows: t as u32,
+                x_stride: x.cols as u32,
+                o_stride: out.cols as u32,
+            };
             b.run(Op::MatMul(w.ty), &params, &[&c.buf, &x.buf, &out.buf], g);
         }
     }
@@ -95,8 +103,14 @@ pub fn embed(b: &mut GpuBackend, table: &GpuWeight, tokens: &[u32], out: &mut Gp
     let ids = Arc::clone(&b.ids);
     for c in &table.chunks {
         let g = grid(tokens.len(), 1);
-        let params =
-            [tokens.len() as u32, table.cols as u32, table.row_bytes as u32, c.row0 as u32, c.rows as u32, g.0];
+        let params = EmbedParams {
+            n_tokens: tokens.len() as u32,
+            cols: table.cols as u32,
+            row_bytes: table.row_bytes as u32,
+            row0: c.row0 as u32,
+            n_rows: c.rows as u32,
+            grid_x: g.0,
+        };
         b.run(Op::Embed(table.ty), &params, &[&c.buf, &ids, &out.buf], g);
     }
 }

@@ -23,7 +23,7 @@ mod record;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use duet_shaders::{Op, Variant};
+use duet_shaders::{KernelParams, Op, Variant};
 
 pub use buffers::{GpuKvCache, GpuTensor, GpuWeight};
 pub use device::{AdapterChoice, GpuOptions};
@@ -68,10 +68,6 @@ type RopeTable = ((usize, u32, u32, u64), usize, Arc<Buf>);
 fn grid(n: usize, per_group: usize) -> (u32, u32) {
     let groups = n.div_ceil(per_group.max(1)) as u64;
     if groups <= 65535 { (groups as u32, 1) } else { (65535, groups.div_ceil(65535) as u32) }
-}
-
-fn f(v: f32) -> u32 {
-    v.to_bits()
 }
 
 impl GpuBackend {
@@ -189,11 +185,14 @@ impl GpuBackend {
         Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
     }
 
-    /// Records one dispatch of `op`.
-    fn run(&mut self, op: Op, params: &[u32], bufs: &[&Arc<Buf>], groups: (u32, u32)) {
+    /// Records one dispatch of `op` with its parameter struct (the one [`Op::params`] names:
+    /// checked, so that no kernel is handed another's parameters).
+    fn run<P: KernelParams>(&mut self, op: Op, params: &P, bufs: &[&Arc<Buf>], groups: (u32, u32)) {
+        assert_eq!(P::NAME, op.params().0, "the parameters of {op:?}");
         let v = Variant::new(op, self.ctx.f16);
         let pipeline = self.pipes.get(&self.ctx.device, v);
-        self.rec.dispatch(&self.ctx, &self.pipes, &self.alloc, pipeline, LayoutKind::of(op), params, bufs, groups);
+        let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(params));
+        self.rec.dispatch(&self.ctx, &self.pipes, &self.alloc, pipeline, LayoutKind::of(op), words, bufs, groups);
     }
 
     /// The (cos, sin) table of `rope` covering positions `0..n_pos`.

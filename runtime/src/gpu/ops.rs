@@ -3,16 +3,18 @@
 
 use std::sync::Arc;
 
-use duet_shaders::{DEX_MAX_HEAD_DIM, EW_WG, Op};
+use duet_shaders::{
+    AddParams, CopyRowParams, DEX_MAX_HEAD_DIM, DexParams, EW_WG, Op, RmsNormParams, RopeParams, SwiGluParams,
+};
 
 use super::buffers::{Buf, GpuTensor, GpuWeight};
-use super::{GpuBackend, f, grid};
+use super::{GpuBackend, grid};
 use crate::backend::RopeSpec;
 
 pub fn rms_norm(b: &mut GpuBackend, x: &GpuTensor, weight: &GpuWeight, eps: f32, out: &mut GpuTensor) {
     assert_eq!(weight.cols, x.cols);
     let g = grid(x.rows, 1);
-    let params = [x.rows as u32, x.cols as u32, f(eps), g.0];
+    let params = RmsNormParams { rows: x.rows as u32, cols: x.cols as u32, eps, grid_x: g.0 };
     b.run(Op::RmsNorm, &params, &[&x.buf, weight.single(), &out.buf], g);
 }
 
@@ -20,20 +22,20 @@ pub fn rms_norm(b: &mut GpuBackend, x: &GpuTensor, weight: &GpuWeight, eps: f32,
 pub fn add(b: &mut GpuBackend, x: &mut GpuTensor, y: &Arc<Buf>, y_len: usize) {
     let n = x.rows * x.cols;
     let g = grid(n, EW_WG as usize);
-    let params = [n as u32, y_len as u32, g.0];
+    let params = AddParams { n: n as u32, y_len: y_len as u32, grid_x: g.0 };
     b.run(Op::Add, &params, &[y, &x.buf], g);
 }
 
 pub fn swiglu(b: &mut GpuBackend, gate: &mut GpuTensor, up: &GpuTensor) {
     let n = gate.rows * gate.cols;
     let g = grid(n, EW_WG as usize);
-    b.run(Op::SwiGlu, &[n as u32, g.0], &[&up.buf, &gate.buf], g);
+    b.run(Op::SwiGlu, &SwiGluParams { n: n as u32, grid_x: g.0 }, &[&up.buf, &gate.buf], g);
 }
 
 pub fn copy_row(b: &mut GpuBackend, x: &GpuTensor, src_row: usize, out: &mut GpuTensor) {
     let n = x.cols;
     let g = grid(n, EW_WG as usize);
-    let params = [n as u32, (src_row * x.cols) as u32, 0, g.0];
+    let params = CopyRowParams { n: n as u32, src: (src_row * x.cols) as u32, dst: 0, grid_x: g.0 };
     b.run(Op::CopyRow, &params, &[&x.buf, &out.buf], g);
 }
 
@@ -42,7 +44,15 @@ pub fn rope(b: &mut GpuBackend, x: &mut GpuTensor, n_heads: usize, head_dim: usi
     let table = b.rope_table(rope, pos0 + x.rows);
     let n = x.rows * n_heads * n_pairs;
     let g = grid(n, EW_WG as usize);
-    let params = [x.rows as u32, x.cols as u32, n_heads as u32, head_dim as u32, n_pairs as u32, pos0 as u32, g.0];
+    let params = RopeParams {
+        rows: x.rows as u32,
+        cols: x.cols as u32,
+        n_heads: n_heads as u32,
+        head_dim: head_dim as u32,
+        n_pairs: n_pairs as u32,
+        pos0: pos0 as u32,
+        grid_x: g.0,
+    };
     b.run(Op::Rope, &params, &[&table, &x.buf], g);
 }
 
@@ -50,12 +60,20 @@ pub fn dex(b: &mut GpuBackend, x: &mut GpuTensor, w_d: &GpuWeight, lambda: f32, 
     assert!(head_dim <= DEX_MAX_HEAD_DIM as usize, "DEX on the GPU supports head_dim up to {DEX_MAX_HEAD_DIM}");
     let n_heads = x.cols / head_dim;
     assert!(n_heads <= 256, "DEX on the GPU supports up to 256 heads");
-    let mut mask = [0u32; 8];
+    let mut mask = [[0u32; 4]; 2];
     for &h in heads {
-        mask[h / 32] |= 1 << (h % 32);
+        mask[h / 128][(h / 32) % 4] |= 1 << (h % 32);
     }
     let g = grid(x.rows * n_heads, 1);
-    let mut params = vec![x.rows as u32, x.cols as u32, n_heads as u32, head_dim as u32, f(lambda), g.0, 0, 0];
-    params.extend(mask);
+    let params = DexParams {
+        rows: x.rows as u32,
+        cols: x.cols as u32,
+        n_heads: n_heads as u32,
+        head_dim: head_dim as u32,
+        lambda,
+        grid_x: g.0,
+        mask,
+        ..Default::default()
+    };
     b.run(Op::Dex, &params, &[w_d.single(), &x.buf], g);
 }
