@@ -272,8 +272,10 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
     let dir = &opts.input;
     let cfg = HfConfig::load(dir)?;
     let ckpt = Checkpoint::open_dir(dir)?;
-    let tok = tokenizer::load(dir, cfg.vocab_size, cfg.bos_token_id, &cfg.eos_token_ids)?;
+    // The tensors first: they pin vocab_size to the embedding's rows, which the file's size
+    // bounds, before the tokenizer sizes its arrays by it.
     let outs = mapping::plan(&cfg, &ckpt, MappingOptions { keep_dex: opts.keep_dex })?;
+    let tok = tokenizer::load(dir, cfg.vocab_size, cfg.bos_token_id, &cfg.eos_token_ids)?;
 
     let has_imatrix = imatrix.is_some();
     let mut planner = Planner::new(opts.preset, cfg.n_layers, cfg.tie_word_embeddings, has_imatrix, &opts.overrides);

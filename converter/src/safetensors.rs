@@ -188,6 +188,13 @@ fn shard_list(index: &Path) -> Result<Vec<String>, ConvertError> {
     Ok(files)
 }
 
+/// The tensors a safetensors file's bytes declare (`path` names it in errors): the header
+/// length, the JSON header and every entry checked against the data that follows. For
+/// fuzzers and tests; [`Checkpoint`] opens files.
+pub fn parse_header_bytes(path: &Path, data: &[u8]) -> Result<Vec<(String, TensorMeta)>, ConvertError> {
+    parse_header(path, data, 0)
+}
+
 fn parse_header(path: &Path, data: &[u8], file_idx: usize) -> Result<Vec<(String, TensorMeta)>, ConvertError> {
     let corrupt = |msg: String| ConvertError::corrupt(path, msg);
     if data.len() < 8 {

@@ -6,7 +6,7 @@
 //! when present. The chat template comes from chat_template.jinja or tokenizer_config.json.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use duet_quant::gguf::{Array, StringArray, Value};
 use serde_json::Value as Json;
@@ -57,22 +57,67 @@ fn ids_of(v: Option<&Json>) -> Vec<u32> {
     }
 }
 
-/// Reads the tokenizer of `dir`. `vocab_size` is the model's (the embedding rows), which may
-/// exceed the tokenizer's; the gap is filled with unused `[PAD{i}]` tokens as llama.cpp does.
+/// The files a checkpoint's tokenizer comes from, as read from its directory.
+pub struct TokenizerFiles {
+    /// `tokenizer.json` (its path names it in errors).
+    pub tokenizer_json: (PathBuf, String),
+    pub tokenizer_config: Option<Json>,
+    pub generation_config: Option<Json>,
+    /// `chat_template.jinja`, which wins over tokenizer_config.json's template.
+    pub chat_template_jinja: Option<String>,
+}
+
+impl TokenizerFiles {
+    pub fn read(dir: &Path) -> Result<TokenizerFiles, ConvertError> {
+        let tok_path = dir.join("tokenizer.json");
+        let tok_text = std::fs::read_to_string(&tok_path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ConvertError::missing(
+                &tok_path,
+                "not found: duet needs the Hugging Face fast-tokenizer file to write the GGUF's tokenizer",
+            ),
+            _ => ConvertError::io(&tok_path, e),
+        })?;
+        let jinja = dir.join("chat_template.jinja");
+        let chat_template_jinja = match std::fs::read_to_string(&jinja) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(ConvertError::io(&jinja, e)),
+        };
+        Ok(TokenizerFiles {
+            tokenizer_json: (tok_path, tok_text),
+            tokenizer_config: read_json(&dir.join("tokenizer_config.json"))?,
+            generation_config: read_json(&dir.join("generation_config.json"))?,
+            chat_template_jinja,
+        })
+    }
+}
+
+/// Reads the tokenizer of `dir` ([`TokenizerFiles::read`], then [`from_files`]).
 pub fn load(
     dir: &Path,
     vocab_size: usize,
     config_bos: Option<u32>,
     config_eos: &[u32],
 ) -> Result<TokenizerMeta, ConvertError> {
-    let tok_path = dir.join("tokenizer.json");
-    let tok_text = std::fs::read_to_string(&tok_path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => ConvertError::missing(
-            &tok_path,
-            "not found: duet needs the Hugging Face fast-tokenizer file to write the GGUF's tokenizer",
-        ),
-        _ => ConvertError::io(&tok_path, e),
-    })?;
+    from_files(TokenizerFiles::read(dir)?, vocab_size, config_bos, config_eos)
+}
+
+/// The largest vocabulary accepted (the largest real ones are a few hundred thousand).
+pub const MAX_VOCAB: usize = 1 << 24;
+
+/// The GGUF tokenizer keys of a checkpoint's tokenizer files. `vocab_size` is the model's
+/// (the embedding rows, checked against the tensors first), which may exceed the
+/// tokenizer's; the gap is filled with unused `[PAD{i}]` tokens as llama.cpp does.
+pub fn from_files(
+    files: TokenizerFiles,
+    vocab_size: usize,
+    config_bos: Option<u32>,
+    config_eos: &[u32],
+) -> Result<TokenizerMeta, ConvertError> {
+    let (tok_path, tok_text) = files.tokenizer_json;
+    if vocab_size > MAX_VOCAB {
+        return Err(ConvertError::shape(format!("a vocabulary of {vocab_size} tokens is more than duet accepts ({MAX_VOCAB})")));
+    }
     let tok: Json = serde_json::from_str(&tok_text)
         .map_err(|e| ConvertError::corrupt(&tok_path, format!("not valid JSON: {e}")))?;
     let bad = |msg: String| ConvertError::corrupt(&tok_path, msg);
@@ -141,7 +186,7 @@ pub fn load(
         )));
     };
 
-    let cfg = read_json(&dir.join("tokenizer_config.json"))?;
+    let cfg = files.tokenizer_config;
     let cfg_get = |k: &str| cfg.as_ref().and_then(|c| c.get(k));
     let text_to_id: HashMap<&str, u32> = by_id.iter().map(|(id, t)| (t.as_str(), *id)).collect();
     let lookup = |k: &str| special_token_text(cfg_get(k)).and_then(|t| text_to_id.get(t).copied());
@@ -198,7 +243,7 @@ pub fn load(
         kvs.push(("tokenizer.ggml.merges".into(), Value::Array(Array::String(m))));
     }
 
-    let gen_cfg = read_json(&dir.join("generation_config.json"))?;
+    let gen_cfg = files.generation_config;
     let bos = lookup("bos_token")
         .or(config_bos)
         .or_else(|| gen_cfg.as_ref().and_then(|g| g.get("bos_token_id")?.as_u64()).map(|v| v as u32));
@@ -230,7 +275,7 @@ pub fn load(
     if let Some(add_eos) = cfg_get("add_eos_token").and_then(Json::as_bool) {
         kvs.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(add_eos)));
     }
-    if let Some(t) = chat_template(dir, cfg.as_ref())? {
+    if let Some(t) = files.chat_template_jinja.or_else(|| chat_template(cfg.as_ref())) {
         kvs.push(("tokenizer.chat_template".into(), Value::String(t)));
     }
     kvs.push(("tokenizer.huggingface.json".into(), Value::String(tok_text)));
@@ -293,16 +338,11 @@ fn post_processor_adds(tok: &Json, bos: &str) -> bool {
     matches!(single.first().and_then(|f| f.get("SpecialToken")).and_then(|s| s.get("id")).and_then(Json::as_str), Some(id) if id == bos)
 }
 
-fn chat_template(dir: &Path, cfg: Option<&Json>) -> Result<Option<String>, ConvertError> {
-    let jinja = dir.join("chat_template.jinja");
-    match std::fs::read_to_string(&jinja) {
-        Ok(t) => return Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(ConvertError::io(&jinja, e)),
-    }
-    Ok(match cfg.and_then(|c| c.get("chat_template")) {
+/// tokenizer_config.json's chat template: a string, or the "default" of several named ones
+/// (as llama.cpp picks), else the first.
+fn chat_template(cfg: Option<&Json>) -> Option<String> {
+    match cfg.and_then(|c| c.get("chat_template")) {
         Some(Json::String(s)) => Some(s.clone()),
-        // Several named templates: llama.cpp uses "default".
         Some(Json::Array(list)) => list
             .iter()
             .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
@@ -311,7 +351,7 @@ fn chat_template(dir: &Path, cfg: Option<&Json>) -> Result<Option<String>, Conve
             .and_then(Json::as_str)
             .map(str::to_string),
         _ => None,
-    })
+    }
 }
 
 #[cfg(test)]
