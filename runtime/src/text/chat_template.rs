@@ -41,6 +41,9 @@ pub enum TemplateSource {
     FallbackPlain,
 }
 
+/// Instructions a template may run per rendering ([`minijinja::Environment::set_fuel`]).
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
 impl ChatTemplate {
     /// `template`: the model's, if any; `has_chatml`: whether the vocabulary has the ChatML
     /// markers (for the fallback).
@@ -58,6 +61,10 @@ impl ChatTemplate {
             .build()
             .map_err(|e| RuntimeError::Template(e.to_string()))?;
         env.set_syntax(syntax);
+        // A template comes with the model file: one that loops for ever must end with an
+        // error, not hang the program. Real chat templates take a few thousand steps per
+        // conversation; this allows thousands of times that.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
@@ -161,6 +168,14 @@ mod tests {
         );
         let plain = ChatTemplate::new(None, false, "", "").unwrap();
         assert_eq!(plain.render(&[Message::new("user", "x")], true).unwrap(), "User: x\nAssistant:");
+    }
+
+    #[test]
+    fn a_template_that_never_ends_is_an_error() {
+        let t = "{% for a in range(100000) %}{% for b in range(100000) %}{{ a }}{% endfor %}{% endfor %}";
+        let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
+        let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+        assert!(e.contains("fuel"), "{e}");
     }
 
     #[test]
