@@ -34,7 +34,7 @@ def main(path):
           + " | ".join(f"{n} top-1" for n in names) + " |")
     print("|---|" + "---|" * 6)
     targets = ["none", "logits", "k", "v", "kv"]
-    grans = ["none", "tensor", "head", "row", "static", "block32"]
+    grans = ["none", "tensor", "head", "row", "static", "block32", "chan32", "rot64", "chan32+rot64"]
     rank = lambda order, x: order.index(x) if x in order else len(order)
     keys = sorted(set(runs[0]) & set(runs[1]),
                   key=lambda k: (rank(targets, k[0]), rank(grans, k[2]), k[2], -k[1]))
