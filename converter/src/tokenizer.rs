@@ -116,7 +116,9 @@ pub fn from_files(
 ) -> Result<TokenizerMeta, ConvertError> {
     let (tok_path, tok_text) = files.tokenizer_json;
     if vocab_size > MAX_VOCAB {
-        return Err(ConvertError::shape(format!("a vocabulary of {vocab_size} tokens is more than duet accepts ({MAX_VOCAB})")));
+        return Err(ConvertError::shape(format!(
+            "a vocabulary of {vocab_size} tokens is more than duet accepts ({MAX_VOCAB})"
+        )));
     }
     let tok: Json = serde_json::from_str(&tok_text)
         .map_err(|e| ConvertError::corrupt(&tok_path, format!("not valid JSON: {e}")))?;

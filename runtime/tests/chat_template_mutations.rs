@@ -33,8 +33,22 @@ fn templates() -> Vec<String> {
 /// span duplicated or cut.
 fn mutate(rng: &mut Rng, t: &mut Vec<char>) {
     const TOKENS: [&str; 16] = [
-        "{%", "%}", "{{", "}}", "{#", " for x in ", " endfor ", " if ", " endif ", "range(99999)", "|", "(", ")", "'",
-        "messages[0]", "loop.",
+        "{%",
+        "%}",
+        "{{",
+        "}}",
+        "{#",
+        " for x in ",
+        " endfor ",
+        " if ",
+        " endif ",
+        "range(99999)",
+        "|",
+        "(",
+        ")",
+        "'",
+        "messages[0]",
+        "loop.",
     ];
     const CHARS: [char; 10] = ['{', '}', '%', '(', ')', '[', ']', '\'', '"', '\\'];
     let n = t.len();
@@ -74,7 +88,9 @@ fn mutate(rng: &mut Rng, t: &mut Vec<char>) {
 fn conversation(rng: &mut Rng) -> Vec<Message> {
     let roles = ["system", "user", "assistant", "tool", ""];
     let contents = ["Hi", "", "  spaced  ", "{{ not a template }}", "naïve 🙂", "a\nb"];
-    (0..rng.below(4)).map(|_| Message::new(roles[rng.below(roles.len())], contents[rng.below(contents.len())])).collect()
+    (0..rng.below(4))
+        .map(|_| Message::new(roles[rng.below(roles.len())], contents[rng.below(contents.len())]))
+        .collect()
 }
 
 #[test]
@@ -114,4 +130,3 @@ fn mutated_chat_templates_render_or_fail_cleanly() {
     eprintln!("chat templates: {rendered} renderings, {refused} refusals; slowest mutant {slowest:?}");
     assert!(rendered > 0 && refused > 0, "the mutations reach both outcomes");
 }
-
