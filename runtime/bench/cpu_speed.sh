@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# duet's CPU speed beside llama.cpp's on the same GGUF files, same run: the README's speed
+# table. `duet bench` and `llama-bench`, both `-p 128 -n 32 -r 5 -t 2`, the two programs
+# alternating within each round so they share the machine's noise; the table gives the
+# median over rounds of each run's median tokens/s and duet/llama.cpp ratios, for duet's
+# default arithmetic (two-level Q8 activations) and for `--cpu-acts q8` (ggml's).
+#
+#   runtime/bench/cpu_speed.sh                # SmolLM2-135M-Instruct Q4_1
+#   MODELS=all runtime/bench/cpu_speed.sh     # also a random-weight 1.1B Llama (TinyLlama
+#                                             # shape, converter/bench/make_random_llama.py,
+#                                             # needs numpy) in Q4_0, Q4_K_M, Q6_K and Q8_0:
+#                                             # ~6 GB under target/bench, ~30 min on 2 cores
+#   ROUNDS=3 runtime/bench/cpu_speed.sh       # rounds (default 2)
+#
+# llama.cpp is built from the PyPI sdist of llama-cpp-python (runtime/bench/common.sh) with
+# GGML_NATIVE, so it uses whatever SIMD this CPU has, and its weight repacking.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source runtime/bench/common.sh
+
+cargo build --release --bin duet -q
+duet=$BENCH/duet-cpu-speed
+cp target/release/duet "$duet"
+bin=$(bench_llama_cpp llama-bench)
+rounds=${ROUNDS:-2}
+
+models=("$(bench_smollm2)")
+if [ "${MODELS:-}" = all ]; then
+  rand=$BENCH/random-llama-1.1b
+  if [ ! -s "$rand.f16.gguf" ]; then
+    [ -f "$rand/config.json" ] || python3 converter/bench/make_random_llama.py "$rand" --dtype f16 >&2
+    "$duet" convert "$rand" -t f16 -o "$rand.f16.gguf" -q
+  fi
+  for t in q4_0 q4_k_m q6_k q8_0; do
+    [ -s "$rand.$t.gguf" ] || "$duet" convert "$rand.f16.gguf" -t "$t" -o "$rand.$t.gguf" -q
+    models+=("$rand.$t.gguf")
+  done
+fi
+
+# -> "pp tg" medians (t/s) of one run
+duet_run() {
+  "$duet" bench -m "$1" -p 128 -n 32 -r 5 -t 2 --device cpu "${@:2}" 2>/dev/null \
+    | awk -F'|' '/pp128/ { gsub(/ /, "", $8); pp = $8 } /tg32/ { gsub(/ /, "", $8); tg = $8 } END { print pp, tg }'
+}
+lc_run() {
+  "$bin/llama-bench" -m "$1" -p 128 -n 32 -r 5 -t 2 2>/dev/null \
+    | awk -F'|' '/pp128/ { split($(NF - 1), a, " "); pp = a[1] } /tg32/ { split($(NF - 1), a, " "); tg = a[1] } END { print pp, tg }'
+}
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f×", a / b }'; }
+
+echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
+echo
+echo "| model | llama.cpp pp128 | duet pp128 | ratio | llama.cpp tg32 | duet tg32 | ratio | duet \`--cpu-acts q8\` pp128 | ratio | tg32 | ratio |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for m in "${models[@]}"; do
+  declare -A pp=() tg=()
+  for ((r = 0; r < rounds; r++)); do
+    for who in lc duet duet8; do
+      case $who in
+        lc) read -r p t < <(lc_run "$m") ;;
+        duet) read -r p t < <(duet_run "$m") ;;
+        duet8) read -r p t < <(duet_run "$m" --cpu-acts q8) ;;
+      esac
+      pp[$who]="${pp[$who]:-} $p"
+      tg[$who]="${tg[$who]:-} $t"
+    done
+  done
+  for who in lc duet duet8; do
+    pp[$who]=$(echo "${pp[$who]}" | median)
+    tg[$who]=$(echo "${tg[$who]}" | median)
+  done
+  echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(ratio "${tg[duet]}" "${tg[lc]}") | ${pp[duet8]} | $(ratio "${pp[duet8]}" "${pp[lc]}") | ${tg[duet8]} | $(ratio "${tg[duet8]}" "${tg[lc]}") |"
+  unset pp tg
+done

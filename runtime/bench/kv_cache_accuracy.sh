@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# What each K/V cache type costs in perplexity against an f16 cache, and what llama.cpp's
+# quantized caches (with and without its Hadamard rotation) cost on the same files and
+# text: the README's K/V cache table.
+#
+#   runtime/bench/kv_cache_accuracy.sh                  # duet's table, then llama.cpp's
+#   PARTS=duet runtime/bench/kv_cache_accuracy.sh       # one part only (duet, gpu, llama.cpp)
+#   PARTS="duet gpu llama.cpp" GPU_TOKENS=512 ...       # also duet --device gpu (any adapter,
+#                                                       # lavapipe included) on the first 512
+#                                                       # tokens against the CPU on the same,
+#                                                       # every model's weights in F32 so that
+#                                                       # both backends compute in f32
+#
+# Models: SmolLM2-135M-Instruct (llama.cpp's Q4_1 file, a Transformer) and the reference
+# pair (models/diff-ref, models/llama-ref, converted to F16; llama.cpp runs the Llama).
+# Text: held-out State of the Union addresses (runtime/bench/common.sh). `-c 512`, 2
+# threads. duet's own table scores every position of each 512-token chunk; beside
+# llama-perplexity it scores the second half, as llama-perplexity does. Compare ratios to
+# each one's own f16, not absolute values. Prints markdown; also writes each part to
+# target/bench/kv-accuracy-PART.md.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source runtime/bench/common.sh
+
+cargo build --release --bin duet -q
+# A copy, so that a rebuild while this runs cannot change what is measured.
+duet=$BENCH/duet-kv-accuracy
+cp target/release/duet "$duet"
+text=$(bench_eval_text)
+smol=$(bench_smollm2)
+for m in diff llama; do
+  [ -s "$BENCH/$m-ref.f16.gguf" ] || "$duet" convert "models/$m-ref" -t f16 -o "$BENCH/$m-ref.f16.gguf" -q
+done
+parts=" ${PARTS:-duet llama.cpp} "
+has_part() { [[ $parts == *" $1 "* ]]; }
+out=/dev/null
+# part NAME: start writing target/bench/kv-accuracy-NAME.md
+part() { out=$BENCH/kv-accuracy-$1.md; : >"$out"; bench_say "part $1 -> $out"; }
+emit() { echo "$*" | tee -a "$out"; }
+
+# duet perplexity M K V [extra...] -> the PPL
+duet_ppl() {
+  local m=$1 k=$2 v=$3
+  shift 3
+  "$duet" perplexity -m "$m" -f "$text" -c 512 -t 2 --cache-type-k "$k" --cache-type-v "$v" -q "$@" 2>/dev/null \
+    | sed -n 's/^PPL = \([0-9.]*\).*/\1/p'
+}
+pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.2f%%", (a / b - 1) * 100 }'; }
+
+# The new pairs beside the absmax blocks at each width, then each cache alone at 4 bits in
+# every layout: K per channel (q4c) against rotated (q4r, llama.cpp's scheme) and plain
+# blocks (q4); V likewise.
+configs=("f16 f16" "q8 q8" "q8c q8r" "q6 q6" "q6c q6r" "q4 q4" "q4c q4r"
+  "q4 f16" "q4r f16" "q4c f16" "f16 q4" "f16 q4r" "f16 q4c")
+echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD)."
+if has_part duet; then
+part duet
+emit "CPU backend, default arithmetic:"
+emit ""
+emit "| model | K / V cache | duet PPL | vs f16 |"
+emit "|---|---|---|---|"
+for model in "$smol" "$BENCH/diff-ref.f16.gguf" "$BENCH/llama-ref.f16.gguf"; do
+  name=$(basename "$model" .gguf)
+  base=""
+  for c in "${configs[@]}"; do
+    set -- $c
+    ppl=$(duet_ppl "$model" "$1" "$2" --device cpu)
+    [ -n "$base" ] || base=$ppl
+    emit "| $name | $1 / $2 | $ppl | $(pct "$ppl" "$base") |"
+  done
+done
+fi
+
+if has_part gpu; then
+  part gpu
+  GPU_TOKENS=${GPU_TOKENS:-512}
+  # F32 weights: the CPU backend's quantized-weight arithmetic (two-level Q8 activations)
+  # differs from the GPU's on purpose; in f32 both compute the same, so what differs is
+  # the attention and its cache.
+  [ -s "$BENCH/smollm2.f32.gguf" ] || "$duet" convert "$smol" -t f32 -o "$BENCH/smollm2.f32.gguf" -q
+  for m in diff llama; do
+    [ -s "$BENCH/$m-ref.f32.gguf" ] || "$duet" convert "models/$m-ref" -t f32 -o "$BENCH/$m-ref.f32.gguf" -q
+  done
+  emit ""
+  emit "GPU backend (\`--device gpu\`) against the CPU backend over the first $GPU_TOKENS tokens, weights in F32:"
+  emit ""
+  emit "| model | K / V cache | CPU PPL | GPU PPL | relative difference |"
+  emit "|---|---|---|---|---|"
+  for model in "$BENCH/smollm2.f32.gguf" "$BENCH/diff-ref.f32.gguf" "$BENCH/llama-ref.f32.gguf"; do
+    for c in "q8c q8r" "q6c q6r" "q4c q4r"; do
+      set -- $c
+      cpu=$(duet_ppl "$model" "$1" "$2" --device cpu --max-tokens "$GPU_TOKENS")
+      gpu=$(duet_ppl "$model" "$1" "$2" --device gpu --max-tokens "$GPU_TOKENS")
+      rel=$(awk -v a="$gpu" -v b="$cpu" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; printf "%.1e", d }')
+      emit "| $(basename "$model" .gguf) | $1 / $2 | $cpu | $gpu | $rel |"
+    done
+  done
+fi
+
+if has_part llama.cpp; then
+  part llama.cpp
+  bin=$(bench_llama_cpp llama-perplexity)
+  lc_ppl() {
+    local m=$1 k=$2 v=$3
+    shift 3
+    env "$@" "$bin/llama-perplexity" -m "$m" -f "$text" -c 512 -t 2 -fa on -ctk "$k" -ctv "$v" 2>&1 \
+      | sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p'
+  }
+  emit "Side by side with llama.cpp 0c1e57098 (\`llama-perplexity -c 512 -t 2 -fa on -ctk K -ctv V\`; its Hadamard"
+  emit "rotation is on by default, \`LLAMA_ATTN_ROT_DISABLE=1\` turns it off), duet scoring the same second"
+  emit "half of each chunk (\`duet perplexity --score-second-half\`); each against its own f16 cache:"
+  emit ""
+  emit "| model | cache | duet K / V | duet vs f16 | llama.cpp K / V | llama.cpp vs f16 |"
+  emit "|---|---|---|---|---|---|"
+  for model in "$smol" "$BENCH/llama-ref.f16.gguf"; do
+    name=$(basename "$model" .gguf)
+    dbase=$(duet_ppl "$model" f16 f16 --device cpu --score-second-half)
+    lbase=$(lc_ppl "$model" f16 f16)
+    # label | duet K V | llama.cpp K V rotation
+    for row in "8-bit K+V|q8c q8r|q8_0 q8_0 on" "4-bit K+V|q4c q4r|q4_0 q4_0 on" "4-bit K+V|q4c q4r|q4_0 q4_0 off" \
+      "4-bit K|q4c f16|q4_0 f16 on" "4-bit K|q4c f16|q4_0 f16 off" "4-bit V|f16 q4r|f16 q4_0 on"; do
+      IFS='|' read -r label dc lc <<<"$row"
+      set -- $dc
+      dk=$1 dv=$2
+      set -- $lc
+      env=()
+      [ "$3" = off ] && env=(LLAMA_ATTN_ROT_DISABLE=1)
+      d=$(duet_ppl "$model" "$dk" "$dv" --device cpu --score-second-half)
+      l=$(lc_ppl "$model" "$1" "$2" "${env[@]}")
+      emit "| $name | $label | $dk / $dv | $(pct "$d" "$dbase") | $1 / $2 (rotation $3) | $(pct "$l" "$lbase") |"
+    done
+  done
+fi
