@@ -465,6 +465,9 @@ pub fn source(v: &Variant) -> String {
                 s.push_str(QUANT_COMMON);
                 s.push_str(include_str!("wgsl/cache/pack.wgsl"));
                 s.push_str(file);
+                if matches!(kind, CacheKind::Blocks { .. }) {
+                    s.push_str(include_str!("wgsl/cache/block_rows.wgsl"));
+                }
             }
         },
         Op::KvWindow => {

@@ -1,26 +1,13 @@
 // K/V cache write into a QBITS-bit absmax cache (duet_quant::kv::absmax, the CPU backend's
-// recipe bit for bit): rows r < rows of S (kv_dim values each, a multiple of 32) go to cache
-// positions pos0 + r. A row is kv_dim / 32 blocks of BB = 2 + 4·QBITS bytes (f16 scale,
-// packed values), padded with zero bytes to a whole u32 word. Two blocks are 2·BB bytes, a
-// multiple of 4 (68, 52, 36), so each invocation quantizes a pair of blocks (the last of a
-// row may be single, then it also writes the row's padding) and owns every word it writes.
+// recipe bit for bit), driven by cache/block_rows: blocks of 32 values, BB = 2 + 4·QBITS
+// bytes each (f16 scale, packed values); two blocks are 68, 52 or 36 bytes.
 //
 // Per block: amax = max |x|, d = amax / qmax, id = 1 / d (0 when d = 0), q = x·id rounded
 // half away from zero, clamped to ±qmax; the scale is stored as f16(d) rounded to nearest
 // even. The divisions and the f16 rounding are done in integer arithmetic so that they are
 // correctly rounded on every GPU (WGSL's f32 division need not be).
 
-struct Params {
-    rows: u32,
-    kv_dim: u32,  // a multiple of 32
-    pos0: u32,
-    grid_x: u32,
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> S: array<f32>;
-@group(0) @binding(2) var<storage, read_write> C: array<u32>;
-
+const BLOCK: u32 = 32u;
 const BB: u32 = 2u + 4u * QBITS;
 const QMAX: f32 = f32((1u << (QBITS - 1u)) - 1u);
 
@@ -51,30 +38,4 @@ fn quantize_block(src: u32, off: u32) {
         }
     }
     pack_codes(off + 2u);
-}
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let p = wg_index(wid, P.grid_x) * 256u + lid;
-    let nb = P.kv_dim / 32u;
-    let pairs = (nb + 1u) / 2u;
-    if (p >= P.rows * pairs) {
-        return;
-    }
-    let r = p / pairs;
-    let pair = p % pairs;
-    let b0 = 2u * pair;
-    let n = min(2u, nb - b0);
-    for (var w = 0u; w < WBUF_WORDS; w++) {
-        wbuf[w] = 0u;
-    }
-    for (var k = 0u; k < n; k++) {
-        quantize_block(r * P.kv_dim + (b0 + k) * 32u, k * BB);
-    }
-    let row_words = (nb * BB + 3u) / 4u;
-    let base = (P.pos0 + r) * row_words + pair * (BB / 2u);
-    let nw = (n * BB + 3u) / 4u;
-    for (var w = 0u; w < nw; w++) {
-        C[base + w] = wbuf[w];
-    }
 }
