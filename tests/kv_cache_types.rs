@@ -43,18 +43,6 @@ fn mean_kl(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
         / n as f64
 }
 
-const QUANTIZED: [CacheType; 9] = [
-    CacheType::Q8,
-    CacheType::Q6,
-    CacheType::Q4,
-    CacheType::Q8r,
-    CacheType::Q6r,
-    CacheType::Q4r,
-    CacheType::Q8c,
-    CacheType::Q6c,
-    CacheType::Q4c,
-];
-
 /// The 64-token reference prompt through every cache type (K and V alike), in one batch
 /// and in batches of 7: the first layer's cache ends up holding the same values (each row,
 /// or each group of 32 from its f16 values, is quantized the same whatever the batching); the
@@ -70,7 +58,7 @@ fn cache_types_are_batch_independent_and_ordered_by_bits() {
         let tokens = &reference.tokens;
         let (exact, _) = logits(&gguf, tokens, 64, CacheType::F32, CacheType::F32);
         let mut kls = Vec::new();
-        for ty in QUANTIZED {
+        for &ty in CacheType::QUANTIZED {
             let (batched, held_batched) = logits(&gguf, tokens, 64, ty, ty);
             let (stepped, held_stepped) = logits(&gguf, tokens, 7, ty, ty);
             let held = held_batched.iter().flatten().zip(held_stepped.iter().flatten());

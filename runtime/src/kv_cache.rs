@@ -66,6 +66,8 @@ impl CacheType {
         CacheType::Q6c,
         CacheType::Q4c,
     ];
+    /// The quantized types: ALL past its first two (f32 and f16, the unquantized ones).
+    pub const QUANTIZED: &'static [CacheType] = Self::ALL.split_at(2).1;
     pub const NAMES: &'static str = "f32, f16, q8, q6, q4, q8r, q6r, q4r, q8c, q6c or q4c";
 
     pub fn name(self) -> &'static str {
@@ -264,6 +266,13 @@ mod tests {
         }
         assert_eq!(CacheType::parse("Q4C"), Some(CacheType::Q4c));
         assert_eq!(CacheType::parse("q5"), None);
+    }
+
+    #[test]
+    fn quantized_is_every_type_but_f32_and_f16() {
+        let want: Vec<CacheType> =
+            CacheType::ALL.into_iter().filter(|t| !matches!(t.layout(), CacheLayout::F32 | CacheLayout::F16)).collect();
+        assert_eq!(CacheType::QUANTIZED, &want[..]);
     }
 
     /// The 4-bit pair the README recommends fits in 0.30 × f16 at 4,096 positions, window,

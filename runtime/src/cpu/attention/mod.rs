@@ -227,18 +227,6 @@ mod tests {
         filled(ty, CacheType::F32, x, x).k[0].dequantized(N_POS, KV_DIM)
     }
 
-    const QUANT: [CacheType; 9] = [
-        CacheType::Q8,
-        CacheType::Q6,
-        CacheType::Q4,
-        CacheType::Q8r,
-        CacheType::Q6r,
-        CacheType::Q4r,
-        CacheType::Q8c,
-        CacheType::Q6c,
-        CacheType::Q4c,
-    ];
-
     /// Largest Euclidean norm of one head's slice of a row of `x` (`width`-wide rows).
     fn head_norm(x: &[f32]) -> f32 {
         x.chunks(HD).map(|h| h.iter().map(|v| v * v).sum::<f32>().sqrt()).fold(0f32, f32::max)
@@ -257,7 +245,7 @@ mod tests {
         let q_rounding = absmax(&v) * ((2.0 * delta).exp() - 1.0);
         for diff in [false, true] {
             let s = spec(diff, None);
-            for ty in QUANT {
+            for &ty in CacheType::QUANTIZED {
                 let (kd, vd) = (stored(ty, &k), stored(ty, &v));
                 for (tk, tv, kr, vr) in
                     [(ty, CacheType::F32, &kd, &v), (CacheType::F32, ty, &k, &vd), (ty, ty, &kd, &vd)]
@@ -292,7 +280,7 @@ mod tests {
         let q_rounding = 2.0 * s.scale * HD as f32 * head_norm(&k) * head_norm(&q) / 32767.0 / 2.0;
         let gqa = N_HEADS / N_KV;
         let mut errors = Vec::new();
-        for ty in QUANT {
+        for &ty in CacheType::QUANTIZED {
             let got = run(ty, ty, &k, &v, &q, &s);
             let (kd, vd) = (stored(ty, &k), stored(ty, &v));
             let f16_err = |x: &f32| x.abs() / 2048.0;
