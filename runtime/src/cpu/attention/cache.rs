@@ -150,6 +150,38 @@ pub struct CpuKvCache {
     pub spec: KvCacheSpec,
     pub k: Vec<CacheRows>,
     pub v: Vec<CacheRows>,
+    /// [`JITTER_VAR`]'s relative perturbation of every stored value (0: off).
+    jitter: f32,
+}
+
+/// `DUET_KV_JITTER=REL` multiplies every K and V value the CPU backend stores by 1 + REL·u,
+/// u ∈ [−1, 1) a fixed pseudo-random number per (layer, K or V, position, column). A
+/// diagnostic: it shows how far a result moves under rounding-sized changes of its inputs,
+/// e.g. the f32 rounding by which the GPU's K and V differ from the CPU's, which a quantized
+/// cache can turn into different codes (runtime/bench/kv_cache_accuracy.sh's GPU part).
+pub const JITTER_VAR: &str = "DUET_KV_JITTER";
+
+fn jitter_from_env() -> Result<f32, RuntimeError> {
+    match std::env::var(JITTER_VAR) {
+        Err(_) => Ok(0.0),
+        Ok(v) => match v.trim().parse::<f32>() {
+            Ok(x) if x.is_finite() && (0.0..1.0).contains(&x) => Ok(x),
+            _ => Err(RuntimeError::Usage(format!("{JITTER_VAR}={v}: expected a relative size in [0, 1), e.g. 1e-6"))),
+        },
+    }
+}
+
+/// `x · (1 + rel·u)` for each value, u from a hash of (seed, first + its index).
+fn jittered(x: &[f32], rel: f32, seed: u64, first: usize) -> Vec<f32> {
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let at = (first + i) as u64;
+            let h = (seed ^ at.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xd6e8_feb8_6659_fd93);
+            let u = (h >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+            v * (1.0 + rel * u)
+        })
+        .collect()
 }
 
 impl CpuKvCache {
@@ -159,6 +191,7 @@ impl CpuKvCache {
             spec: spec.clone(),
             k: (0..spec.n_layers).map(|_| CacheRows::new(spec.k_type, n, d, hd)).collect::<Result<_, _>>()?,
             v: (0..spec.n_layers).map(|_| CacheRows::new(spec.v_type, n, d, hd)).collect::<Result<_, _>>()?,
+            jitter: jitter_from_env()?,
         })
     }
 
@@ -166,7 +199,36 @@ impl CpuKvCache {
     pub fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
         let d = self.spec.kv_dim;
         assert!(pos0 + k.len() / d <= self.spec.n_ctx, "KV cache overflow: context is {} tokens", self.spec.n_ctx);
+        if self.jitter > 0.0 {
+            let seed = |which: u64| ((2 * layer as u64 + which) << 40).wrapping_mul(0x2545_f491_4f6c_dd1d);
+            self.k[layer].write(pos0, d, &jittered(k, self.jitter, seed(0), pos0 * d));
+            self.v[layer].write(pos0, d, &jittered(v, self.jitter, seed(1), pos0 * d));
+            return;
+        }
         self.k[layer].write(pos0, d, k);
         self.v[layer].write(pos0, d, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The jitter stays within its relative size, moves (nearly) every value, and depends on
+    /// the absolute index, not on how the rows were batched.
+    #[test]
+    fn jitter_is_bounded_and_batch_independent() {
+        let x: Vec<f32> = (0..400).map(|i| (i as f32 * 0.37).sin() * 10.0).collect();
+        let rel = 1e-3;
+        let all = jittered(&x, rel, 7, 0);
+        let mut moved = 0;
+        for (a, b) in all.iter().zip(&x) {
+            assert!((a - b).abs() <= rel * b.abs() * 1.0001, "{a} vs {b}");
+            moved += (a != b) as usize;
+        }
+        assert!(moved > 390, "only {moved} of 400 values moved");
+        let split = [jittered(&x[..100], rel, 7, 0), jittered(&x[100..], rel, 7, 100)].concat();
+        assert_eq!(all, split);
+        assert_ne!(all, jittered(&x, rel, 8, 0));
     }
 }
