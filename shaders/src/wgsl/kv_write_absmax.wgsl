@@ -11,10 +11,10 @@ const BLOCK: u32 = 32u;
 const BB: u32 = 2u + 4u * QBITS;
 const QMAX: f32 = f32((1u << (QBITS - 1u)) - 1u);
 
-// Quantizes the 32 values of S at `src` into the block at byte `off` of wbuf.
+// Quantizes the BLOCK values of S at `src` into the block at byte `off` of wbuf.
 fn quantize_block(src: u32, off: u32) {
     var amax = 0.0;
-    for (var i = 0u; i < 32u; i++) {
+    for (var i = 0u; i < BLOCK; i++) {
         amax = max(amax, abs(S[src + i]));
     }
     var d = 0.0;
@@ -28,7 +28,7 @@ fn quantize_block(src: u32, off: u32) {
     let h = f16_rne(d);
     put_byte(off, h);
     put_byte(off + 1u, h >> 8u);
-    for (var i = 0u; i < 32u; i++) {
+    for (var i = 0u; i < BLOCK; i++) {
         let q = i32(clamp(round_away(S[src + i] * id), -QMAX, QMAX));
         // q8 stores the two's-complement byte (Q8_0), q6/q4 q + 2^(QBITS-1).
         if (QBITS == 8u) {

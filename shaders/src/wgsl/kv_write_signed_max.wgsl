@@ -13,10 +13,10 @@ const BLOCK: u32 = 64u;
 const BB: u32 = 2u + 8u * QBITS;
 const H: i32 = 1 << (QBITS - 1u);
 
-// Quantizes the 64 values of S at `src` into the block at byte `off` of wbuf.
+// Quantizes the BLOCK values of S at `src` into the block at byte `off` of wbuf.
 fn quantize_block(src: u32, off: u32) {
     var m = 0.0;
-    for (var i = 0u; i < 64u; i++) {
+    for (var i = 0u; i < BLOCK; i++) {
         let v = S[src + i];
         if (abs(v) > abs(m)) {
             m = v;
