@@ -6,11 +6,19 @@
 #   bench_llama_cpp T... -> the bin/ folder of a llama.cpp CPU build of targets T (from the
 #                           PyPI sdist of llama-cpp-python 0.3.36, llama.cpp 0c1e57098)
 #   bench_machine        -> prints the CPU model, its SIMD flags and the core count
+#   bench_duet NAME      -> path of a copy of a fresh release build of duet, so that a
+#                           rebuild while a benchmark runs cannot change what it measures
 
 BENCH=${BENCH:-$PWD/target/bench}
 mkdir -p "$BENCH"
 
 bench_say() { printf '== %s\n' "$*" >&2; }
+
+# (Chained with &&: a command substitution does not inherit set -e, and a failed build must
+# not hand back an old copy.)
+bench_duet() {
+  cargo build --release --bin duet -q >&2 && cp target/release/duet "$BENCH/duet-$1" && echo "$BENCH/duet-$1"
+}
 
 # sha256 check of a downloaded file; removes it and fails on a mismatch.
 bench_verify() {

@@ -18,9 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source runtime/bench/common.sh
 
-cargo build --release --bin duet -q
-duet=$BENCH/duet-cpu-speed
-cp target/release/duet "$duet"
+duet=$(bench_duet cpu-speed)
 bin=$(bench_llama_cpp llama-bench)
 rounds=${ROUNDS:-2}
 

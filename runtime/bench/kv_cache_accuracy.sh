@@ -22,10 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source runtime/bench/common.sh
 
-cargo build --release --bin duet -q
-# A copy, so that a rebuild while this runs cannot change what is measured.
-duet=$BENCH/duet-kv-accuracy
-cp target/release/duet "$duet"
+duet=$(bench_duet kv-accuracy)
 text=$(bench_eval_text)
 smol=$(bench_smollm2)
 for m in diff llama; do

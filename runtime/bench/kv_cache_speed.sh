@@ -13,9 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source runtime/bench/common.sh
 
-cargo build --release --bin duet -q
-duet=$BENCH/duet-kv-speed
-cp target/release/duet "$duet"
+duet=$(bench_duet kv-speed)
 smol=$(bench_smollm2)
 [ -s "$BENCH/diff-ref.f16.gguf" ] || "$duet" convert models/diff-ref -t f16 -o "$BENCH/diff-ref.f16.gguf" -q
 rounds=${ROUNDS:-2}
