@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use duet_quant::gguf::GgufFile;
+use duet_runtime::backend::Backend;
 use duet_runtime::calibrate::{CalibrationReport, Calibrator};
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::kv_cache::CacheType;

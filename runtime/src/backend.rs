@@ -10,6 +10,7 @@ use std::sync::Arc;
 use duet_quant::GgmlType;
 use duet_quant::gguf::GgufFile;
 
+use crate::calibrate::Observer;
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
 
@@ -219,7 +220,10 @@ pub trait Backend {
     /// submission and waits). Errors the device reported since the last read (device
     /// lost, out of memory) come back here.
     fn read_rows(&mut self, t: &Self::Tensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError>;
-    /// Shows the activations at `probe` of `layer` (positions pos0..) to an installed
-    /// observer. Backends without observers ignore it.
-    fn observe(&mut self, _probe: Probe, _layer: usize, _pos0: usize, _t: &Self::Tensor) {}
+    /// Installs (or, with None, removes and returns) the observer that sees activations at
+    /// the probe points: calibration, attn-bench's per-layer errors, attention maps.
+    fn set_observer(&mut self, observer: Option<Box<dyn Observer>>) -> Option<Box<dyn Observer>>;
+    /// Shows the activations at `probe` of `layer` (positions pos0..) to the installed
+    /// observer, if it wants them.
+    fn observe(&mut self, probe: Probe, layer: usize, pos0: usize, t: &Self::Tensor);
 }

@@ -20,7 +20,7 @@ pub mod plot;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::{AttentionKind, Probe};
+use crate::backend::{AttentionKind, Backend, Probe};
 use crate::calibrate::{Calibrator, Observer};
 use crate::cpu::CpuBackend;
 use crate::engine::{Engine, EngineOptions};

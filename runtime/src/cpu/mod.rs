@@ -65,16 +65,6 @@ impl CpuBackend {
         self.acts.precision
     }
 
-    /// Installs (or removes) the observer that sees activations at the probe points.
-    pub fn set_observer(&mut self, observer: Option<Box<dyn crate::calibrate::Observer>>) {
-        self.observer = observer;
-    }
-
-    /// Removes and returns the installed observer.
-    pub fn take_observer(&mut self) -> Option<Box<dyn crate::calibrate::Observer>> {
-        self.observer.take()
-    }
-
     fn thetas(&mut self, rope: &RopeSpec) -> &[f32] {
         let key = (rope.n_rot, rope.freq_base);
         if self.thetas.as_ref().map(|t| (t.0, t.1)) != Some(key) {
@@ -253,8 +243,8 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) {
         cache.store(layer, pos0, k.view(), v.view());
-        let capture =
-            self.observer.is_some() && matches!(spec.kind, crate::backend::AttentionKind::Differential { .. });
+        let capture = matches!(spec.kind, crate::backend::AttentionKind::Differential { .. })
+            && self.observer.as_ref().is_some_and(|o| o.wants(crate::backend::Probe::AttnBranches, layer));
         let mut branches = if capture { vec![0f32; q.rows * 2 * q.cols] } else { Vec::new() };
         let b = capture.then_some(branches.as_mut_slice());
         attention::attention(&self.pool, cache, layer, q.view(), q.rows, pos0, spec, out.view_mut(), b);
@@ -298,8 +288,15 @@ impl Backend for CpuBackend {
         Ok(t.data[rows.start * t.cols..rows.end * t.cols].to_vec())
     }
 
+    fn set_observer(
+        &mut self,
+        observer: Option<Box<dyn crate::calibrate::Observer>>,
+    ) -> Option<Box<dyn crate::calibrate::Observer>> {
+        std::mem::replace(&mut self.observer, observer)
+    }
+
     fn observe(&mut self, probe: crate::backend::Probe, layer: usize, pos0: usize, t: &CpuTensor) {
-        if let Some(o) = self.observer.as_mut() {
+        if let Some(o) = self.observer.as_mut().filter(|o| o.wants(probe, layer)) {
             o.observe(probe, layer, pos0, t.view(), t.rows, t.cols);
         }
     }

@@ -58,6 +58,11 @@ pub struct GpuBackend {
     rot_scratch: Vec<Option<Arc<Buf>>>,
     /// Bytes of the largest activation tensor made so far.
     largest_tensor: u64,
+    /// Sees the probes it wants, read back to the host as they are reached.
+    observer: Option<Box<dyn crate::calibrate::Observer>>,
+    /// A read-back error met while observing (observe cannot return one), reported by the
+    /// next `read_rows`.
+    observe_error: Option<RuntimeError>,
 }
 
 /// A RoPE (cos, sin) table: the spec's key (n_rot, base, scale, factors hash), the
@@ -93,6 +98,8 @@ impl GpuBackend {
             dummy,
             rot_scratch: Vec::new(),
             largest_tensor: 0,
+            observer: None,
+            observe_error: None,
         };
         b.prepare(&[Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow])?;
         Ok(b)
@@ -320,6 +327,9 @@ impl Backend for GpuBackend {
     }
 
     fn read_rows(&mut self, t: &GpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {
+        if let Some(e) = self.observe_error.take() {
+            return Err(e);
+        }
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -329,5 +339,28 @@ impl Backend for GpuBackend {
         self.rec.submit(&self.ctx, &self.alloc, Some((&t.buf, off, size)));
         self.ids_pending = false;
         self.rec.read(&self.ctx, size)
+    }
+
+    fn set_observer(
+        &mut self,
+        observer: Option<Box<dyn crate::calibrate::Observer>>,
+    ) -> Option<Box<dyn crate::calibrate::Observer>> {
+        std::mem::replace(&mut self.observer, observer)
+    }
+
+    /// Reads the tensor back (submitting the work recorded so far) when the observer wants
+    /// it: slow, meant for tools that look at activations, not for generation.
+    fn observe(&mut self, probe: crate::backend::Probe, layer: usize, pos0: usize, t: &GpuTensor) {
+        if self.observe_error.is_some() || !self.observer.as_ref().is_some_and(|o| o.wants(probe, layer)) {
+            return;
+        }
+        match self.read_rows(t, 0..t.rows) {
+            Ok(data) => {
+                if let Some(o) = self.observer.as_mut() {
+                    o.observe(probe, layer, pos0, &data, t.rows, t.cols);
+                }
+            }
+            Err(e) => self.observe_error = Some(e),
+        }
     }
 }
