@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod gpu;
+pub mod insight;
 pub mod kv_cache;
 pub mod logits_file;
 pub mod memory;

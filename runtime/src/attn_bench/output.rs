@@ -238,3 +238,18 @@ pub fn to_svg(r: &BenchReport) -> String {
         &panels,
     )
 }
+
+/// The HTML report: the printed tables and the plot in one self-contained page.
+pub fn to_html_report(r: &BenchReport) -> crate::insight::html::Report {
+    use crate::insight::html::{Block, Report};
+    Report {
+        title: format!("duet attn-bench: {} tokens of {}", r.n_tokens, r.text),
+        blocks: vec![
+            Block::Pre(to_table(r)),
+            Block::Figure {
+                caption: "KL divergence, top-1 agreement and perplexity against the 16-bit run, by bits".into(),
+                svg: to_svg(r),
+            },
+        ],
+    }
+}
