@@ -25,6 +25,8 @@ struct Cli {
 enum Command {
     /// Accuracy of low-bit attention (4/6/8-bit logits, K and V) against 16-bit, per model
     AttnBench(cmd::attn_bench::Args),
+    /// Heatmaps of the attention of each layer and head over a prompt (DIFF: A1, A2, A1 − λ·A2)
+    AttnMap(cmd::attn_map::Args),
     /// Measure prompt-processing and decode speed (tokens/s), like llama-bench
     Bench(cmd::bench::Args),
     /// Chat with a model in the terminal (without -m: the bundled DIFF model)
@@ -33,6 +35,8 @@ enum Command {
     Convert(cmd::convert::Args),
     /// Show a GGUF file's metadata and tensors (like gguf-dump, but readable)
     Info(cmd::info::Args),
+    /// Key-information retrieval: attention to a hidden needle vs noise, per model and depth
+    Needle(cmd::needle::Args),
     /// Perplexity over a text file; save logits or compare against saved ones (KL divergence)
     Perplexity(cmd::perplexity::Args),
     /// Complete a prompt, streaming the text
@@ -45,10 +49,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::AttnBench(args) => cmd::attn_bench::run(args),
+        Command::AttnMap(args) => cmd::attn_map::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Chat(args) => cmd::chat::run(args),
         Command::Convert(args) => cmd::convert::run(args),
         Command::Info(args) => cmd::info::run(args),
+        Command::Needle(args) => cmd::needle::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Run(args) => cmd::run::run(args),
     };

