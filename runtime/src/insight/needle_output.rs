@@ -32,7 +32,9 @@ type Cell = dyn Fn(&NeedleResult) -> String;
 pub fn to_table(r: &NeedleReport) -> String {
     let mut s = String::new();
     let Some(first) = r.models.first() else { return s };
-    let _ = write!(s, "{:<34} {:<18}", "model", "metric");
+    let label = |m: &ModelNeedle| format!("{} ({})", m.model, m.arch);
+    let w = r.models.iter().map(|m| label(m).chars().count()).max().unwrap_or(0).max(5);
+    let _ = write!(s, "{:<w$} {:<19}", "model", "metric");
     for res in &first.results {
         let _ = write!(s, " {:>7}", format!("{:.0}%", res.requested_depth));
     }
@@ -44,7 +46,7 @@ pub fn to_table(r: &NeedleReport) -> String {
         let rows: [(&str, &Cell); 3] =
             [("attention to answer", &answer), ("attention noise", &noise), ("retrieved", &retrieved)];
         for (name, f) in rows {
-            let _ = write!(s, "{:<34} {:<18}", format!("{} ({})", m.model, m.arch), name);
+            let _ = write!(s, "{:<w$} {:<19}", label(m), name);
             for res in &m.results {
                 let _ = write!(s, " {:>7}", f(res));
             }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# What the attention of the reference pair does, the README's "Seeing the attention" section:
+#   * `duet attn-map` of both models over the first sentences of a held-out Moby-Dick chapter
+#     (models/reference_prompt.txt), layers 4 and 9, every head / head pair, with the HTML
+#     report -> models/results/attn-map/{diff-ref,llama-ref}/
+#   * `duet needle` (the DIFF paper's Table 3 metric) on both models and on SmolLM2-135M
+#     (a model that can retrieve), depths 0/25/50/75/100 %, 512-token prompts, duet's
+#     shipped haystack -> models/results/needle/
+#
+#   models/attention_pair.sh
+#
+# Both models are converted to F16 GGUFs under models/.cache/insight (git-ignored); SmolLM2
+# comes from runtime/bench/common.sh's pinned download. CPU, deterministic (greedy).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source runtime/bench/common.sh
+WORK=models/.cache/insight
+OUT=models/results
+mkdir -p "$WORK" "$OUT"
+duet=$(bench_duet insight)
+for m in diff llama; do
+  "$duet" convert "models/$m-ref" -t f16 -q -o "$WORK/$m-ref.f16.gguf"
+done
+
+# The chapter's opening clauses (after its title), up to "deck,": short enough (~25 tokens)
+# for token labels on the heatmaps' axes.
+prompt=$(python3 - <<'PY'
+import re
+text = open("models/reference_prompt.txt").read().split("\n\n", 1)[1]
+print(text[: text.index("deck,") + len("deck,")])
+PY
+)
+for m in diff llama; do
+  rm -rf "$OUT/attn-map/$m-ref"
+  "$duet" attn-map -q --device cpu -m "$WORK/$m-ref.f16.gguf" -p "$prompt" --layers 4,9 \
+    -o "$OUT/attn-map/$m-ref" --html
+done
+
+smol=$(bench_smollm2)
+mkdir -p "$OUT/needle"
+"$duet" needle -q --device cpu -m "$WORK/diff-ref.f16.gguf" -m "$WORK/llama-ref.f16.gguf" -m "$smol" \
+  --ctx 512 -o "$OUT/needle" --html | tee "$OUT/needle/table.txt"
