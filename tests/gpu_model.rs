@@ -56,9 +56,9 @@ fn logits_with<B: Backend>(
     vt: CacheType,
     attn_logits: Option<(u32, LogitGranularity)>,
 ) -> Vec<f32> {
-    let mut model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
-    model.set_logit_quant(attn_logits).unwrap();
+    let model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
     let mut s = model.new_session(b, 128, 64, kt, vt).unwrap();
+    model.set_logit_quant(&mut s, attn_logits).unwrap();
     let mut out = model.forward(b, &mut s, &tokens[..split], Logits::All).unwrap();
     for &t in &tokens[split..] {
         out.extend(model.forward(b, &mut s, &[t], Logits::All).unwrap());

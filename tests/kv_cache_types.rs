@@ -88,7 +88,8 @@ fn cache_types_are_batch_independent_and_ordered_by_bits() {
 fn prefix_reuse_into_a_quantized_group_matches_a_fresh_evaluation() {
     let reference = LogitsFile::read(&fixture("diffllama-gqa").join("reference.logits")).unwrap();
     let gguf = convert("diffllama-gqa", Preset::F32, false);
-    let opts = EngineOptions { n_ctx: 128, batch: 16, k_type: CacheType::Q4c, v_type: CacheType::Q4r };
+    let opts =
+        EngineOptions { n_ctx: 128, batch: 16, k_type: CacheType::Q4c, v_type: CacheType::Q4r, attn_logits: None };
     let first: Vec<u32> = reference.tokens[..64].to_vec();
     // The same first 40 tokens, then different ones: position 40 lies in the second group
     // of 32, which the first prompt completed and quantized.

@@ -137,3 +137,35 @@ fn quantized_inference_matches_dequantized_f32() {
         }
     }
 }
+
+/// Logit quantization is a run setting of a session, not of the loaded weights: two
+/// sessions of one loaded model, one quantizing its attention logits to 4 bits, each give
+/// what a model loaded for it alone gives, in either order.
+#[test]
+fn logit_quantization_belongs_to_the_session_not_the_model() {
+    use std::sync::Arc;
+
+    use duet_quant::gguf::GgufFile;
+    use duet_runtime::cpu::CpuBackend;
+    use duet_runtime::kv_cache::CacheType;
+    use duet_runtime::model::{LogitGranularity, Logits, Model};
+
+    let reference = LogitsFile::read(&fixture("diffllama-gqa").join("reference.logits")).unwrap();
+    let gguf = convert("diffllama-gqa", Preset::F32, false);
+    let tokens = &reference.tokens[..32];
+    let mut b = CpuBackend::new(2);
+    let model = Model::load(&mut b, Arc::new(GgufFile::open(&gguf).unwrap())).unwrap();
+    let run = |b: &mut CpuBackend, quant: Option<(u32, LogitGranularity)>| {
+        let mut s = model.new_session(b, 64, 64, CacheType::F32, CacheType::F32).unwrap();
+        model.set_logit_quant(&mut s, quant).unwrap();
+        model.forward(b, &mut s, tokens, Logits::All).unwrap()
+    };
+    let plain = run(&mut b, None);
+    let quantized = run(&mut b, Some((4, LogitGranularity::Row)));
+    let plain_again = run(&mut b, None);
+    std::fs::remove_file(&gguf).unwrap();
+    assert_eq!(plain, plain_again, "a quantizing session left the model changed");
+    let moved = plain.iter().zip(&quantized).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(moved > 1e-3, "4-bit logits changed nothing ({moved})");
+    assert!(model.layers.iter().all(|l| l.attention.logit_quant.is_none()));
+}

@@ -11,7 +11,7 @@ use duet_quant::gguf::GgufFile;
 use crate::backend::Backend;
 use crate::error::RuntimeError;
 use crate::kv_cache::CacheType;
-use crate::model::{Logits, Model, Session};
+use crate::model::{LogitGranularity, Logits, Model, Session};
 use crate::sampler::Sampler;
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
 
@@ -23,11 +23,13 @@ pub struct EngineOptions {
     pub batch: usize,
     pub k_type: CacheType,
     pub v_type: CacheType,
+    /// Quantize the attention logits: (bits, granularity), see [`Model::set_logit_quant`].
+    pub attn_logits: Option<(u32, LogitGranularity)>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, batch: 512, k_type: CacheType::F16, v_type: CacheType::F16 }
+        EngineOptions { n_ctx: 0, batch: 512, k_type: CacheType::F16, v_type: CacheType::F16, attn_logits: None }
     }
 }
 
@@ -101,12 +103,23 @@ impl<B: Backend> Engine<B> {
         }
         let batch = opts.batch.min(n_ctx);
         backend.check_session(&model.config, &spec, batch)?;
-        let session = model.new_session(&mut backend, n_ctx, batch, spec.k_type, spec.v_type)?;
+        let mut session = model.new_session(&mut backend, n_ctx, batch, spec.k_type, spec.v_type)?;
+        model.set_logit_quant(&mut session, opts.attn_logits)?;
         Ok(Engine { backend, model, tokenizer, template, session, cached: Vec::new(), notes })
     }
 
     pub fn n_ctx(&self) -> usize {
         self.session.n_ctx
+    }
+
+    /// Quantizes the attention logits of this engine's session from now on (`None`: full
+    /// precision); see [`Model::set_logit_quant`].
+    pub fn set_logit_quant(&mut self, setting: Option<(u32, LogitGranularity)>) -> Result<(), RuntimeError> {
+        self.model.set_logit_quant(&mut self.session, setting)?;
+        // Cached K/V stay valid (logit quantization does not change them), but logits
+        // computed from them would not match a fresh run: start over.
+        self.reset();
+        Ok(())
     }
 
     /// Forgets the cache.

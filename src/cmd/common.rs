@@ -10,7 +10,7 @@ use duet_runtime::cpu::{ActPrecision, CpuBackend};
 use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::gpu::{AdapterChoice, GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheType;
-use duet_runtime::model::{LogitGranularity, Model};
+use duet_runtime::model::LogitGranularity;
 use duet_runtime::sampler::SamplerConfig;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -170,6 +170,7 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
         batch: args.batch_size.max(1),
         k_type: args.cache_type_k,
         v_type: args.cache_type_v,
+        attn_logits: args.attn_logits,
     };
     let t0 = Instant::now();
     let adapter = match args.device {
@@ -195,8 +196,8 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
                     );
                 }
                 match Engine::load(gpu, path, &opts) {
-                    Ok(mut engine) => {
-                        set_attn_logits(&mut engine.model, args, path, quiet)?;
+                    Ok(engine) => {
+                        report_attn_logits(args, quiet);
                         let engine = AnyEngine::Gpu(engine);
                         report(&engine, path, t0, quiet);
                         return Ok(engine);
@@ -227,16 +228,15 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
         CpuActs::Q8x2 => ActPrecision::Q8x2,
         CpuActs::Q8 => ActPrecision::Q8,
     });
-    let mut engine = Engine::load(backend, path, &opts).with_context(|| format!("loading {}", path.display()))?;
-    set_attn_logits(&mut engine.model, args, path, quiet)?;
+    let engine = Engine::load(backend, path, &opts).with_context(|| format!("loading {}", path.display()))?;
+    report_attn_logits(args, quiet);
     let engine = AnyEngine::Cpu(engine);
     report(&engine, path, t0, quiet);
     Ok(engine)
 }
 
-/// Applies --attn-logits, saying so on stderr unless `quiet`.
-fn set_attn_logits<B: Backend>(model: &mut Model<B>, args: &ModelArgs, path: &Path, quiet: bool) -> Result<()> {
-    model.set_logit_quant(args.attn_logits).with_context(|| format!("--attn-logits on {}", path.display()))?;
+/// Says on stderr (unless `quiet`) how --attn-logits quantizes, which Engine::load applied.
+fn report_attn_logits(args: &ModelArgs, quiet: bool) {
     if let (Some((bits, gran)), false) = (args.attn_logits, quiet) {
         let source = match gran {
             LogitGranularity::Static => "static per-head absmax from calibration".to_string(),
@@ -244,7 +244,6 @@ fn set_attn_logits<B: Backend>(model: &mut Model<B>, args: &ModelArgs, path: &Pa
         };
         eprintln!("attention logits quantized to {bits} bits, {source}");
     }
-    Ok(())
 }
 
 fn report(engine: &AnyEngine, path: &Path, t0: Instant, quiet: bool) {

@@ -354,13 +354,12 @@ pub fn bench_model(
             _ => (CacheType::F16, CacheType::F16),
         };
         let lq = if s.target == Some(Target::Logits) { s.granularity.map(|g| (s.bits, g)) } else { None };
-        e.model.set_logit_quant(lq)?;
+        let mut s = e.model.new_session(&mut e.backend, tokens.len(), tokens.len(), kt, vt)?;
+        e.model.set_logit_quant(&mut s, lq)?;
         let capture = Arc::new(Mutex::new(Capture { calibrator, ..Capture::default() }));
         e.backend.set_observer(Some(Box::new(Arc::clone(&capture))));
-        let mut s = e.model.new_session(&mut e.backend, tokens.len(), tokens.len(), kt, vt)?;
         let logits = e.model.forward(&mut e.backend, &mut s, tokens, Logits::All);
         e.backend.set_observer(None);
-        e.model.set_logit_quant(None)?;
         let capture = std::mem::take(&mut *capture.lock().unwrap_or_else(|p| p.into_inner()));
         Ok(Pass { logits: logits?, capture })
     };

@@ -3,6 +3,7 @@
 //! [`Backend`].
 
 pub mod config;
+mod forward;
 mod load;
 
 use std::sync::Arc;
@@ -10,8 +11,10 @@ use std::sync::Arc;
 use duet_quant::gguf::GgufFile;
 
 pub use config::{Arch, ModelConfig};
+use forward::Acts;
+pub use forward::DecodeBatch;
 
-use crate::backend::{AttentionSpec, Backend, LogitQuant, LogitScale, Probe, RopeSpec};
+use crate::backend::{AttentionSpec, Backend, LogitQuant, LogitScale, RopeSpec};
 use crate::error::RuntimeError;
 use crate::kv_cache::{CacheType, KvCacheSpec};
 
@@ -53,6 +56,8 @@ pub struct Layer<B: Backend> {
     pub bk: Option<B::Weight>,
     pub bv: Option<B::Weight>,
     pub bo: Option<B::Weight>,
+    /// The layer's attention as the weights define it (its `logit_quant` is always None: a
+    /// run setting, kept in [`Session::attention`]).
     pub attention: AttentionSpec,
     /// DEX kept unfolded: (W_D hd × hd, λ, adapted heads).
     pub dex: Option<(B::Weight, f32, Vec<usize>)>,
@@ -88,24 +93,17 @@ pub enum Logits {
 /// Per-conversation state: the K/V cache, the number of cached positions, and scratch
 /// activations sized for the largest batch.
 pub struct Session<B: Backend> {
+    /// Each layer's attention as this session runs it: the model's (`Layer::attention`,
+    /// never with logit quantization) plus the session's run settings
+    /// ([`Model::set_logit_quant`]).
+    pub attention: Vec<AttentionSpec>,
     pub cache: B::KvCache,
     /// What the cache holds and how.
     pub cache_spec: KvCacheSpec,
     pub n_past: usize,
     pub n_ctx: usize,
     pub max_batch: usize,
-    x: B::Tensor,    // batch × n_embd: the residual stream
-    xn: B::Tensor,   // batch × n_embd: normalised
-    q: B::Tensor,    // batch × q_dim
-    k: B::Tensor,    // batch × kv_dim
-    v: B::Tensor,    // batch × kv_dim
-    att: B::Tensor,  // batch × q_dim
-    proj: B::Tensor, // batch × n_embd
-    gate: B::Tensor, // batch × n_ff
-    up: B::Tensor,   // batch × n_ff
-    last: B::Tensor, // 1 × n_embd
-    logits: B::Tensor,
-    logits_rows: usize,
+    acts: Acts<B>,
 }
 
 impl<B: Backend> Model<B> {
@@ -114,13 +112,18 @@ impl<B: Backend> Model<B> {
         load::load(backend, file)
     }
 
-    /// Quantizes the attention logits of every layer (`None`: full precision). `bits` 2 to
-    /// 16; `granularity` one of tensor, head, row, or static (scales from the file's
-    /// calibration, `duet.calibration.logits.absmax`).
-    pub fn set_logit_quant(&mut self, setting: Option<(u32, LogitGranularity)>) -> Result<(), RuntimeError> {
+    /// Quantizes the attention logits of every layer in `session`'s forward passes (`None`:
+    /// full precision). `bits` 2 to 16; `granularity` one of tensor, head, row, or static
+    /// (scales from the file's calibration, `duet.calibration.logits.absmax`). A run
+    /// setting: it lives in the session, the loaded weights are not changed.
+    pub fn set_logit_quant(
+        &self,
+        session: &mut Session<B>,
+        setting: Option<(u32, LogitGranularity)>,
+    ) -> Result<(), RuntimeError> {
         let Some((bits, granularity)) = setting else {
-            for l in &mut self.layers {
-                l.attention.logit_quant = None;
+            for a in &mut session.attention {
+                a.logit_quant = None;
             }
             return Ok(());
         };
@@ -153,7 +156,7 @@ impl<B: Backend> Model<B> {
             _ => None,
         };
         let n_heads = c.n_heads;
-        for (il, l) in self.layers.iter_mut().enumerate() {
+        for (il, a) in session.attention.iter_mut().enumerate() {
             let scale = match granularity {
                 LogitGranularity::Tensor => LogitScale::Tensor,
                 LogitGranularity::Head => LogitScale::Head,
@@ -162,7 +165,7 @@ impl<B: Backend> Model<B> {
                     LogitScale::Static(statics.as_ref().expect("read above")[il * n_heads..(il + 1) * n_heads].to_vec())
                 }
             };
-            l.attention.logit_quant = Some(LogitQuant { bits, scale });
+            a.logit_quant = Some(LogitQuant { bits, scale });
         }
         Ok(())
     }
@@ -205,155 +208,14 @@ impl<B: Backend> Model<B> {
             }
         }
         Ok(Session {
+            attention: self.layers.iter().map(|l| l.attention.clone()).collect(),
             cache: b.new_kv_cache(&spec)?,
             cache_spec: spec,
             n_past: 0,
             n_ctx,
             max_batch: mb,
-            x: b.new_tensor(mb, c.n_embd),
-            xn: b.new_tensor(mb, c.n_embd),
-            q: b.new_tensor(mb, c.q_dim()),
-            k: b.new_tensor(mb, c.kv_dim()),
-            v: b.new_tensor(mb, c.kv_dim()),
-            att: b.new_tensor(mb, c.q_dim()),
-            proj: b.new_tensor(mb, c.n_embd),
-            gate: b.new_tensor(mb, c.n_ff),
-            up: b.new_tensor(mb, c.n_ff),
-            last: b.new_tensor(1, c.n_embd),
-            logits: b.new_tensor(1, c.n_vocab),
-            logits_rows: 1,
+            acts: Acts::new(b, c, mb),
         })
-    }
-
-    /// Runs `tokens` at positions `s.n_past..` and returns logits (`Last`: n_vocab values;
-    /// `All`: tokens.len() × n_vocab). Long inputs are processed in batches of
-    /// `s.max_batch`.
-    pub fn forward(
-        &self,
-        b: &mut B,
-        s: &mut Session<B>,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, RuntimeError> {
-        if tokens.is_empty() {
-            return Err(RuntimeError::Usage("nothing to evaluate: the token list is empty".into()));
-        }
-        if s.n_past + tokens.len() > s.n_ctx {
-            return Err(RuntimeError::ContextFull { n_ctx: s.n_ctx, needed: s.n_past + tokens.len() });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
-            return Err(RuntimeError::Usage(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                self.config.n_vocab
-            )));
-        }
-        let mut all = Vec::new();
-        let mut last = Vec::new();
-        // All logits of a batch live in one tensor: on backends with a buffer limit, batches
-        // shrink so that it fits (new_session checked that one row does).
-        let batch = match (want, b.max_tensor_bytes()) {
-            (Logits::All, Some(limit)) => s.max_batch.min((limit as usize / (4 * self.config.n_vocab)).max(1)),
-            _ => s.max_batch,
-        };
-        for chunk in tokens.chunks(batch) {
-            let out = self.forward_batch(b, s, chunk, want)?;
-            match want {
-                Logits::All => all.extend(out),
-                Logits::Last => last = out,
-            }
-        }
-        Ok(if want == Logits::All { all } else { last })
-    }
-
-    fn forward_batch(
-        &self,
-        b: &mut B,
-        s: &mut Session<B>,
-        tokens: &[u32],
-        want: Logits,
-    ) -> Result<Vec<f32>, RuntimeError> {
-        let c = &self.config;
-        let n = tokens.len();
-        let pos0 = s.n_past;
-        for t in [&mut s.x, &mut s.xn, &mut s.q, &mut s.k, &mut s.v, &mut s.att, &mut s.proj, &mut s.gate, &mut s.up] {
-            b.set_rows(t, n);
-        }
-        b.embed(&self.token_embd, tokens, &mut s.x);
-        for (il, l) in self.layers.iter().enumerate() {
-            // Attention block.
-            b.rms_norm(&s.x, &l.attn_norm, c.rms_eps, &mut s.xn);
-            b.observe(Probe::AttnIn, il, pos0, &s.xn);
-            b.matmul(&l.wq, &s.xn, &mut s.q);
-            b.matmul(&l.wk, &s.xn, &mut s.k);
-            b.matmul(&l.wv, &s.xn, &mut s.v);
-            for (t, bias) in [(&mut s.q, &l.bq), (&mut s.k, &l.bk), (&mut s.v, &l.bv)] {
-                if let Some(bias) = bias {
-                    b.add_bias(t, bias);
-                }
-            }
-            b.rope(&mut s.q, c.n_heads, c.head_dim, pos0, &self.rope);
-            b.rope(&mut s.k, c.n_kv_heads, c.head_dim, pos0, &self.rope);
-            // Keys first: an observer recomputing attention logits needs them for the queries.
-            b.observe(Probe::K, il, pos0, &s.k);
-            b.observe(Probe::V, il, pos0, &s.v);
-            b.observe(Probe::Q, il, pos0, &s.q);
-            b.attention(&s.q, &s.k, &s.v, &mut s.cache, il, pos0, &l.attention, &mut s.att);
-            if let Some((w_d, lambda, heads)) = &l.dex {
-                b.dex(&mut s.att, w_d, *lambda, heads, c.head_dim);
-            }
-            b.observe(Probe::AttnOut, il, pos0, &s.att);
-            b.matmul(&l.wo, &s.att, &mut s.proj);
-            if let Some(bias) = &l.bo {
-                b.add_bias(&mut s.proj, bias);
-            }
-            b.add(&mut s.x, &s.proj);
-            // Feed-forward block (SwiGLU).
-            b.rms_norm(&s.x, &l.ffn_norm, c.rms_eps, &mut s.xn);
-            b.observe(Probe::FfnIn, il, pos0, &s.xn);
-            b.matmul(&l.w_gate, &s.xn, &mut s.gate);
-            b.matmul(&l.w_up, &s.xn, &mut s.up);
-            if let Some(bias) = &l.b_gate {
-                b.add_bias(&mut s.gate, bias);
-            }
-            if let Some(bias) = &l.b_up {
-                b.add_bias(&mut s.up, bias);
-            }
-            b.swiglu(&mut s.gate, &s.up);
-            b.observe(Probe::FfnDownIn, il, pos0, &s.gate);
-            b.matmul(&l.w_down, &s.gate, &mut s.proj);
-            if let Some(bias) = &l.b_down {
-                b.add_bias(&mut s.proj, bias);
-            }
-            b.add(&mut s.x, &s.proj);
-            b.observe(Probe::Hidden, il, pos0, &s.x);
-        }
-        s.n_past += n;
-        let output = self.output.as_ref().unwrap_or(&self.token_embd);
-        match want {
-            Logits::Last => {
-                b.copy_row(&s.x, n - 1, &mut s.last);
-                b.set_rows(&mut s.xn, 1);
-                b.rms_norm(&s.last, &self.output_norm, c.rms_eps, &mut s.xn);
-                if s.logits_rows != 1 {
-                    s.logits = b.new_tensor(1, c.n_vocab);
-                    s.logits_rows = 1;
-                }
-                b.set_rows(&mut s.logits, 1);
-                b.matmul(output, &s.xn, &mut s.logits);
-                b.read_rows(&s.logits, 0..1)
-            }
-            Logits::All => {
-                b.rms_norm(&s.x, &self.output_norm, c.rms_eps, &mut s.xn);
-                b.observe(Probe::OutputIn, c.n_layers, pos0, &s.xn);
-                if s.logits_rows < n {
-                    s.logits = b.new_tensor(n, c.n_vocab);
-                    s.logits_rows = n;
-                }
-                b.set_rows(&mut s.logits, n);
-                b.matmul(output, &s.xn, &mut s.logits);
-                b.read_rows(&s.logits, 0..n)
-            }
-        }
     }
 }
 
