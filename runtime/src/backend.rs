@@ -214,8 +214,8 @@ pub trait Backend {
     fn swiglu(&mut self, gate: &mut Self::Tensor, up: &Self::Tensor);
     /// x += y.
     fn add(&mut self, x: &mut Self::Tensor, y: &Self::Tensor);
-    /// Copies row `src_row` of `x` into row 0 of `out`.
-    fn copy_row(&mut self, x: &Self::Tensor, src_row: usize, out: &mut Self::Tensor);
+    /// Copies row `src_row` of `x` into row `dst_row` of `out` (same number of columns).
+    fn copy_row(&mut self, x: &Self::Tensor, src_row: usize, out: &mut Self::Tensor, dst_row: usize);
     /// Rows `rows` of `t` on the host (for the GPU: submits all recorded work in one
     /// submission and waits). Errors the device reported since the last read (device
     /// lost, out of memory) come back here.

@@ -266,11 +266,13 @@ fn row_and_element_ops() {
     check("swiglu", &g, &c);
 
     let (xc, xg) = p.tensor(rows, cols, &xv);
-    let (mut lc, mut lg) = p.tensor(1, cols, &[]);
-    p.cpu.copy_row(&xc, rows - 2, &mut lc);
-    p.gpu.copy_row(&xg, rows - 2, &mut lg);
+    let (mut lc, mut lg) = p.tensor(3, cols, &[]);
+    p.cpu.copy_row(&xc, rows - 2, &mut lc, 1);
+    p.gpu.copy_row(&xg, rows - 2, &mut lg, 1);
     let (g, c) = p.read(&lc, &lg);
     assert_eq!(g, c, "copy_row");
+    assert_eq!(c[cols..2 * cols], xv[(rows - 2) * cols..(rows - 1) * cols], "copy_row lands in row 1");
+    assert!(c[..cols].iter().chain(&c[2 * cols..]).all(|&v| v == 0.0), "copy_row touches only row 1");
 
     for (rope, pos0) in [
         (RopeSpec { n_rot: hd, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None }, 0),

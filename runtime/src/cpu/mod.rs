@@ -279,9 +279,11 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn copy_row(&mut self, x: &CpuTensor, src_row: usize, out: &mut CpuTensor) {
+    fn copy_row(&mut self, x: &CpuTensor, src_row: usize, out: &mut CpuTensor, dst_row: usize) {
         let cols = x.cols;
-        out.view_mut()[..cols].copy_from_slice(x.row(src_row));
+        assert_eq!(out.cols, cols, "copy_row into a row of another width");
+        out.data[dst_row * cols..(dst_row + 1) * cols].copy_from_slice(x.row(src_row));
+        out.version = tensor::fresh_version();
     }
 
     fn read_rows(&mut self, t: &CpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {

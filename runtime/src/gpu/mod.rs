@@ -322,8 +322,8 @@ impl Backend for GpuBackend {
         ops::add(self, x, &Arc::clone(&y.buf), n)
     }
 
-    fn copy_row(&mut self, x: &GpuTensor, src_row: usize, out: &mut GpuTensor) {
-        ops::copy_row(self, x, src_row, out)
+    fn copy_row(&mut self, x: &GpuTensor, src_row: usize, out: &mut GpuTensor, dst_row: usize) {
+        ops::copy_row(self, x, src_row, out, dst_row)
     }
 
     fn read_rows(&mut self, t: &GpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {

@@ -32,10 +32,11 @@ pub fn swiglu(b: &mut GpuBackend, gate: &mut GpuTensor, up: &GpuTensor) {
     b.run(Op::SwiGlu, &SwiGluParams { n: n as u32, grid_x: g.0 }, &[&up.buf, &gate.buf], g);
 }
 
-pub fn copy_row(b: &mut GpuBackend, x: &GpuTensor, src_row: usize, out: &mut GpuTensor) {
+pub fn copy_row(b: &mut GpuBackend, x: &GpuTensor, src_row: usize, out: &mut GpuTensor, dst_row: usize) {
     let n = x.cols;
+    assert!(out.cols == n && dst_row < out.cap_rows, "copy_row into a row of another width or past the tensor");
     let g = grid(n, EW_WG as usize);
-    let params = CopyRowParams { n: n as u32, src: (src_row * x.cols) as u32, dst: 0, grid_x: g.0 };
+    let params = CopyRowParams { n: n as u32, src: (src_row * n) as u32, dst: (dst_row * n) as u32, grid_x: g.0 };
     b.run(Op::CopyRow, &params, &[&x.buf, &out.buf], g);
 }
 

@@ -1,0 +1,296 @@
+//! The forward pass: one layer skeleton ([`Model::run_layers`]) shared by
+//! * [`Model::forward`]: a batch of consecutive tokens of one session (prompts, perplexity,
+//!   decoding one sequence), and
+//! * [`Model::decode_many`]: one new token for each of several sessions at once, their
+//!   matrix multiplications over all rows together (the weights are read once for every
+//!   sequence) and RoPE, the K/V cache and attention per sequence, on its own session.
+//!
+//! Only the attention step differs between the two ("attend" below).
+
+use crate::backend::{Backend, Probe};
+use crate::error::RuntimeError;
+use crate::model::{Logits, Model, ModelConfig, Session};
+
+/// The activations a batch of rows flows through (allocated for `cap` rows).
+pub(crate) struct Acts<B: Backend> {
+    x: B::Tensor,    // rows × n_embd: the residual stream
+    xn: B::Tensor,   // rows × n_embd: normalised
+    q: B::Tensor,    // rows × q_dim
+    k: B::Tensor,    // rows × kv_dim
+    v: B::Tensor,    // rows × kv_dim
+    att: B::Tensor,  // rows × q_dim
+    proj: B::Tensor, // rows × n_embd
+    gate: B::Tensor, // rows × n_ff
+    up: B::Tensor,   // rows × n_ff
+    last: B::Tensor, // 1 × n_embd
+    logits: B::Tensor,
+    logits_rows: usize,
+}
+
+impl<B: Backend> Acts<B> {
+    pub(crate) fn new(b: &mut B, c: &ModelConfig, cap: usize) -> Acts<B> {
+        Acts {
+            x: b.new_tensor(cap, c.n_embd),
+            xn: b.new_tensor(cap, c.n_embd),
+            q: b.new_tensor(cap, c.q_dim()),
+            k: b.new_tensor(cap, c.kv_dim()),
+            v: b.new_tensor(cap, c.kv_dim()),
+            att: b.new_tensor(cap, c.q_dim()),
+            proj: b.new_tensor(cap, c.n_embd),
+            gate: b.new_tensor(cap, c.n_ff),
+            up: b.new_tensor(cap, c.n_ff),
+            last: b.new_tensor(1, c.n_embd),
+            logits: b.new_tensor(1, c.n_vocab),
+            logits_rows: 1,
+        }
+    }
+
+    fn set_rows(&mut self, b: &mut B, n: usize) {
+        for t in [
+            &mut self.x,
+            &mut self.xn,
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.att,
+            &mut self.proj,
+            &mut self.gate,
+            &mut self.up,
+        ] {
+            b.set_rows(t, n);
+        }
+    }
+}
+
+/// Scratch activations for [`Model::decode_many`]: one row per sequence, up to `cap`.
+pub struct DecodeBatch<B: Backend> {
+    acts: Acts<B>,
+    cap: usize,
+}
+
+impl<B: Backend> Model<B> {
+    /// Scratch for decoding up to `cap` sequences at once.
+    pub fn new_decode_batch(&self, b: &mut B, cap: usize) -> DecodeBatch<B> {
+        DecodeBatch { acts: Acts::new(b, &self.config, cap.max(1)), cap: cap.max(1) }
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<(), RuntimeError> {
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+            return Err(RuntimeError::Usage(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.config.n_vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` at positions `s.n_past..` and returns logits (`Last`: n_vocab values;
+    /// `All`: tokens.len() × n_vocab). Long inputs are processed in batches of
+    /// `s.max_batch`.
+    pub fn forward(
+        &self,
+        b: &mut B,
+        s: &mut Session<B>,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        if tokens.is_empty() {
+            return Err(RuntimeError::Usage("nothing to evaluate: the token list is empty".into()));
+        }
+        if s.n_past + tokens.len() > s.n_ctx {
+            return Err(RuntimeError::ContextFull { n_ctx: s.n_ctx, needed: s.n_past + tokens.len() });
+        }
+        self.check_tokens(tokens)?;
+        let mut all = Vec::new();
+        let mut last = Vec::new();
+        // All logits of a batch live in one tensor: on backends with a buffer limit, batches
+        // shrink so that it fits (new_session checked that one row does).
+        let batch = match (want, b.max_tensor_bytes()) {
+            (Logits::All, Some(limit)) => s.max_batch.min((limit as usize / (4 * self.config.n_vocab)).max(1)),
+            _ => s.max_batch,
+        };
+        for chunk in tokens.chunks(batch) {
+            let out = self.forward_batch(b, s, chunk, want)?;
+            match want {
+                Logits::All => all.extend(out),
+                Logits::Last => last = out,
+            }
+        }
+        Ok(if want == Logits::All { all } else { last })
+    }
+
+    fn forward_batch(
+        &self,
+        b: &mut B,
+        s: &mut Session<B>,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let c = &self.config;
+        let n = tokens.len();
+        let pos0 = s.n_past;
+        let (a, cache, specs) = (&mut s.acts, &mut s.cache, &s.attention);
+        a.set_rows(b, n);
+        let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>| {
+            b.rope(&mut a.q, c.n_heads, c.head_dim, pos0, &self.rope);
+            b.rope(&mut a.k, c.n_kv_heads, c.head_dim, pos0, &self.rope);
+            // Keys first: an observer recomputing attention logits needs them for the queries.
+            b.observe(Probe::K, il, pos0, &a.k);
+            b.observe(Probe::V, il, pos0, &a.v);
+            b.observe(Probe::Q, il, pos0, &a.q);
+            b.attention(&a.q, &a.k, &a.v, cache, il, pos0, &specs[il], &mut a.att);
+        };
+        self.run_layers(b, a, tokens, pos0, &mut attend);
+        s.n_past += n;
+        let a = &mut s.acts;
+        let output = self.output.as_ref().unwrap_or(&self.token_embd);
+        match want {
+            Logits::Last => {
+                b.copy_row(&a.x, n - 1, &mut a.last, 0);
+                b.set_rows(&mut a.xn, 1);
+                b.rms_norm(&a.last, &self.output_norm, c.rms_eps, &mut a.xn);
+                self.output_logits(b, a, 1, output)
+            }
+            Logits::All => {
+                b.rms_norm(&a.x, &self.output_norm, c.rms_eps, &mut a.xn);
+                b.observe(Probe::OutputIn, c.n_layers, pos0, &a.xn);
+                self.output_logits(b, a, n, output)
+            }
+        }
+    }
+
+    /// The logits of the first `n` rows of `a.xn`.
+    fn output_logits(
+        &self,
+        b: &mut B,
+        a: &mut Acts<B>,
+        n: usize,
+        output: &B::Weight,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        if a.logits_rows < n {
+            a.logits = b.new_tensor(n, self.config.n_vocab);
+            a.logits_rows = n;
+        }
+        b.set_rows(&mut a.logits, n);
+        b.matmul(output, &a.xn, &mut a.logits);
+        b.read_rows(&a.logits, 0..n)
+    }
+
+    /// One decode step for several sequences: `tokens[i]` continues `sessions[i]` (at its
+    /// position `n_past`), and each sequence's next-token logits come back (n_vocab each).
+    /// Every sequence keeps its own cache type and run settings. The result is that of
+    /// [`Model::forward`] on each session alone up to arithmetic order (batched matrix
+    /// products round the same values in a different order). No activation probes.
+    pub fn decode_many(
+        &self,
+        b: &mut B,
+        batch: &mut DecodeBatch<B>,
+        sessions: &mut [&mut Session<B>],
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n != sessions.len() || n == 0 || n > batch.cap {
+            return Err(RuntimeError::Usage(format!(
+                "decode_many: {n} tokens for {} sessions (a batch holds 1 to {})",
+                sessions.len(),
+                batch.cap
+            )));
+        }
+        self.check_tokens(tokens)?;
+        if let Some(s) = sessions.iter().find(|s| s.n_past + 1 > s.n_ctx) {
+            return Err(RuntimeError::ContextFull { n_ctx: s.n_ctx, needed: s.n_past + 1 });
+        }
+        for s in sessions.iter_mut() {
+            s.acts.set_rows(b, 1);
+        }
+        let a = &mut batch.acts;
+        a.set_rows(b, n);
+        // Row i of the batch moves into sequence i's own one-row scratch for RoPE at its
+        // position and attention over its cache, and its output moves back.
+        let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>| {
+            for (i, s) in sessions.iter_mut().enumerate() {
+                let pos = s.n_past;
+                let one = &mut s.acts;
+                b.copy_row(&a.q, i, &mut one.q, 0);
+                b.copy_row(&a.k, i, &mut one.k, 0);
+                b.copy_row(&a.v, i, &mut one.v, 0);
+                b.rope(&mut one.q, c.n_heads, c.head_dim, pos, &self.rope);
+                b.rope(&mut one.k, c.n_kv_heads, c.head_dim, pos, &self.rope);
+                b.attention(&one.q, &one.k, &one.v, &mut s.cache, il, pos, &s.attention[il], &mut one.att);
+                b.copy_row(&one.att, 0, &mut a.att, i);
+            }
+        };
+        self.run_layers(b, a, tokens, usize::MAX, &mut attend);
+        for s in sessions.iter_mut() {
+            s.n_past += 1;
+        }
+        b.rms_norm(&a.x, &self.output_norm, c.rms_eps, &mut a.xn);
+        let output = self.output.as_ref().unwrap_or(&self.token_embd);
+        let all = self.output_logits(b, a, n, output)?;
+        Ok(all.chunks_exact(c.n_vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Embeds `tokens` into `a.x` and runs every layer on those rows; `attend` fills `a.att`
+    /// from `a.q`, `a.k`, `a.v` (before RoPE) for layer `il`. Probes report positions from
+    /// `pos0` (`usize::MAX`: rows of several sequences, not reported).
+    fn run_layers(
+        &self,
+        b: &mut B,
+        a: &mut Acts<B>,
+        tokens: &[u32],
+        pos0: usize,
+        attend: &mut dyn FnMut(&mut B, usize, &mut Acts<B>),
+    ) {
+        let c = &self.config;
+        let probes = pos0 != usize::MAX;
+        let observe = |b: &mut B, probe: Probe, il: usize, t: &B::Tensor| {
+            if probes {
+                b.observe(probe, il, pos0, t);
+            }
+        };
+        b.embed(&self.token_embd, tokens, &mut a.x);
+        for (il, l) in self.layers.iter().enumerate() {
+            // Attention block.
+            b.rms_norm(&a.x, &l.attn_norm, c.rms_eps, &mut a.xn);
+            observe(b, Probe::AttnIn, il, &a.xn);
+            b.matmul(&l.wq, &a.xn, &mut a.q);
+            b.matmul(&l.wk, &a.xn, &mut a.k);
+            b.matmul(&l.wv, &a.xn, &mut a.v);
+            for (t, bias) in [(&mut a.q, &l.bq), (&mut a.k, &l.bk), (&mut a.v, &l.bv)] {
+                if let Some(bias) = bias {
+                    b.add_bias(t, bias);
+                }
+            }
+            attend(b, il, a);
+            if let Some((w_d, lambda, heads)) = &l.dex {
+                b.dex(&mut a.att, w_d, *lambda, heads, c.head_dim);
+            }
+            observe(b, Probe::AttnOut, il, &a.att);
+            b.matmul(&l.wo, &a.att, &mut a.proj);
+            if let Some(bias) = &l.bo {
+                b.add_bias(&mut a.proj, bias);
+            }
+            b.add(&mut a.x, &a.proj);
+            // Feed-forward block (SwiGLU).
+            b.rms_norm(&a.x, &l.ffn_norm, c.rms_eps, &mut a.xn);
+            observe(b, Probe::FfnIn, il, &a.xn);
+            b.matmul(&l.w_gate, &a.xn, &mut a.gate);
+            b.matmul(&l.w_up, &a.xn, &mut a.up);
+            if let Some(bias) = &l.b_gate {
+                b.add_bias(&mut a.gate, bias);
+            }
+            if let Some(bias) = &l.b_up {
+                b.add_bias(&mut a.up, bias);
+            }
+            b.swiglu(&mut a.gate, &a.up);
+            observe(b, Probe::FfnDownIn, il, &a.gate);
+            b.matmul(&l.w_down, &a.gate, &mut a.proj);
+            if let Some(bias) = &l.b_down {
+                b.add_bias(&mut a.proj, bias);
+            }
+            b.add(&mut a.x, &a.proj);
+            observe(b, Probe::Hidden, il, &a.x);
+        }
+    }
+}
