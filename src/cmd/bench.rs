@@ -31,6 +31,11 @@ pub struct Args {
     /// Decode after this many prompt tokens already in the cache (decode at depth)
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub depth: usize,
+    /// Decode this many sequences at once (each with its own cache, their matrix products
+    /// batched, as a server's running streams are); the decode rows report the aggregate
+    /// tokens/s of all of them
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub parallel: usize,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -40,6 +45,9 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.parallel == 0 {
+        anyhow::bail!("--parallel must be at least 1");
+    }
     let path = require_model(&args.model)?;
     let mut model_args = args.model.clone();
     let longest = args.n_prompt.iter().chain(&args.n_gen).max().copied().unwrap_or(0) + args.depth;
@@ -76,8 +84,24 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
     println!("|---|---|---|---|---|---|---|---|");
     let mut tests: Vec<(String, usize, bool)> = Vec::new();
     tests.extend(args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true)));
-    tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}"), n, false)));
+    let streams = if args.parallel > 1 { format!(" ×{}", args.parallel) } else { String::new() };
+    tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}{streams}"), n, false)));
     for (label, n, prompt) in tests {
+        if !prompt && args.parallel > 1 {
+            let label = if args.depth > 0 { format!("{label} @ d{}", args.depth) } else { label };
+            let mut rates = decode_parallel(engine, args, &tokens, n)?;
+            let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
+            let med = median(&mut rates);
+            println!(
+                "| {name} | {} | {:.2} M | {device} | {} ×{} ({:.3}× f16) | {label} | {med:.2} | {lo:.2}–{hi:.2} |",
+                human_bytes(model_bytes),
+                params as f64 / 1e6,
+                human_bytes(kv.bytes() as u64),
+                args.parallel,
+                kv.bytes() as f64 / f16_kv.bytes() as f64
+            );
+            continue;
+        }
         let label = if args.depth > 0 { format!("{label} @ d{}", args.depth) } else { label };
         let mut rates = Vec::with_capacity(args.reps);
         for rep in 0..=args.reps {
@@ -115,4 +139,37 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         );
     }
     Ok(())
+}
+
+/// Aggregate decode tokens/s of `args.parallel` sequences decoding `n` tokens each together
+/// (Model::decode_many), after `args.depth` prompt tokens each: one warm-up, then -r runs.
+fn decode_parallel<B: Backend>(engine: &mut Engine<B>, args: &Args, tokens: &[u32], n: usize) -> Result<Vec<f64>> {
+    let spec = engine.session.cache_spec.clone();
+    let (m, b) = (&engine.model, &mut engine.backend);
+    let mut sessions = Vec::with_capacity(args.parallel);
+    for _ in 0..args.parallel {
+        sessions.push(m.new_session(b, engine.session.n_ctx, engine.session.max_batch, spec.k_type, spec.v_type)?);
+    }
+    let mut batch = m.new_decode_batch(b, args.parallel);
+    let mut rates = Vec::with_capacity(args.reps);
+    for rep in 0..=args.reps {
+        for s in &mut sessions {
+            s.reset();
+            if args.depth > 0 {
+                m.forward(b, s, &tokens[..args.depth], Logits::Last)?;
+            }
+        }
+        let t0 = Instant::now();
+        for i in 0..n {
+            // Each stream its own token: sequences differ, as a server's do.
+            let step: Vec<u32> = (0..args.parallel).map(|j| tokens[(args.depth + i + j) % tokens.len()]).collect();
+            let mut refs: Vec<&mut duet_runtime::model::Session<B>> = sessions.iter_mut().collect();
+            m.decode_many(b, &mut batch, &mut refs, &step)?;
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            rates.push((n * args.parallel) as f64 / dt);
+        }
+    }
+    Ok(rates)
 }
