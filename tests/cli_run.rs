@@ -150,3 +150,16 @@ fn perplexity_scores_the_second_half_like_llama_perplexity() {
     assert_eq!(predictions(&[]), 15 + 15 + 7);
     assert_eq!(predictions(&["--score-second-half"]), 7 + 7 + 3);
 }
+
+#[test]
+fn bench_parallel_reports_aggregate_decode_rows_and_refuses_zero() {
+    let m = fixture_gguf();
+    let m = m.to_str().unwrap();
+    let o = duet(&["bench", "-m", m, "--device", "cpu", "-p", "0", "-n", "4", "-r", "1", "--parallel", "3"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let row = out.lines().find(|l| l.contains("| tg4 ×3 |")).unwrap_or_else(|| panic!("no tg4 ×3 row: {out}"));
+    let rate: f64 = row.split('|').nth(7).unwrap().trim().parse().unwrap();
+    assert!(rate > 0.0, "{row}");
+    assert_clean_failure(&duet(&["bench", "-m", m, "--parallel", "0"]), &["--parallel must be at least 1"]);
+}
