@@ -19,6 +19,7 @@ pub mod logits_file;
 pub mod memory;
 pub mod model;
 pub mod sampler;
+pub mod serve;
 pub mod text;
 
 pub use error::RuntimeError;

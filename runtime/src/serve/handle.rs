@@ -1,0 +1,134 @@
+//! The engine thread: it owns the backend, the model and the slots, runs steps while there
+//! is work and sleeps on its command channel when there is none. Other threads (HTTP
+//! handlers) submit through a [`Handle`].
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crate::backend::Backend;
+use crate::serve::metrics::Metrics;
+use crate::serve::scheduler::Scheduler;
+use crate::serve::{GenRequest, SubmitError};
+
+/// What the engine thread runs: a [`Scheduler`] of any backend.
+pub trait Engine {
+    fn submit(&mut self, req: GenRequest) -> Result<usize, SubmitError>;
+    fn step(&mut self) -> bool;
+    fn idle(&self) -> bool;
+    fn metrics(&self) -> Arc<Mutex<Metrics>>;
+    fn n_ctx(&self) -> usize;
+}
+
+impl<B: Backend> Engine for Scheduler<B> {
+    fn submit(&mut self, req: GenRequest) -> Result<usize, SubmitError> {
+        Scheduler::submit(self, req)
+    }
+    fn step(&mut self) -> bool {
+        Scheduler::step(self)
+    }
+    fn idle(&self) -> bool {
+        Scheduler::idle(self)
+    }
+    fn metrics(&self) -> Arc<Mutex<Metrics>> {
+        Scheduler::metrics(self)
+    }
+    fn n_ctx(&self) -> usize {
+        Scheduler::n_ctx(self)
+    }
+}
+
+enum Command {
+    Submit(GenRequest, mpsc::SyncSender<Result<usize, SubmitError>>),
+    Stop,
+}
+
+/// Submits to the engine thread; cheap to share between threads.
+pub struct Handle {
+    tx: mpsc::Sender<Command>,
+    metrics: Arc<Mutex<Metrics>>,
+    n_ctx: usize,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Handle {
+    /// Starts the engine thread, where `make` loads the model (so that the backend never
+    /// crosses threads), and waits until it is loaded: a load error comes back here.
+    pub fn start<F>(make: F) -> Result<Handle, String>
+    where
+        F: FnOnce() -> Result<Box<dyn Engine>, String> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel::<Command>();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name("duet-engine".into())
+            .spawn(move || {
+                let mut engine = match make() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok((engine.metrics(), engine.n_ctx())));
+                run(engine.as_mut(), &rx);
+            })
+            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+        match ready_rx.recv() {
+            Ok(Ok((metrics, n_ctx))) => Ok(Handle { tx, metrics, n_ctx, thread: Mutex::new(Some(thread)) }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err("the engine thread ended while loading the model".into()),
+        }
+    }
+
+    /// Queues `req` (its events go to its sink); returns its prompt length in tokens.
+    pub fn submit(&self, req: GenRequest) -> Result<usize, SubmitError> {
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.tx
+            .send(Command::Submit(req, reply_tx))
+            .map_err(|_| SubmitError::Stopped("the engine thread is gone".into()))?;
+        reply_rx.recv().unwrap_or_else(|_| Err(SubmitError::Stopped("the engine thread is gone".into())))
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Stops the engine thread (requests in flight end without a reply) and waits for it.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Command::Stop);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Handles commands and steps until told to stop (or every handle is gone and the work is
+/// done). Sleeps on the channel when idle.
+fn run(engine: &mut dyn Engine, rx: &mpsc::Receiver<Command>) {
+    loop {
+        let first = if engine.idle() {
+            match rx.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return,
+            }
+        } else {
+            None
+        };
+        for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match cmd {
+                Command::Submit(req, reply) => {
+                    let _ = reply.send(engine.submit(req));
+                }
+                Command::Stop => return,
+            }
+        }
+        if !engine.idle() {
+            engine.step();
+        }
+    }
+}

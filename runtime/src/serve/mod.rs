@@ -1,0 +1,98 @@
+//! The multi-sequence engine behind `duet serve`: requests queue, are admitted into a fixed
+//! number of slots (each a [`crate::model::Session`] with its own K/V cache), and run
+//! together — every step evaluates one prompt chunk of a newly admitted request and then one
+//! decode step of all decoding slots at once ([`crate::model::Model::decode_many`]), so new
+//! requests join the running batch and prompts interleave with decoding (continuous
+//! batching). Sampling, stop strings and limits travel with each request.
+//!
+//! * [`scheduler`]: the slots, the queue and the step.
+//! * [`handle`]: the engine thread and the handle other threads submit through.
+//! * [`metrics`]: counters for Prometheus.
+//! * [`stop`]: stop strings over streamed text.
+//!
+//! HTTP lives in the `duet serve` command; nothing here knows about it.
+
+pub mod handle;
+pub mod metrics;
+pub mod scheduler;
+pub mod stop;
+
+use crate::sampler::SamplerConfig;
+use crate::text::Message;
+
+/// What to complete.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Raw text (completions).
+    Text(String),
+    /// A conversation, rendered with the model's chat template and a generation prompt.
+    Chat(Vec<Message>),
+}
+
+/// Why a generation ended, as the OpenAI API names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens`, or the context is full.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// What a request receives, in order: text pieces, then `Done` (or `Failed`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenEvent {
+    Text(String),
+    Done { finish: FinishReason, prompt_tokens: usize, completion_tokens: usize },
+    Failed(String),
+}
+
+/// Receives a request's events; returns false once nobody listens (the client went away),
+/// which cancels the request and frees its slot.
+pub type Sink = Box<dyn FnMut(GenEvent) -> bool + Send>;
+
+pub struct GenRequest {
+    pub prompt: Prompt,
+    pub sampling: SamplerConfig,
+    /// Tokens to generate at most (None: until the end of generation or a full context).
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub sink: Sink,
+}
+
+/// Why a request was not queued.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The queue holds `capacity` waiting requests already.
+    QueueFull { capacity: usize },
+    /// The prompt leaves no room to generate in the context.
+    TooLong { prompt_tokens: usize, n_ctx: usize },
+    /// The prompt could not be rendered or tokenized.
+    BadPrompt(String),
+    /// The engine stopped (it failed to load or hit a device error).
+    Stopped(String),
+}
+
+impl std::fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubmitError::QueueFull { capacity } => {
+                write!(f, "the server is busy: {capacity} requests are already waiting (try again later)")
+            }
+            SubmitError::TooLong { prompt_tokens, n_ctx } => write!(
+                f,
+                "the prompt is {prompt_tokens} tokens but the context holds {n_ctx}, leaving no room for a reply"
+            ),
+            SubmitError::BadPrompt(m) => write!(f, "{m}"),
+            SubmitError::Stopped(m) => write!(f, "the engine has stopped: {m}"),
+        }
+    }
+}

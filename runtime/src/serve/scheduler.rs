@@ -1,0 +1,287 @@
+//! Slots, the queue and one engine step (see the module docs of [`crate::serve`]).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::backend::Backend;
+use crate::engine::Engine;
+use crate::error::RuntimeError;
+use crate::model::{DecodeBatch, Logits, Model, Session};
+use crate::sampler::Sampler;
+use crate::serve::metrics::Metrics;
+use crate::serve::stop::StopText;
+use crate::serve::{FinishReason, GenEvent, GenRequest, Prompt, Sink, SubmitError};
+use crate::text::{ChatTemplate, TextStream, Tokenizer};
+
+/// A request in a slot.
+struct Active {
+    sink: Sink,
+    sampler: Sampler,
+    prompt: Vec<u32>,
+    /// Prompt tokens evaluated so far.
+    prefilled: usize,
+    /// Prompt and generated tokens (for the repetition penalty).
+    history: Vec<u32>,
+    /// The sampled token the next decode step feeds.
+    next: Option<u32>,
+    generated: usize,
+    max_tokens: Option<usize>,
+    stream: TextStream,
+    stop: StopText,
+}
+
+struct Waiting {
+    tokens: Vec<u32>,
+    req: GenRequest,
+}
+
+/// How one token's acceptance went.
+enum Outcome {
+    Continue,
+    /// The reason, and whether a stop string ended it.
+    Finish(FinishReason, bool),
+    /// The client went away.
+    Gone,
+}
+
+pub struct Scheduler<B: Backend> {
+    backend: B,
+    model: Model<B>,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    sessions: Vec<Session<B>>,
+    active: Vec<Option<Active>>,
+    queue: VecDeque<Waiting>,
+    max_queue: usize,
+    batch: DecodeBatch<B>,
+    /// Prompt tokens evaluated per step (one chunk between decode steps).
+    chunk: usize,
+    n_ctx: usize,
+    metrics: Arc<Mutex<Metrics>>,
+}
+
+impl<B: Backend> Scheduler<B> {
+    /// `slots` sequences of `engine`'s context each (its session's cache types and run
+    /// settings), at most `max_queue` waiting requests.
+    pub fn new(engine: Engine<B>, slots: usize, max_queue: usize) -> Result<Scheduler<B>, RuntimeError> {
+        let Engine { mut backend, model, tokenizer, template, session, .. } = engine;
+        let slots = slots.max(1);
+        let n_ctx = session.n_ctx;
+        let chunk = session.max_batch;
+        let spec = session.cache_spec.clone();
+        let mut sessions = vec![session];
+        for _ in 1..slots {
+            let mut s = model.new_session(&mut backend, n_ctx, chunk, spec.k_type, spec.v_type)?;
+            s.attention.clone_from(&sessions[0].attention);
+            sessions.push(s);
+        }
+        let batch = model.new_decode_batch(&mut backend, slots);
+        let metrics = Arc::new(Mutex::new(Metrics { slots, ..Default::default() }));
+        Ok(Scheduler {
+            backend,
+            model,
+            tokenizer,
+            template,
+            sessions,
+            active: (0..slots).map(|_| None).collect(),
+            queue: VecDeque::new(),
+            max_queue,
+            batch,
+            chunk,
+            n_ctx,
+            metrics,
+        })
+    }
+
+    pub fn metrics(&self) -> Arc<Mutex<Metrics>> {
+        Arc::clone(&self.metrics)
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Nothing queued and no slot busy.
+    pub fn idle(&self) -> bool {
+        self.queue.is_empty() && self.active.iter().all(Option::is_none)
+    }
+
+    fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, RuntimeError> {
+        let text = match prompt {
+            Prompt::Text(t) => t.clone(),
+            Prompt::Chat(messages) => self.template.render(messages, true)?,
+        };
+        let bos_text = self.tokenizer.bos.and_then(|b| self.tokenizer.id_to_token(b));
+        // Templates that write the BOS text themselves must not get a second one.
+        let add_bos = self.tokenizer.add_bos && !bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
+        self.tokenizer.encode(&text, add_bos)
+    }
+
+    /// Queues `req`; returns its prompt's length in tokens.
+    pub fn submit(&mut self, req: GenRequest) -> Result<usize, SubmitError> {
+        let tokens = self.tokens(&req.prompt).map_err(|e| SubmitError::BadPrompt(e.to_string()))?;
+        if tokens.is_empty() {
+            return Err(SubmitError::BadPrompt("the prompt is empty".into()));
+        }
+        if tokens.len() >= self.n_ctx {
+            return Err(SubmitError::TooLong { prompt_tokens: tokens.len(), n_ctx: self.n_ctx });
+        }
+        let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        if self.queue.len() >= self.max_queue {
+            m.requests_rejected += 1;
+            return Err(SubmitError::QueueFull { capacity: self.max_queue });
+        }
+        m.requests_total += 1;
+        m.queue_length = self.queue.len() + 1;
+        drop(m);
+        let n = tokens.len();
+        self.queue.push_back(Waiting { tokens, req });
+        Ok(n)
+    }
+
+    /// Moves waiting requests into free slots.
+    fn admit(&mut self) {
+        for (i, slot) in self.active.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
+            }
+            let Some(w) = self.queue.pop_front() else { break };
+            self.sessions[i].reset();
+            *slot = Some(Active {
+                sink: w.req.sink,
+                sampler: Sampler::new(w.req.sampling),
+                history: w.tokens.clone(),
+                prompt: w.tokens,
+                prefilled: 0,
+                next: None,
+                generated: 0,
+                max_tokens: w.req.max_tokens,
+                stream: TextStream::new(),
+                stop: StopText::new(&w.req.stop),
+            });
+        }
+    }
+
+    /// One step: admit, evaluate one prompt chunk, decode one token of every decoding slot.
+    /// Returns whether any slot did work.
+    pub fn step(&mut self) -> bool {
+        self.admit();
+        let mut worked = false;
+        if let Err(e) = self.prefill_chunk(&mut worked).and_then(|_| self.decode(&mut worked)) {
+            // A device error: every active request fails, the slots are freed.
+            for slot in &mut self.active {
+                if let Some(mut a) = slot.take() {
+                    (a.sink)(GenEvent::Failed(e.to_string()));
+                }
+            }
+        }
+        let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        m.queue_length = self.queue.len();
+        m.active = self.active.iter().filter(|a| a.is_some()).count();
+        worked
+    }
+
+    /// Evaluates the next chunk of the oldest unfinished prompt.
+    fn prefill_chunk(&mut self, worked: &mut bool) -> Result<(), RuntimeError> {
+        let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.prefilled < a.prompt.len())) else {
+            return Ok(());
+        };
+        *worked = true;
+        let a = self.active[i].as_mut().expect("found above");
+        let end = (a.prefilled + self.chunk).min(a.prompt.len());
+        let mut logits =
+            self.model.forward(&mut self.backend, &mut self.sessions[i], &a.prompt[a.prefilled..end], Logits::Last)?;
+        self.metrics.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_total += (end - a.prefilled) as u64;
+        a.prefilled = end;
+        if end == a.prompt.len() {
+            let tok = a.sampler.sample(&mut logits, &a.history);
+            self.accept(i, tok)?;
+        }
+        Ok(())
+    }
+
+    /// One decode step of every slot with a token to feed.
+    fn decode(&mut self, worked: &mut bool) -> Result<(), RuntimeError> {
+        let ids: Vec<usize> =
+            (0..self.active.len()).filter(|&i| self.active[i].as_ref().is_some_and(|a| a.next.is_some())).collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        *worked = true;
+        let tokens: Vec<u32> =
+            ids.iter().map(|&i| self.active[i].as_ref().and_then(|a| a.next).expect("filtered")).collect();
+        let t0 = Instant::now();
+        let mut sessions: Vec<&mut Session<B>> =
+            self.sessions.iter_mut().enumerate().filter(|(i, _)| ids.contains(i)).map(|(_, s)| s).collect();
+        let logits = self.model.decode_many(&mut self.backend, &mut self.batch, &mut sessions, &tokens)?;
+        self.metrics.lock().unwrap_or_else(|p| p.into_inner()).decode_step(ids.len(), t0.elapsed().as_secs_f64());
+        for (&i, mut l) in ids.iter().zip(logits) {
+            let a = self.active[i].as_mut().expect("decoding slot");
+            let tok = a.sampler.sample(&mut l, &a.history);
+            self.accept(i, tok)?;
+        }
+        Ok(())
+    }
+
+    /// Takes sampled token `tok` of slot `i`: streams its text and finishes the request
+    /// when it ends, otherwise schedules it to be fed.
+    fn accept(&mut self, i: usize, tok: u32) -> Result<(), RuntimeError> {
+        let n_past = self.sessions[i].n_past;
+        let a = self.active[i].as_mut().expect("active slot");
+        a.next = None;
+        // (finish reason, whether a stop string ended it) or Continue / Gone.
+        let outcome = if self.tokenizer.is_eog(tok) {
+            Outcome::Finish(FinishReason::Stop, false)
+        } else {
+            a.generated += 1;
+            a.history.push(tok);
+            self.metrics.lock().unwrap_or_else(|p| p.into_inner()).generated_tokens_total += 1;
+            let text = a.stream.push(&self.tokenizer, tok)?;
+            let (out, stopped) = a.stop.push(&text);
+            if !out.is_empty() && !(a.sink)(GenEvent::Text(out)) {
+                Outcome::Gone
+            } else if stopped {
+                Outcome::Finish(FinishReason::Stop, true)
+            } else if a.max_tokens.is_some_and(|m| a.generated >= m) || n_past >= self.n_ctx {
+                // (Feeding the token needs a free position.)
+                Outcome::Finish(FinishReason::Length, false)
+            } else {
+                a.next = Some(tok);
+                Outcome::Continue
+            }
+        };
+        match outcome {
+            Outcome::Continue => {}
+            Outcome::Gone => {
+                self.active[i] = None;
+                self.metrics.lock().unwrap_or_else(|p| p.into_inner()).requests_cancelled += 1;
+            }
+            Outcome::Finish(finish, by_stop_string) => {
+                let mut a = self.active[i].take().expect("active slot");
+                // Text still held back (an incomplete character, a possible stop string's
+                // start) goes out unless a stop string ended the reply.
+                let rest = if by_stop_string {
+                    String::new()
+                } else {
+                    let tail = a.stream.flush(&self.tokenizer)?;
+                    let (out, stopped) = a.stop.push(&tail);
+                    if stopped { out } else { out + &a.stop.flush() }
+                };
+                let delivered = (rest.is_empty() || (a.sink)(GenEvent::Text(rest)))
+                    && (a.sink)(GenEvent::Done {
+                        finish,
+                        prompt_tokens: a.prompt.len(),
+                        completion_tokens: a.generated,
+                    });
+                let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+                if delivered {
+                    m.requests_finished += 1;
+                } else {
+                    m.requests_cancelled += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,169 @@
+//! The serving engine (duet_runtime::serve) without HTTP: requests through fewer slots than
+//! requests give each the reply it gets alone, a client that goes away frees its slot at
+//! once, the queue and the context limits refuse cleanly, stop strings end replies.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use duet_convert::Preset;
+use duet_runtime::cpu::CpuBackend;
+use duet_runtime::engine::{Engine, EngineOptions};
+use duet_runtime::sampler::SamplerConfig;
+use duet_runtime::serve::scheduler::Scheduler;
+use duet_runtime::serve::{FinishReason, GenEvent, GenRequest, Prompt, SubmitError};
+
+use common::convert;
+
+fn scheduler(path: &Path, slots: usize, max_queue: usize) -> Scheduler<CpuBackend> {
+    let opts = EngineOptions { n_ctx: 96, batch: 16, ..EngineOptions::default() };
+    let engine = Engine::load(CpuBackend::new(2), path, &opts).unwrap();
+    Scheduler::new(engine, slots, max_queue).unwrap()
+}
+
+type Events = Arc<Mutex<Vec<GenEvent>>>;
+
+/// A greedy request whose events land in the returned list.
+fn request(prompt: &str, max_tokens: usize, stop: &[&str]) -> (GenRequest, Events) {
+    let events: Events = Arc::default();
+    let sink_events = Arc::clone(&events);
+    let req = GenRequest {
+        prompt: Prompt::Text(prompt.into()),
+        sampling: SamplerConfig::greedy(),
+        max_tokens: Some(max_tokens),
+        stop: stop.iter().map(|s| s.to_string()).collect(),
+        sink: Box::new(move |e| {
+            sink_events.lock().unwrap().push(e);
+            true
+        }),
+    };
+    (req, events)
+}
+
+fn text(events: &Events) -> String {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| if let GenEvent::Text(t) = e { Some(t.as_str()) } else { None })
+        .collect()
+}
+
+fn done(events: &Events) -> Option<(FinishReason, usize, usize)> {
+    events.lock().unwrap().iter().find_map(|e| match e {
+        GenEvent::Done { finish, prompt_tokens, completion_tokens } => {
+            Some((*finish, *prompt_tokens, *completion_tokens))
+        }
+        _ => None,
+    })
+}
+
+fn run_to_idle(s: &mut Scheduler<CpuBackend>) {
+    for _ in 0..10_000 {
+        if s.idle() {
+            return;
+        }
+        s.step();
+    }
+    panic!("the scheduler never became idle");
+}
+
+const PROMPTS: [&str; 8] = [
+    "Call me Ishmael.",
+    "It was the best of times, it was the worst of times, it was the age of wisdom",
+    "The",
+    "In the beginning",
+    "Whale",
+    "A long prompt about the sea and the ships and the men who sail them across the water",
+    "Q: what is two and two? A:",
+    "zzz",
+];
+
+#[test]
+fn eight_requests_through_three_slots_each_get_their_reply_alone() {
+    let path = convert("llama-gqa", Preset::F32, false);
+    let mut alone = Vec::new();
+    let mut s = scheduler(&path, 1, 8);
+    for p in PROMPTS {
+        let (req, ev) = request(p, 12, &[]);
+        s.submit(req).unwrap();
+        run_to_idle(&mut s);
+        alone.push((text(&ev), done(&ev).expect("finished")));
+    }
+    assert!(alone.iter().filter(|(t, _)| !t.is_empty()).count() >= 6, "replies to compare: {alone:?}");
+    let mut s = scheduler(&path, 3, 8);
+    let together: Vec<Events> = PROMPTS
+        .iter()
+        .map(|p| {
+            let (req, ev) = request(p, 12, &[]);
+            s.submit(req).unwrap();
+            ev
+        })
+        .collect();
+    run_to_idle(&mut s);
+    for (i, ev) in together.iter().enumerate() {
+        // The CPU computes a batched row exactly as a single one (tests/decode_many.rs), so
+        // greedy replies are identical.
+        assert_eq!((text(ev), done(ev).expect("finished")), alone[i], "prompt {i}: {:?}", PROMPTS[i]);
+    }
+    let m = s.metrics().lock().unwrap().clone();
+    assert_eq!((m.requests_total, m.requests_finished, m.active, m.queue_length), (8, 8, 0, 0));
+    let generated: usize = alone.iter().map(|(_, d)| d.2).sum();
+    assert_eq!(m.generated_tokens_total as usize, generated);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_slot() {
+    let path = convert("llama-gqa", Preset::F32, false);
+    let mut s = scheduler(&path, 1, 8);
+    let texts = Arc::new(Mutex::new(0));
+    let seen = Arc::clone(&texts);
+    let (mut req, _) = request(PROMPTS[0], 50, &[]);
+    // Takes one piece of text, then hangs up.
+    req.sink = Box::new(move |e| {
+        let mut n = seen.lock().unwrap();
+        *n += usize::from(matches!(e, GenEvent::Text(_)));
+        *n < 2
+    });
+    s.submit(req).unwrap();
+    let (next, next_events) = request(PROMPTS[1], 3, &[]);
+    s.submit(next).unwrap();
+    run_to_idle(&mut s);
+    assert_eq!(*texts.lock().unwrap(), 2, "no text after the client went away");
+    let m = s.metrics().lock().unwrap().clone();
+    assert_eq!((m.requests_cancelled, m.requests_finished, m.active), (1, 1, 0));
+    assert!(done(&next_events).is_some(), "the waiting request got the freed slot");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn queue_and_context_limits_refuse_and_stop_strings_end_replies() {
+    let path = convert("llama-gqa", Preset::F32, false);
+    let mut s = scheduler(&path, 1, 2);
+    for _ in 0..2 {
+        s.submit(request("The", 4, &[]).0).unwrap();
+    }
+    assert_eq!(s.submit(request("The", 4, &[]).0), Err(SubmitError::QueueFull { capacity: 2 }));
+    assert_eq!(s.metrics().lock().unwrap().requests_rejected, 1);
+    let long = "word ".repeat(200);
+    match s.submit(request(&long, 4, &[]).0) {
+        Err(SubmitError::TooLong { prompt_tokens, n_ctx: 96 }) => assert!(prompt_tokens >= 96),
+        other => panic!("expected TooLong, got {other:?}"),
+    }
+    run_to_idle(&mut s);
+    // A stop string: the reply without it equals the unstopped reply cut where it begins.
+    let (req, full) = request(PROMPTS[0], 20, &[]);
+    s.submit(req).unwrap();
+    run_to_idle(&mut s);
+    let full = text(&full);
+    let stop: String = full.chars().skip(3).take(2).collect();
+    assert!(!stop.is_empty(), "a reply long enough to cut: {full:?}");
+    let (req, cut) = request(PROMPTS[0], 20, &[&stop]);
+    s.submit(req).unwrap();
+    run_to_idle(&mut s);
+    assert_eq!(text(&cut), full[..full.find(&stop).unwrap()]);
+    assert_eq!(done(&cut).unwrap().0, FinishReason::Stop);
+    std::fs::remove_file(&path).unwrap();
+}
