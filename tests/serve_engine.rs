@@ -33,6 +33,7 @@ fn request(prompt: &str, max_tokens: usize, stop: &[&str]) -> (GenRequest, Event
         sampling: SamplerConfig::greedy(),
         max_tokens: Some(max_tokens),
         stop: stop.iter().map(|s| s.to_string()).collect(),
+        ignore_eos: false,
         sink: Box::new(move |e| {
             sink_events.lock().unwrap().push(e);
             true
@@ -141,12 +142,17 @@ fn a_client_that_goes_away_frees_its_slot() {
 #[test]
 fn queue_and_context_limits_refuse_and_stop_strings_end_replies() {
     let path = convert("llama-gqa", Preset::F32, false);
+    // One slot and a queue of two: three requests fit (one will take the free slot), a
+    // fourth is refused.
     let mut s = scheduler(&path, 1, 2);
-    for _ in 0..2 {
+    for _ in 0..3 {
         s.submit(request("The", 4, &[]).0).unwrap();
     }
     assert_eq!(s.submit(request("The", 4, &[]).0), Err(SubmitError::QueueFull { capacity: 2 }));
-    assert_eq!(s.metrics().lock().unwrap().requests_rejected, 1);
+    // After a step one runs and two wait: still full.
+    s.step();
+    assert_eq!(s.submit(request("The", 4, &[]).0), Err(SubmitError::QueueFull { capacity: 2 }));
+    assert_eq!(s.metrics().lock().unwrap().requests_rejected, 2);
     let long = "word ".repeat(200);
     match s.submit(request(&long, 4, &[]).0) {
         Err(SubmitError::TooLong { prompt_tokens, n_ctx: 96 }) => assert!(prompt_tokens >= 96),

@@ -10,3 +10,4 @@ pub mod info;
 pub mod needle;
 pub mod perplexity;
 pub mod run;
+pub mod serve;

@@ -8,12 +8,14 @@
 //! * [`scheduler`]: the slots, the queue and the step.
 //! * [`handle`]: the engine thread and the handle other threads submit through.
 //! * [`metrics`]: counters for Prometheus.
+//! * [`openai`]: the OpenAI API's request and response JSON.
 //! * [`stop`]: stop strings over streamed text.
 //!
 //! HTTP lives in the `duet serve` command; nothing here knows about it.
 
 pub mod handle;
 pub mod metrics;
+pub mod openai;
 pub mod scheduler;
 pub mod stop;
 
@@ -65,6 +67,9 @@ pub struct GenRequest {
     /// Tokens to generate at most (None: until the end of generation or a full context).
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens (llama-server's `ignore_eos`, for
+    /// benchmarks and load tests that need replies of a fixed length).
+    pub ignore_eos: bool,
     pub sink: Sink,
 }
 

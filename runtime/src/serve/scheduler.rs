@@ -27,6 +27,7 @@ struct Active {
     next: Option<u32>,
     generated: usize,
     max_tokens: Option<usize>,
+    ignore_eos: bool,
     stream: TextStream,
     stop: StopText,
 }
@@ -63,7 +64,7 @@ pub struct Scheduler<B: Backend> {
 
 impl<B: Backend> Scheduler<B> {
     /// `slots` sequences of `engine`'s context each (its session's cache types and run
-    /// settings), at most `max_queue` waiting requests.
+    /// settings), at most `max_queue` requests waiting while every slot is busy.
     pub fn new(engine: Engine<B>, slots: usize, max_queue: usize) -> Result<Scheduler<B>, RuntimeError> {
         let Engine { mut backend, model, tokenizer, template, session, .. } = engine;
         let slots = slots.max(1);
@@ -128,7 +129,9 @@ impl<B: Backend> Scheduler<B> {
             return Err(SubmitError::TooLong { prompt_tokens: tokens.len(), n_ctx: self.n_ctx });
         }
         let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
-        if self.queue.len() >= self.max_queue {
+        // Requests that will find a free slot at the next step do not wait.
+        let free = self.active.iter().filter(|a| a.is_none()).count();
+        if self.queue.len() >= self.max_queue + free {
             m.requests_rejected += 1;
             return Err(SubmitError::QueueFull { capacity: self.max_queue });
         }
@@ -157,6 +160,7 @@ impl<B: Backend> Scheduler<B> {
                 next: None,
                 generated: 0,
                 max_tokens: w.req.max_tokens,
+                ignore_eos: w.req.ignore_eos,
                 stream: TextStream::new(),
                 stop: StopText::new(&w.req.stop),
             });
@@ -167,6 +171,8 @@ impl<B: Backend> Scheduler<B> {
     /// Returns whether any slot did work.
     pub fn step(&mut self) -> bool {
         self.admit();
+        // Counted before any event of this step reaches a client.
+        self.update_gauges();
         let mut worked = false;
         if let Err(e) = self.prefill_chunk(&mut worked).and_then(|_| self.decode(&mut worked)) {
             // A device error: every active request fails, the slots are freed.
@@ -176,10 +182,14 @@ impl<B: Backend> Scheduler<B> {
                 }
             }
         }
+        self.update_gauges();
+        worked
+    }
+
+    fn update_gauges(&self) {
         let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
         m.queue_length = self.queue.len();
         m.active = self.active.iter().filter(|a| a.is_some()).count();
-        worked
     }
 
     /// Evaluates the next chunk of the oldest unfinished prompt.
@@ -231,7 +241,7 @@ impl<B: Backend> Scheduler<B> {
         let a = self.active[i].as_mut().expect("active slot");
         a.next = None;
         // (finish reason, whether a stop string ended it) or Continue / Gone.
-        let outcome = if self.tokenizer.is_eog(tok) {
+        let outcome = if self.tokenizer.is_eog(tok) && !a.ignore_eos {
             Outcome::Finish(FinishReason::Stop, false)
         } else {
             a.generated += 1;

@@ -23,7 +23,7 @@ pub fn skip(test: &str, reason: &str) {
     }
 }
 
-/// The Python interpreter with `gguf` (0.19) and `numpy` installed, from `$DUET_PYTHON`.
+/// The Python interpreter with `gguf` (0.19), `numpy` and `openai` installed, from `$DUET_PYTHON`.
 /// Returns `None` after recording a skip when it is not configured, unless
 /// `$DUET_REQUIRE_ORACLES` is set, in which case it panics: CI must never silently skip.
 pub fn oracle_python(test: &str) -> Option<PathBuf> {

@@ -1,0 +1,268 @@
+//! `duet serve` over real HTTP on loopback: raw HTTP/1.1 requests and the `openai` Python
+//! client (tests/serve/openai_client.py). Endpoints, streaming, every error status, greedy
+//! replies of concurrent requests equal to the same requests alone, a 64-request load test
+//! through 8 slots, and a client that disconnects mid-stream freeing its slot (/metrics).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use duet_convert::Preset;
+use duet_test_support::{oracle_python, repo_root};
+use serde_json::{Value, json};
+
+use common::convert;
+
+/// A `duet serve` child process on a free loopback port, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+            .args(["serve", "-q", "--device", "cpu", "-t", "2", "--port", "0", "-m", model.to_str().unwrap()])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        Server { addr: addr.to_string(), child }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP/1.1 exchange: (status, headers, body), the body de-chunked.
+fn http(addr: &str, method: &str, path: &str, key: Option<&str>, body: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no header end: {raw}"));
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
+    (status, head.to_string(), body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn post(srv: &Server, path: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
+    let (status, _, b) = http(&srv.addr, "POST", path, key, &body.to_string());
+    (status, serde_json::from_str(&b).unwrap_or_else(|e| panic!("{e}: {b}")))
+}
+
+fn metric(srv: &Server, name: &str, key: Option<&str>) -> f64 {
+    let (_, _, body) = http(&srv.addr, "GET", "/metrics", key, "");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("duet_{name} ")))
+        .unwrap_or_else(|| panic!("no {name}: {body}"))
+        .parse()
+        .unwrap()
+}
+
+fn fixture() -> PathBuf {
+    convert("llama-gqa", Preset::F32, false)
+}
+
+fn completion(srv: &Server, prompt: &str) -> String {
+    let (status, v) =
+        post(srv, "/v1/completions", None, &json!({"prompt": prompt, "max_tokens": 12, "temperature": 0}));
+    assert_eq!(status, 200, "{v}");
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn endpoints_errors_and_the_openai_client() {
+    let model = fixture();
+    let srv = Server::start(&model, &["-c", "128", "--api-key", "sekrit"]);
+    let key = Some("sekrit");
+    let (status, _, body) = http(&srv.addr, "GET", "/health", None, "");
+    assert_eq!((status, body.as_str()), (200, r#"{"status":"ok"}"#));
+    assert_eq!(http(&srv.addr, "GET", "/v1/models", None, "").0, 401, "no key");
+    assert_eq!(http(&srv.addr, "GET", "/v1/models", Some("nope"), "").0, 401, "a wrong key");
+    let (status, _, body) = http(&srv.addr, "GET", "/v1/models", key, "");
+    assert_eq!(status, 200);
+    assert!(body.contains(r#""object":"list""#) && body.contains(".gguf"), "{body}");
+
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0});
+    let (status, v) = post(&srv, "/v1/chat/completions", key, &chat);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 6);
+
+    let (status, head, body) = http(
+        &srv.addr,
+        "POST",
+        "/v1/completions",
+        key,
+        &json!({"prompt": "Hello", "max_tokens": 5, "temperature": 0, "stream": true}).to_string(),
+    );
+    assert_eq!(status, 200);
+    assert!(head.to_ascii_lowercase().contains("content-type: text/event-stream"), "{head}");
+    let events: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{body}");
+    let last: Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    assert!(
+        last["choices"][0]["finish_reason"].is_string() && last["usage"]["total_tokens"].as_u64().is_some(),
+        "{last}"
+    );
+
+    for (body, status, needle) in [
+        ("{not json", 400, "not valid JSON"),
+        (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}"#, 400, "'max_tokens'"),
+        (r#"{"messages": 3}"#, 400, "'messages'"),
+    ] {
+        let (got, _, b) = http(&srv.addr, "POST", "/v1/chat/completions", key, body);
+        assert_eq!(got, status, "{body}: {b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert!(v["error"]["message"].as_str().unwrap().contains(needle), "{b}");
+    }
+    let long = json!({"prompt": "word ".repeat(400), "max_tokens": 4});
+    let (status, v) = post(&srv, "/v1/completions", key, &long);
+    assert_eq!(status, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("tokens but the context holds 128"), "both lengths: {msg}");
+
+    if let Some(python) = oracle_python("endpoints_errors_and_the_openai_client") {
+        let script = repo_root().join("tests/serve/openai_client.py");
+        let out = Command::new(python).arg(script).arg(format!("{}/v1", srv.url())).arg("sekrit").output().unwrap();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+            "openai client: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    drop(srv);
+    let _ = std::fs::remove_file(&model);
+}
+
+const PROMPTS: [&str; 8] = [
+    "Call me Ishmael.",
+    "It was the best of times",
+    "The",
+    "In the beginning",
+    "Whale ho",
+    "A ship on the sea",
+    "Q: two and two? A:",
+    "zzz",
+];
+
+#[test]
+fn concurrent_replies_equal_replies_alone_and_64_requests_through_8_slots() {
+    let model = fixture();
+    let srv = Server::start(&model, &["-c", "256", "--parallel", "8", "--max-queue", "64"]);
+    let alone: Vec<String> = PROMPTS.iter().map(|p| completion(&srv, p)).collect();
+    assert!(alone.iter().filter(|t| !t.is_empty()).count() >= 6, "{alone:?}");
+    let run = |n: usize| -> Vec<(usize, String)> {
+        std::thread::scope(|s| {
+            let threads: Vec<_> = (0..16)
+                .map(|t| {
+                    let srv = &srv;
+                    s.spawn(move || {
+                        (t..n).step_by(16).map(|i| (i, completion(srv, PROMPTS[i % 8]))).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+        })
+    };
+    let t0 = Instant::now();
+    // 8 at once, then the load test: 64 through 8 slots.
+    for (round, n) in [(0, 8), (1, 64)] {
+        let replies = run(n);
+        assert_eq!(replies.len(), n, "round {round}: lost requests");
+        for (i, text) in replies {
+            // The CPU computes each batched row as it computes a single one: identical.
+            assert_eq!(text, alone[i % 8], "round {round}, request {i}: a reply mixed up or changed by batching");
+        }
+    }
+    assert!(t0.elapsed() < Duration::from_secs(120), "the load test took {:?}", t0.elapsed());
+    assert_eq!(metric(&srv, "requests_finished_total", None), (8 + 8 + 64) as f64);
+    assert_eq!(metric(&srv, "requests_cancelled_total", None), 0.0);
+    assert_eq!(metric(&srv, "requests_active", None), 0.0);
+    drop(srv);
+    let _ = std::fs::remove_file(&model);
+}
+
+#[test]
+fn a_full_queue_is_503_and_a_disconnect_mid_stream_frees_the_slot() {
+    // The bundled model over 2,048 positions, end-of-generation ignored: a reply of ~2,000
+    // tokens, seconds long, so the slot is certainly busy while the test acts.
+    let model = repo_root().join("models/duet-diff-ref.q8_0.gguf");
+    let srv = Server::start(&model, &["-c", "2048", "--parallel", "1", "--max-queue", "0"]);
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    let body = json!({"prompt": "Call me Ishmael.", "stream": true, "ignore_eos": true, "temperature": 0}).to_string();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended before its first event");
+    }
+    assert_eq!(metric(&srv, "requests_active", None), 1.0);
+    let (status, v) = post(&srv, "/v1/completions", None, &json!({"prompt": "x", "max_tokens": 2}));
+    assert_eq!(status, 503, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("busy"), "{v}");
+    assert_eq!(metric(&srv, "requests_rejected_total", None), 1.0);
+    // Hang up mid-stream: the engine notices at its next token and frees the slot.
+    drop(reader);
+    s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(s);
+    let t0 = Instant::now();
+    while metric(&srv, "requests_active", None) != 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the slot was not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(&srv, "requests_cancelled_total", None), 1.0);
+    assert_eq!(metric(&srv, "requests_finished_total", None), 0.0);
+    let (status, _) = post(&srv, "/v1/completions", None, &json!({"prompt": "x", "max_tokens": 2}));
+    assert_eq!(status, 200, "the freed slot serves the next request");
+}
