@@ -173,3 +173,38 @@ fn queue_and_context_limits_refuse_and_stop_strings_end_replies() {
     assert_eq!(done(&cut).unwrap().0, FinishReason::Stop);
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn a_shared_prompt_prefix_is_evaluated_once_and_changes_nothing() {
+    use duet_runtime::kv_cache::CacheType;
+    let path = convert("llama-gqa", Preset::F32, false);
+    let system = "You are a helpful assistant who answers questions about ships, whales and the sea. ";
+    let (a, b) = (format!("{system}Where is the whale?"), format!("{system}What is a ship?"));
+    for (kt, vt) in [(CacheType::F16, CacheType::F16), (CacheType::Q4c, CacheType::Q4)] {
+        let opts = EngineOptions { n_ctx: 256, batch: 16, k_type: kt, v_type: vt, attn_logits: None };
+        let new = || Scheduler::new(Engine::load(CpuBackend::new(2), &path, &opts).unwrap(), 1, 8).unwrap();
+        // b alone, from an empty cache.
+        let mut fresh = new();
+        let (req, alone) = request(&b, 10, &[]);
+        let b_tokens = fresh.submit(req).unwrap();
+        run_to_idle(&mut fresh);
+        // a, then b in the same slot: b's shared prefix is already cached.
+        let mut s = new();
+        s.submit(request(&a, 10, &[]).0).unwrap();
+        run_to_idle(&mut s);
+        let before = s.metrics().lock().unwrap().clone();
+        let (req, reused) = request(&b, 10, &[]);
+        s.submit(req).unwrap();
+        run_to_idle(&mut s);
+        let after = s.metrics().lock().unwrap().clone();
+        let kept = (after.prompt_tokens_reused - before.prompt_tokens_reused) as usize;
+        let evaluated = (after.prompt_tokens_total - before.prompt_tokens_total) as usize;
+        // The f16 cache keeps the whole common prefix; the per-channel K cache whole groups
+        // of 32 of it. Either way only the rest is evaluated.
+        assert!(kept >= 32, "{kt}/{vt}: kept only {kept} of the shared prefix");
+        assert_eq!(kept + evaluated, b_tokens, "{kt}/{vt}");
+        assert_eq!(text(&reused), text(&alone), "{kt}/{vt}: reusing the prefix changed the reply");
+        assert_eq!(done(&reused), done(&alone));
+    }
+    std::fs::remove_file(&path).unwrap();
+}

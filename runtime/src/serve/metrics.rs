@@ -19,6 +19,8 @@ pub struct Metrics {
     pub active: usize,
     pub slots: usize,
     pub prompt_tokens_total: u64,
+    /// Prompt tokens found in a slot's cache and not evaluated again.
+    pub prompt_tokens_reused: u64,
     pub generated_tokens_total: u64,
     /// Seconds spent in decode steps, and the tokens they produced.
     pub decode_seconds_total: f64,
@@ -70,6 +72,12 @@ impl Metrics {
         metric("requests_active", "gauge", "Requests in a slot (prompt or decode).", self.active.to_string());
         metric("slots", "gauge", "Sequences decoded together at most (--parallel).", self.slots.to_string());
         metric("prompt_tokens_total", "counter", "Prompt tokens evaluated.", self.prompt_tokens_total.to_string());
+        metric(
+            "prompt_tokens_reused_total",
+            "counter",
+            "Prompt tokens found cached in a slot (a shared prefix) and not evaluated again.",
+            self.prompt_tokens_reused.to_string(),
+        );
         metric("generated_tokens_total", "counter", "Tokens generated.", self.generated_tokens_total.to_string());
         metric(
             "decode_seconds_total",

@@ -52,6 +52,9 @@ pub struct Scheduler<B: Backend> {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     sessions: Vec<Session<B>>,
+    /// Per slot, the tokens whose K/V its session holds (kept after a request ends, for
+    /// prefix reuse).
+    cached: Vec<Vec<u32>>,
     active: Vec<Option<Active>>,
     queue: VecDeque<Waiting>,
     max_queue: usize,
@@ -85,6 +88,7 @@ impl<B: Backend> Scheduler<B> {
             tokenizer,
             template,
             sessions,
+            cached: vec![Vec::new(); slots],
             active: (0..slots).map(|_| None).collect(),
             queue: VecDeque::new(),
             max_queue,
@@ -143,20 +147,28 @@ impl<B: Backend> Scheduler<B> {
         Ok(n)
     }
 
-    /// Moves waiting requests into free slots.
+    /// Moves waiting requests into free slots: each into the free slot whose cache already
+    /// holds the longest prefix of its prompt (a shared system prompt, an earlier turn of the
+    /// conversation), which is kept and not evaluated again.
     fn admit(&mut self) {
-        for (i, slot) in self.active.iter_mut().enumerate() {
-            if slot.is_some() {
-                continue;
-            }
-            let Some(w) = self.queue.pop_front() else { break };
-            self.sessions[i].reset();
-            *slot = Some(Active {
+        let common = |c: &[u32], p: &[u32]| c.iter().zip(p).take_while(|(a, b)| a == b).count();
+        while let Some(front) = self.queue.front() {
+            let best = (0..self.active.len())
+                .filter(|&i| self.active[i].is_none())
+                .max_by_key(|&i| (common(&self.cached[i], &front.tokens), std::cmp::Reverse(i)));
+            let Some(i) = best else { break };
+            let w = self.queue.pop_front().expect("front exists");
+            // At least the last prompt token is evaluated, for its logits.
+            let wanted = common(&self.cached[i], &w.tokens).min(w.tokens.len() - 1);
+            let kept = self.sessions[i].truncate(wanted);
+            self.cached[i].truncate(kept);
+            self.metrics.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_reused += kept as u64;
+            self.active[i] = Some(Active {
                 sink: w.req.sink,
                 sampler: Sampler::new(w.req.sampling),
                 history: w.tokens.clone(),
                 prompt: w.tokens,
-                prefilled: 0,
+                prefilled: kept,
                 next: None,
                 generated: 0,
                 max_tokens: w.req.max_tokens,
@@ -175,7 +187,11 @@ impl<B: Backend> Scheduler<B> {
         self.update_gauges();
         let mut worked = false;
         if let Err(e) = self.prefill_chunk(&mut worked).and_then(|_| self.decode(&mut worked)) {
-            // A device error: every active request fails, the slots are freed.
+            // A device error: every active request fails, the slots are freed, and no cache
+            // is trusted for reuse.
+            for c in &mut self.cached {
+                c.clear();
+            }
             for slot in &mut self.active {
                 if let Some(mut a) = slot.take() {
                     (a.sink)(GenEvent::Failed(e.to_string()));
@@ -202,6 +218,7 @@ impl<B: Backend> Scheduler<B> {
         let end = (a.prefilled + self.chunk).min(a.prompt.len());
         let mut logits =
             self.model.forward(&mut self.backend, &mut self.sessions[i], &a.prompt[a.prefilled..end], Logits::Last)?;
+        self.cached[i].extend_from_slice(&a.prompt[a.prefilled..end]);
         self.metrics.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_total += (end - a.prefilled) as u64;
         a.prefilled = end;
         if end == a.prompt.len() {
@@ -225,6 +242,9 @@ impl<B: Backend> Scheduler<B> {
         let mut sessions: Vec<&mut Session<B>> =
             self.sessions.iter_mut().enumerate().filter(|(i, _)| ids.contains(i)).map(|(_, s)| s).collect();
         let logits = self.model.decode_many(&mut self.backend, &mut self.batch, &mut sessions, &tokens)?;
+        for (&i, &t) in ids.iter().zip(&tokens) {
+            self.cached[i].push(t);
+        }
         self.metrics.lock().unwrap_or_else(|p| p.into_inner()).decode_step(ids.len(), t0.elapsed().as_secs_f64());
         for (&i, mut l) in ids.iter().zip(logits) {
             let a = self.active[i].as_mut().expect("decoding slot");
