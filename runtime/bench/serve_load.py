@@ -9,6 +9,8 @@ line with the medians over ROUNDS rounds of:
   aggregate_tps  tokens/s of STREAMS concurrent streams (all tokens / wall time of the batch)
   ttft_idle_ms   time to first token of a new request on an idle server
   ttft_busy_ms   the same while STREAMS-1 other streams are generating
+The time-to-first-token probes each start with their own words ("Request 7: ..."), so that
+neither server finds their prompt cached from an earlier request: they measure a new prompt.
 """
 import argparse
 import json
@@ -20,10 +22,13 @@ import urllib.request
 PROMPT = "The history of the lighthouse begins on a rocky coast, where sailors"
 
 
-def stream(base, tokens, first_token_at=None):
+PROBES = iter(range(1, 1 << 30))
+
+
+def stream(base, tokens, first_token_at=None, prompt=PROMPT):
     """One streamed completion; returns (seconds to the first text, seconds in all, pieces)."""
     body = json.dumps({
-        "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True, "ignore_eos": True,
+        "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True, "ignore_eos": True,
     }).encode()
     req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -68,7 +73,7 @@ def main():
         _, dt, _ = stream(a.base, a.tokens)
         single.append(a.tokens / dt)
         agg.append(a.streams * a.tokens / concurrent(a.base, a.streams, a.tokens))
-        idle.append(1000 * stream(a.base, 1)[0])
+        idle.append(1000 * stream(a.base, 1, prompt=f"Request {next(PROBES)}: {PROMPT}")[0])
         # STREAMS-1 long streams, all generating, then one new request.
         started = [threading.Event() for _ in range(a.streams - 1)]
         others = [threading.Thread(target=stream, args=(a.base, 4 * a.tokens, e)) for e in started]
@@ -76,7 +81,7 @@ def main():
             t.start()
         for e in started:
             e.wait(600)
-        busy.append(1000 * stream(a.base, 1)[0])
+        busy.append(1000 * stream(a.base, 1, prompt=f"Request {next(PROBES)}: {PROMPT}")[0])
         for t in others:
             t.join()
     med = statistics.median
