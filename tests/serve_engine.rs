@@ -60,7 +60,7 @@ fn done(events: &Events) -> Option<(FinishReason, usize, usize)> {
     })
 }
 
-fn run_to_idle(s: &mut Scheduler<CpuBackend>) {
+fn run_to_idle<B: duet_runtime::backend::Backend>(s: &mut Scheduler<B>) {
     for _ in 0..10_000 {
         if s.idle() {
             return;
@@ -207,4 +207,59 @@ fn a_shared_prompt_prefix_is_evaluated_once_and_changes_nothing() {
         assert_eq!(done(&reused), done(&alone));
     }
     std::fs::remove_file(&path).unwrap();
+}
+
+/// Two requests sharing a system prompt admitted together after a third left it cached in
+/// one slot: the second slot gets the prefix by a cache copy, and both reply as from an empty
+/// cache. On the CPU and, where there is an adapter, on the GPU.
+fn copied_prefix_check<B: duet_runtime::backend::Backend>(make: &dyn Fn() -> B, what: &str) {
+    use duet_runtime::kv_cache::CacheType;
+    let path = convert("llama-gqa", Preset::F32, false);
+    let system = "You are a helpful assistant who answers questions about ships, whales and the sea. ";
+    let prompts =
+        [format!("{system}Hello."), format!("{system}Where is the whale?"), format!("{system}What is a ship?")];
+    for (kt, vt) in [(CacheType::F16, CacheType::F16), (CacheType::Q4c, CacheType::Q4)] {
+        let opts = EngineOptions { n_ctx: 256, batch: 16, k_type: kt, v_type: vt, attn_logits: None };
+        let new = |slots| Scheduler::new(Engine::load(make(), &path, &opts).unwrap(), slots, 8).unwrap();
+        let alone: Vec<String> = prompts[1..]
+            .iter()
+            .map(|p| {
+                let mut s = new(1);
+                let (req, ev) = request(p, 10, &[]);
+                s.submit(req).unwrap();
+                run_to_idle(&mut s);
+                text(&ev)
+            })
+            .collect();
+        let mut s = new(2);
+        s.submit(request(&prompts[0], 4, &[]).0).unwrap();
+        run_to_idle(&mut s);
+        let evs: Vec<Events> = prompts[1..]
+            .iter()
+            .map(|p| {
+                let (req, ev) = request(p, 10, &[]);
+                s.submit(req).unwrap();
+                ev
+            })
+            .collect();
+        run_to_idle(&mut s);
+        let m = s.metrics().lock().unwrap().clone();
+        assert!(m.prompt_tokens_copied >= 32, "{what} {kt}/{vt}: copied {}", m.prompt_tokens_copied);
+        for (ev, want) in evs.iter().zip(&alone) {
+            assert_eq!(&text(ev), want, "{what} {kt}/{vt}: a copied prefix changed the reply");
+        }
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_prefix_cached_in_another_slot_is_copied_not_evaluated() {
+    copied_prefix_check(&|| CpuBackend::new(2), "CPU");
+    let gpu = || {
+        duet_runtime::gpu::GpuBackend::new(&duet_runtime::gpu::GpuOptions { f16: Some(false), ..Default::default() })
+    };
+    match gpu() {
+        Ok(_) => copied_prefix_check(&|| gpu().unwrap(), "GPU"),
+        Err(e) => duet_test_support::no_gpu("a_prefix_cached_in_another_slot_is_copied_not_evaluated", &e.to_string()),
+    }
 }

@@ -183,6 +183,9 @@ pub trait Backend {
     /// Changes how many rows of a tensor are in use (at most its allocated rows).
     fn set_rows(&mut self, t: &mut Self::Tensor, rows: usize);
     fn new_kv_cache(&mut self, spec: &KvCacheSpec) -> Result<Self::KvCache, RuntimeError>;
+    /// Makes `dst` hold what `src` holds (both made from the same spec): a cached prefix
+    /// handed from one sequence to another without evaluating it again.
+    fn copy_kv_cache(&mut self, src: &Self::KvCache, dst: &mut Self::KvCache);
 
     /// out[i] = row `tokens[i]` of `table`.
     fn embed(&mut self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Tensor);

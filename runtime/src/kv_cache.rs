@@ -173,7 +173,7 @@ impl fmt::Display for CacheType {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct KvCacheSpec {
     pub n_layers: usize,
     pub n_ctx: usize,

@@ -179,6 +179,11 @@ impl Backend for CpuBackend {
         CpuKvCache::new(spec)
     }
 
+    fn copy_kv_cache(&mut self, src: &CpuKvCache, dst: &mut CpuKvCache) {
+        assert_eq!(src.spec, dst.spec, "copy_kv_cache between caches of different specs");
+        dst.copy_from(src);
+    }
+
     fn embed(&mut self, table: &CpuWeight, tokens: &[u32], out: &mut CpuTensor) {
         let row_bytes = table.row_bytes();
         let cols = table.cols;

@@ -275,6 +275,23 @@ impl Backend for GpuBackend {
         attention::new_kv_cache(self, spec)
     }
 
+    /// Submits the work recorded so far, then copies every layer's buffers in a submission
+    /// of its own (buffer copies cannot go inside the compute pass).
+    fn copy_kv_cache(&mut self, src: &GpuKvCache, dst: &mut GpuKvCache) {
+        assert!(
+            src.n_ctx == dst.n_ctx && src.kv_dim == dst.kv_dim && src.k_elem == dst.k_elem && src.v_elem == dst.v_elem,
+            "copy_kv_cache between caches of different specs"
+        );
+        self.rec.submit(&self.ctx, &self.alloc, None);
+        self.ids_pending = false;
+        let mut enc =
+            self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("duet cache copy") });
+        for (s, d) in src.k.iter().zip(&dst.k).chain(src.v.iter().zip(&dst.v)) {
+            enc.copy_buffer_to_buffer(&s.buffer, 0, &d.buffer, 0, s.size.min(d.size));
+        }
+        self.ctx.queue.submit([enc.finish()]);
+    }
+
     fn embed(&mut self, table: &GpuWeight, tokens: &[u32], out: &mut GpuTensor) {
         matmul::embed(self, table, tokens, out)
     }

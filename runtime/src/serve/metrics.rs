@@ -21,6 +21,8 @@ pub struct Metrics {
     pub prompt_tokens_total: u64,
     /// Prompt tokens found in a slot's cache and not evaluated again.
     pub prompt_tokens_reused: u64,
+    /// Of those, tokens whose cache was copied from another slot.
+    pub prompt_tokens_copied: u64,
     pub generated_tokens_total: u64,
     /// Seconds spent in decode steps, and the tokens they produced.
     pub decode_seconds_total: f64,
@@ -77,6 +79,12 @@ impl Metrics {
             "counter",
             "Prompt tokens found cached in a slot (a shared prefix) and not evaluated again.",
             self.prompt_tokens_reused.to_string(),
+        );
+        metric(
+            "prompt_tokens_copied_total",
+            "counter",
+            "Cached prompt tokens copied from another slot's cache for a new request.",
+            self.prompt_tokens_copied.to_string(),
         );
         metric("generated_tokens_total", "counter", "Tokens generated.", self.generated_tokens_total.to_string());
         metric(

@@ -14,6 +14,22 @@ use crate::serve::stop::StopText;
 use crate::serve::{FinishReason, GenEvent, GenRequest, Prompt, Sink, SubmitError};
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
 
+/// A prefix cached in another slot is copied when it is at least this many tokens longer
+/// than the chosen slot's own: copying a whole cache costs about as much as evaluating a
+/// few tokens.
+const MIN_COPIED_PREFIX: usize = 16;
+
+/// `(&v[src], &mut v[dst])` for `src != dst`.
+fn two<T>(v: &mut [T], src: usize, dst: usize) -> (&T, &mut T) {
+    if src < dst {
+        let (a, b) = v.split_at_mut(dst);
+        (&a[src], &mut b[0])
+    } else {
+        let (a, b) = v.split_at_mut(src);
+        (&b[0], &mut a[dst])
+    }
+}
+
 /// A request in a slot.
 struct Active {
     sink: Sink,
@@ -149,7 +165,8 @@ impl<B: Backend> Scheduler<B> {
 
     /// Moves waiting requests into free slots: each into the free slot whose cache already
     /// holds the longest prefix of its prompt (a shared system prompt, an earlier turn of the
-    /// conversation), which is kept and not evaluated again.
+    /// conversation); when another slot, busy or not, holds a longer one, its cache is copied
+    /// over first. That prefix is kept and not evaluated again.
     fn admit(&mut self) {
         let common = |c: &[u32], p: &[u32]| c.iter().zip(p).take_while(|(a, b)| a == b).count();
         while let Some(front) = self.queue.front() {
@@ -157,6 +174,19 @@ impl<B: Backend> Scheduler<B> {
                 .filter(|&i| self.active[i].is_none())
                 .max_by_key(|&i| (common(&self.cached[i], &front.tokens), std::cmp::Reverse(i)));
             let Some(i) = best else { break };
+            let own = common(&self.cached[i], &front.tokens);
+            let elsewhere = (0..self.active.len())
+                .filter(|&j| j != i)
+                .map(|j| (j, common(&self.cached[j], &front.tokens)))
+                .max_by_key(|&(j, c)| (c, std::cmp::Reverse(j)));
+            if let Some((j, c)) = elsewhere.filter(|&(_, c)| c >= own + MIN_COPIED_PREFIX) {
+                let (src, dst) = two(&mut self.sessions, j, i);
+                self.backend.copy_kv_cache(&src.cache, &mut dst.cache);
+                dst.n_past = src.n_past;
+                let tokens = self.cached[j].clone();
+                self.cached[i] = tokens;
+                self.metrics.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_copied += c as u64;
+            }
             let w = self.queue.pop_front().expect("front exists");
             // At least the last prompt token is evaluated, for its logits.
             let wanted = common(&self.cached[i], &w.tokens).min(w.tokens.len() - 1);

@@ -14,6 +14,7 @@ use crate::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
 use crate::memory::zeroed;
 
 /// One layer's K or V rows (`n_ctx × kv_dim`).
+#[derive(Clone)]
 pub enum CacheRows {
     F32(Vec<f32>),
     F16(Vec<f16>),
@@ -152,6 +153,14 @@ pub struct CpuKvCache {
     pub v: Vec<CacheRows>,
     /// [`JITTER_VAR`]'s relative perturbation of every stored value (0: off).
     jitter: f32,
+}
+
+impl CpuKvCache {
+    /// Makes this cache hold what `src` holds (the same spec), reusing its memory.
+    pub fn copy_from(&mut self, src: &CpuKvCache) {
+        self.k.clone_from(&src.k);
+        self.v.clone_from(&src.v);
+    }
 }
 
 /// `DUET_KV_JITTER=REL` multiplies every K and V value the CPU backend stores by 1 + REL·u,

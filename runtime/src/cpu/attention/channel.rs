@@ -21,6 +21,7 @@ use super::plain;
 use crate::error::RuntimeError;
 use crate::memory::zeroed;
 
+#[derive(Clone)]
 pub struct ChannelRows {
     pub fmt: ChannelFormat,
     pub kv_dim: usize,
