@@ -266,3 +266,31 @@ fn a_full_queue_is_503_and_a_disconnect_mid_stream_frees_the_slot() {
     let (status, _) = post(&srv, "/v1/completions", None, &json!({"prompt": "x", "max_tokens": 2}));
     assert_eq!(status, 200, "the freed slot serves the next request");
 }
+
+#[test]
+fn slots_that_do_not_fit_in_memory_are_refused_before_allocating() {
+    let model = fixture();
+    // ~1 MiB of f16 K/V per slot of 4,096 positions: 100,000 slots need ~100 GiB.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(["serve", "-q", "--device", "cpu", "--port", "0", "-c", "4096", "--parallel", "100000", "-m"])
+        .arg(&model)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A server that started anyway would run until killed: give it a minute.
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the server started with 100,000 slots instead of refusing them");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("100000 slots of 4096 tokens do not fit") && err.contains("lower --parallel"), "{err}");
+    assert!(!err.contains("panicked") && out.stdout.is_empty(), "{err}");
+    let _ = std::fs::remove_file(&model);
+}

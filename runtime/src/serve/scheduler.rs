@@ -90,6 +90,13 @@ impl<B: Backend> Scheduler<B> {
         let n_ctx = session.n_ctx;
         let chunk = session.max_batch;
         let spec = session.cache_spec.clone();
+        // Engine::load checked one session; refuse all of them together before allocating.
+        let all = crate::kv_cache::KvCacheSpec { n_ctx: n_ctx * slots, ..spec.clone() };
+        backend.check_session(&model.config, &all, chunk).map_err(|e| {
+            RuntimeError::OutOfMemory(format!(
+                "{slots} slots of {n_ctx} tokens do not fit (the contexts of all slots together: {e}); lower --parallel or -c"
+            ))
+        })?;
         let mut sessions = vec![session];
         for _ in 1..slots {
             let mut s = model.new_session(&mut backend, n_ctx, chunk, spec.k_type, spec.v_type)?;
