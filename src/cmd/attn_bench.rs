@@ -9,7 +9,7 @@ use duet_runtime::attn_bench::{BenchOptions, BenchReport, CacheScheme, Target, b
 use duet_runtime::model::LogitGranularity;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::common::write_atomic;
+use super::common::{file_name, write_atomic};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -109,7 +109,7 @@ pub fn run(args: Args) -> Result<()> {
     );
     let mut report = BenchReport { text: args.file.display().to_string(), n_tokens: 0, models: Vec::new() };
     for path in &args.models {
-        bar.set_prefix(short(path));
+        bar.set_prefix(file_name(path));
         bar.set_position(0);
         let mut progress = |done: usize, total: usize, label: &str| {
             bar.set_length(total as u64);
@@ -137,10 +137,6 @@ pub fn run(args: Args) -> Result<()> {
     }
     println!("\nwrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));
     Ok(())
-}
-
-fn short(p: &Path) -> String {
-    p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
 }
 
 /// Writes PREFIX.EXT (through a temporary file, so a failed write leaves no partial file).

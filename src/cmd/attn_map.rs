@@ -9,7 +9,7 @@ use duet_runtime::engine::Engine;
 use duet_runtime::insight::attn_map::{MapSet, attention_maps};
 use duet_runtime::insight::html;
 
-use super::common::{ModelArgs, load_engine, require_model, with_engine, write_atomic};
+use super::common::{ModelArgs, file_name, load_engine, require_model, with_engine, write_atomic};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -64,7 +64,7 @@ pub fn run(args: Args) -> Result<()> {
 
 fn maps<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &Path, prompt: &str) -> Result<MapSet> {
     let tokens = engine.tokenizer.encode(prompt, engine.tokenizer.add_bos && !args.no_bos)?;
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+    let name = file_name(path);
     Ok(attention_maps(engine, &name, &tokens, args.layers.as_deref(), args.heads.as_deref(), MAX_MAP_BYTES)?)
 }
 

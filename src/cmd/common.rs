@@ -280,6 +280,11 @@ pub fn require_model(args: &ModelArgs) -> Result<PathBuf> {
     args.model.clone().ok_or_else(|| anyhow::anyhow!("no model given: pass -m MODEL.gguf"))
 }
 
+/// The file name of `p` (the whole path when it has none), as tables and reports name models.
+pub fn file_name(p: &Path) -> String {
+    p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
+}
+
 /// Writes `path` through `path.part` renamed into place, so a failed write leaves neither a
 /// partial file nor a changed old one.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {

@@ -2,7 +2,7 @@
 //! models. The prompts and the metric live in duet_runtime::insight::needle; this parses
 //! flags, shows progress and writes the files.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use duet_runtime::backend::Backend;
@@ -13,7 +13,7 @@ use duet_runtime::insight::needle_output::{self, ModelNeedle, NeedleReport};
 use duet_runtime::kv_cache::CacheType;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::common::{CpuActs, Device, ModelArgs, load_engine, with_engine, write_atomic};
+use super::common::{CpuActs, Device, ModelArgs, file_name, load_engine, with_engine, write_atomic};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -105,7 +105,7 @@ pub fn run(args: Args) -> Result<()> {
             device: args.device,
         };
         let mut engine = load_engine(&margs, path, true)?;
-        let name = short(path);
+        let name = file_name(path);
         let m = with_engine!(engine, e => measure(e, &text, &args.depths, &name, &bar))
             .with_context(|| format!("measuring {}", path.display()))?;
         report.models.push(m);
@@ -146,12 +146,8 @@ fn measure<B: Backend>(
     }
     Ok(ModelNeedle {
         model: name.to_string(),
-        arch: format!("{:?}", engine.model.config.arch).to_lowercase(),
+        arch: engine.model.config.arch.name().to_string(),
         n_ctx: engine.n_ctx(),
         results,
     })
-}
-
-fn short(p: &Path) -> String {
-    p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
 }

@@ -23,7 +23,7 @@ use duet_runtime::serve::{GenEvent, GenRequest, SubmitError};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::common::{AnyEngine, ModelArgs, SamplingArgs, load_engine, require_model};
+use super::common::{AnyEngine, ModelArgs, SamplingArgs, file_name, load_engine, require_model};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -70,7 +70,7 @@ pub fn run(args: Args) -> Result<()> {
         anyhow::bail!("--parallel must be at least 1");
     }
     let path: PathBuf = require_model(&args.model)?;
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+    let name = file_name(&path);
     let (model_args, quiet, slots, max_queue) = (args.model.clone(), args.quiet, args.parallel, args.max_queue);
     let load_path = path.clone();
     let handle = Handle::start(move || {

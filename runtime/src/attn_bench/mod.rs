@@ -447,7 +447,7 @@ pub fn bench_model(
         .collect();
     Ok(ModelReport {
         path: path.display().to_string(),
-        arch: format!("{:?}", cfg.arch).to_lowercase(),
+        arch: cfg.arch.name().to_string(),
         n_layers: cfg.n_layers,
         n_tokens: windows.iter().map(|w| w.len()).sum(),
         n_windows: windows.len(),

@@ -86,7 +86,8 @@ pub fn to_json_string(r: &BenchReport) -> String {
     serde_json::to_string_pretty(&to_json(r)).expect("JSON values serialise")
 }
 
-fn csv_field(s: &str) -> String {
+/// A CSV field, quoted when it holds a comma, a quote or a newline.
+pub(crate) fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
 }
 

@@ -3,6 +3,8 @@
 
 use std::fmt::Write;
 
+use crate::insight::html::esc;
+
 /// One line of a chart.
 #[derive(Clone, Debug)]
 pub struct Series {
@@ -24,10 +26,6 @@ pub struct Panel {
 const PALETTE: [&str; 10] =
     ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const DASHES: [&str; 4] = ["", "6,3", "2,3", "8,3,2,3"];
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
 
 /// "Nice" tick values covering [lo, hi].
 // `!(hi > lo)` also catches NaN bounds, which `hi <= lo` would not.

@@ -105,7 +105,7 @@ pub fn attention_maps<B: Backend>(
     let token_text = tokens.iter().map(|&t| engine.tokenizer.decode(&[t], true)).collect::<Result<_, _>>()?;
     Ok(MapSet {
         model: model.to_string(),
-        arch: format!("{:?}", engine.model.config.arch).to_lowercase(),
+        arch: engine.model.config.arch.name().to_string(),
         tokens: tokens.to_vec(),
         token_text,
         differential: matches!(engine.model.layers[0].attention.kind, AttentionKind::Differential { .. }),

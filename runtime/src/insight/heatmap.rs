@@ -10,6 +10,7 @@
 
 use std::fmt::Write;
 
+use crate::insight::html::esc;
 use crate::insight::maps::{Map, MapScale};
 use crate::insight::raster;
 
@@ -119,10 +120,6 @@ pub fn token_label(t: &str) -> String {
     let trimmed = s.trim();
     let s = if trimmed.is_empty() && !s.is_empty() { "␣".to_string() } else { trimmed.to_string() };
     if s.chars().count() > 10 { s.chars().take(9).chain(['…']).collect() } else { s }
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 fn base64(bytes: &[u8]) -> String {

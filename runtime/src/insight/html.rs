@@ -28,6 +28,7 @@ pub struct Report {
     pub blocks: Vec<Block>,
 }
 
+/// `s` escaped for HTML and SVG text and attribute values.
 pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use serde_json::{Value, json};
 
+use crate::attn_bench::output::csv_field;
 use crate::attn_bench::plot::{Panel, Series, render};
 use crate::insight::html::{Block, Report};
 use crate::insight::needle::NeedleResult;
@@ -84,10 +85,6 @@ pub fn to_json(r: &NeedleReport) -> Value {
 
 pub fn to_json_string(r: &NeedleReport) -> String {
     serde_json::to_string_pretty(&to_json(r)).expect("JSON of plain values")
-}
-
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
 }
 
 pub fn to_csv(r: &NeedleReport) -> String {

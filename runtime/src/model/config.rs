@@ -11,6 +11,16 @@ pub enum Arch {
     DiffLlama,
 }
 
+impl Arch {
+    /// As GGUF's `general.architecture` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::DiffLlama => "diffllama",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
     pub arch: Arch,
