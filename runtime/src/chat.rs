@@ -52,10 +52,7 @@ impl Conversation {
         let mut dropped = 0;
         loop {
             let text = engine.template.render(&self.messages(user), true)?;
-            let bos_text = engine.tokenizer.bos.and_then(|b| engine.tokenizer.id_to_token(b));
-            // Templates that write the BOS text themselves must not get a second one.
-            let add_bos = engine.tokenizer.add_bos && !bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
-            let tokens = engine.tokenizer.encode(&text, add_bos)?;
+            let tokens = engine.tokenizer.encode_rendered(&text)?;
             if tokens.len() + reserve <= engine.n_ctx() {
                 return Ok((tokens, dropped));
             }

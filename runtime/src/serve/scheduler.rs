@@ -140,10 +140,7 @@ impl<B: Backend> Scheduler<B> {
             Prompt::Text(t) => t.clone(),
             Prompt::Chat(messages) => self.template.render(messages, true)?,
         };
-        let bos_text = self.tokenizer.bos.and_then(|b| self.tokenizer.id_to_token(b));
-        // Templates that write the BOS text themselves must not get a second one.
-        let add_bos = self.tokenizer.add_bos && !bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
-        self.tokenizer.encode(&text, add_bos)
+        self.tokenizer.encode_rendered(&text)
     }
 
     /// Queues `req`; returns its prompt's length in tokens.

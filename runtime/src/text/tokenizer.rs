@@ -139,6 +139,14 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of a prompt rendered by a chat template: BOS first when the model asks for
+    /// one, unless the template already wrote the BOS text itself (no second BOS).
+    pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, RuntimeError> {
+        let bos_text = self.bos.and_then(|b| self.id_to_token(b));
+        let add_bos = self.add_bos && !bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
+        self.encode(text, add_bos)
+    }
+
     /// Text of `ids` (special tokens shown when `show_special`).
     pub fn decode(&self, ids: &[u32], show_special: bool) -> Result<String, RuntimeError> {
         self.inner.decode(ids, !show_special).map_err(err)
