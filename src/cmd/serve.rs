@@ -169,9 +169,7 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
     };
     let n = app.next_id.fetch_add(1, Ordering::Relaxed);
     // Requests without a seed each get their own.
-    if !body_sets_seed(&body) {
-        req.sampling.seed = app.defaults.seed.wrapping_add(n);
-    }
+    req.sampling.seed = req.seed.unwrap_or_else(|| app.defaults.seed.wrapping_add(n));
     let id = format!("{}-{n}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
     let (tx, rx) = mpsc::unbounded_channel();
     let work = GenRequest {
@@ -191,10 +189,6 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
         Err(e) => return error(ApiError { status: 500, kind: "server_error", message: e.to_string() }),
     }
     if req.stream { stream(app, req, id, rx).into_response() } else { whole(&app, &req, &id, rx).await }
-}
-
-fn body_sets_seed(body: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v.get("seed").is_some_and(|s| !s.is_null()))
 }
 
 fn submit_error(e: SubmitError) -> ApiError {

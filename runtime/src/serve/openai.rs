@@ -20,7 +20,10 @@ pub enum Kind {
 pub struct ApiRequest {
     pub kind: Kind,
     pub prompt: Prompt,
+    /// The defaults with the request's temperature and top_p.
     pub sampling: SamplerConfig,
+    /// The request's seed, if it set one (the server picks one per request otherwise).
+    pub seed: Option<u64>,
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
     pub stream: bool,
@@ -121,9 +124,7 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
         }
         sampling.top_p = p as f32;
     }
-    if let Some(seed) = integer(&o, "seed")? {
-        sampling.seed = seed;
-    }
+    let seed = integer(&o, "seed")?;
     let max_tokens = match integer(&o, "max_completion_tokens")?.or(integer(&o, "max_tokens")?) {
         Some(0) => return Err(ApiError::bad_request("'max_tokens' must be at least 1")),
         m => m.map(|m| m as usize),
@@ -146,7 +147,7 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::bad_request("'ignore_eos' must be a boolean")),
     };
-    Ok(ApiRequest { kind, prompt, sampling, max_tokens, stop, stream, ignore_eos })
+    Ok(ApiRequest { kind, prompt, sampling, seed, max_tokens, stop, stream, ignore_eos })
 }
 
 /// Token counts of a finished request.
@@ -226,7 +227,7 @@ mod tests {
             &d,
         )
         .unwrap();
-        assert!(ok.stream && ok.max_tokens == Some(5) && ok.stop == ["\n"] && ok.sampling.seed == 7);
+        assert!(ok.stream && ok.max_tokens == Some(5) && ok.stop == ["\n"] && ok.seed == Some(7));
         assert_eq!(ok.sampling.temperature, 0.0);
         for (body, needle) in [
             (&b"{"[..], "not valid JSON"),
