@@ -87,51 +87,19 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
     let streams = if args.parallel > 1 { format!(" ×{}", args.parallel) } else { String::new() };
     tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}{streams}"), n, false)));
     for (label, n, prompt) in tests {
-        if !prompt && args.parallel > 1 {
-            let label = if args.depth > 0 { format!("{label} @ d{}", args.depth) } else { label };
-            let mut rates = decode_parallel(engine, args, &tokens, n)?;
-            let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
-            let med = median(&mut rates);
-            println!(
-                "| {name} | {} | {:.2} M | {device} | {} ×{} ({:.3}× f16) | {label} | {med:.2} | {lo:.2}–{hi:.2} |",
-                human_bytes(model_bytes),
-                params as f64 / 1e6,
-                human_bytes(kv.bytes() as u64),
-                args.parallel,
-                kv.bytes() as f64 / f16_kv.bytes() as f64
-            );
-            continue;
-        }
         let label = if args.depth > 0 { format!("{label} @ d{}", args.depth) } else { label };
-        let mut rates = Vec::with_capacity(args.reps);
-        for rep in 0..=args.reps {
-            engine.reset();
-            if args.depth > 0 {
-                engine.model.forward(&mut engine.backend, &mut engine.session, &tokens[..args.depth], Logits::Last)?;
-            }
-            let t0 = Instant::now();
-            if prompt {
-                engine.model.forward(
-                    &mut engine.backend,
-                    &mut engine.session,
-                    &tokens[args.depth..args.depth + n],
-                    Logits::Last,
-                )?;
-            } else {
-                for i in 0..n {
-                    let t = tokens[args.depth + i];
-                    engine.model.forward(&mut engine.backend, &mut engine.session, &[t], Logits::Last)?;
-                }
-            }
-            let dt = t0.elapsed().as_secs_f64();
-            if rep > 0 {
-                rates.push(n as f64 / dt);
-            }
-        }
+        let parallel = !prompt && args.parallel > 1;
+        let mut rates = if parallel {
+            decode_parallel(engine, args, &tokens, n)?
+        } else {
+            timed_runs(engine, args, &tokens, n, prompt)?
+        };
         let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
         let med = median(&mut rates);
+        // With --parallel every stream has a cache of this size.
+        let copies = if parallel { format!(" ×{}", args.parallel) } else { String::new() };
         println!(
-            "| {name} | {} | {:.2} M | {device} | {} ({:.3}× f16) | {label} | {med:.2} | {lo:.2}–{hi:.2} |",
+            "| {name} | {} | {:.2} M | {device} | {}{copies} ({:.3}× f16) | {label} | {med:.2} | {lo:.2}–{hi:.2} |",
             human_bytes(model_bytes),
             params as f64 / 1e6,
             human_bytes(kv.bytes() as u64),
@@ -139,6 +107,38 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         );
     }
     Ok(())
+}
+
+/// Tokens/s of one sequence: `n` prompt tokens in one batch (`prompt`) or `n` decoded one
+/// at a time, after `args.depth` cached ones: one warm-up, then -r runs.
+fn timed_runs<B: Backend>(
+    engine: &mut Engine<B>,
+    args: &Args,
+    tokens: &[u32],
+    n: usize,
+    prompt: bool,
+) -> Result<Vec<f64>> {
+    let mut rates = Vec::with_capacity(args.reps);
+    for rep in 0..=args.reps {
+        engine.reset();
+        if args.depth > 0 {
+            engine.model.forward(&mut engine.backend, &mut engine.session, &tokens[..args.depth], Logits::Last)?;
+        }
+        let t0 = Instant::now();
+        if prompt {
+            let batch = &tokens[args.depth..args.depth + n];
+            engine.model.forward(&mut engine.backend, &mut engine.session, batch, Logits::Last)?;
+        } else {
+            for &t in &tokens[args.depth..args.depth + n] {
+                engine.model.forward(&mut engine.backend, &mut engine.session, &[t], Logits::Last)?;
+            }
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if rep > 0 {
+            rates.push(n as f64 / dt);
+        }
+    }
+    Ok(rates)
 }
 
 /// Aggregate decode tokens/s of `args.parallel` sequences decoding `n` tokens each together
