@@ -7,7 +7,6 @@ use anyhow::{Context, Result, bail};
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::Engine;
 use duet_runtime::insight::attn_map::{MapSet, attention_maps};
-use duet_runtime::insight::html;
 
 use super::common::{ModelArgs, file_name, load_engine, require_model, with_engine, write_atomic};
 
@@ -70,10 +69,7 @@ fn maps<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &Path, prompt: &s
 
 fn write_files(set: &MapSet, dir: &Path, with_html: bool) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut files = set.files();
-    if with_html {
-        files.push(("report.html".into(), html::render(&set.report()).into_bytes()));
-    }
+    let files = set.files(with_html);
     for (name, bytes) in &files {
         write_atomic(&dir.join(name), bytes)?;
     }

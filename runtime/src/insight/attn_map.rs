@@ -8,7 +8,7 @@ use crate::backend::{AttentionKind, Backend};
 use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::insight::heatmap::{self, Figure, Panel};
-use crate::insight::html::{Block, Report};
+use crate::insight::html::{self, Block, Report};
 use crate::insight::maps::{HeadMaps, head_maps, selectable_heads};
 use crate::insight::{capture_qk, npy, raster};
 
@@ -146,13 +146,22 @@ impl MapSet {
 
     /// Every output file as (name, bytes): per entry STEM.svg and STEM.png; per layer
     /// layerNN.npy (selected heads × maps per head × tokens × tokens, f32); maps.json, the
-    /// index that says which slice of which file is which map.
-    pub fn files(&self) -> Vec<(String, Vec<u8>)> {
+    /// index that says which slice of which file is which map; with `with_html`,
+    /// report.html, whose figures are the same SVGs.
+    pub fn files(&self, with_html: bool) -> Vec<(String, Vec<u8>)> {
         let mut files = Vec::new();
+        let mut figures = Vec::new();
         for m in &self.heads {
             let fig = self.figure(m);
-            files.push((format!("{}.svg", self.stem(m)), heatmap::to_svg(&fig).into_bytes()));
+            let svg = heatmap::to_svg(&fig);
             files.push((format!("{}.png", self.stem(m)), raster::figure_png(&fig)));
+            if with_html {
+                figures.push(Block::Figure { caption: fig.title.clone(), svg: svg.clone() });
+            }
+            files.push((format!("{}.svg", self.stem(m)), svg.into_bytes()));
+        }
+        if with_html {
+            files.push(("report.html".into(), html::render(&self.report(figures)).into_bytes()));
         }
         let n = self.tokens.len();
         let mut entries = Vec::new();
@@ -194,8 +203,8 @@ impl MapSet {
         files
     }
 
-    /// The HTML report: every figure, with the prompt's tokens.
-    pub fn report(&self) -> Report {
+    /// The HTML report: `figures` (one per entry), after the prompt's tokens.
+    fn report(&self, figures: Vec<Block>) -> Report {
         let mut blocks = vec![Block::Paragraph(format!(
             "{} ({}), {} tokens. Rows are query positions, columns key positions; colours on square-root scales (the colour bars give the values).{}",
             self.model,
@@ -210,10 +219,7 @@ impl MapSet {
         blocks.push(Block::Pre(
             self.token_text.iter().enumerate().map(|(i, t)| format!("{i}:{t:?}")).collect::<Vec<_>>().join("  "),
         ));
-        for m in &self.heads {
-            let fig = self.figure(m);
-            blocks.push(Block::Figure { caption: fig.title.clone(), svg: heatmap::to_svg(&fig) });
-        }
+        blocks.extend(figures);
         Report { title: format!("duet attn-map: {}", self.model), blocks }
     }
 }
