@@ -2,36 +2,16 @@
 //! and a Llama): JSON checked against runtime/src/attn_bench/schema.json, the SVG parsed
 //! as XML, the CSV and table consistent with the JSON, and bad input refused cleanly.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::Path;
+
+use common::{duet, ok, temp_dir};
 use duet_test_support::json_schema::validate;
 use serde_json::Value;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn duet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_duet")).args(args).output().unwrap()
-}
-
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "duet failed: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn temp(name: &str) -> TempDir {
-    let d = std::env::temp_dir().join(format!("duet-attn-bench-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    TempDir(d)
 }
 
 fn convert(fixture: &str, out: &Path, calibrate: Option<&Path>) {
@@ -45,7 +25,7 @@ fn convert(fixture: &str, out: &Path, calibrate: Option<&Path>) {
 
 #[test]
 fn quick_run_writes_valid_json_csv_svg() {
-    let t = temp("quick");
+    let t = temp_dir("quick");
     let text = root().join("tests/smollm2/text.txt");
     let (diff, llama) = (t.0.join("diff.gguf"), t.0.join("llama.gguf"));
     convert("diffllama-gqa", &diff, Some(&text));
@@ -130,7 +110,7 @@ fn quick_run_writes_valid_json_csv_svg() {
 
 #[test]
 fn bad_input_is_refused_cleanly() {
-    let t = temp("bad");
+    let t = temp_dir("bad");
     let text = root().join("tests/smollm2/text.txt");
     let o = duet(&[
         "attn-bench",
@@ -153,7 +133,7 @@ fn bad_input_is_refused_cleanly() {
 /// `duet perplexity -c 32 --max-tokens 96` reports (f16 K/V cache in both).
 #[test]
 fn windows_pool_like_perplexity_chunks() {
-    let t = temp("windows");
+    let t = temp_dir("windows");
     let text = root().join("tests/smollm2/text.txt");
     let model = t.0.join("llama.gguf");
     convert("llama-gqa", &model, None);

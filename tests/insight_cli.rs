@@ -4,9 +4,11 @@
 //! attn-bench's) rendered in headless Chromium without console errors and with every
 //! figure drawn, and bad input refused with a message and nothing written.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{TempDir, duet, ok, temp_dir};
 use duet_test_support::{chromium, load_in_chromium, no_gpu};
 use serde_json::Value;
 
@@ -14,31 +16,17 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn duet(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_duet")).args(args).output().unwrap()
-}
-
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "duet failed: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn temp(name: &str) -> TempDir {
-    let d = std::env::temp_dir().join(format!("duet-insight-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    TempDir(d)
-}
-
 fn convert(fixture: &str, out: &Path, ty: &str) {
     let src = root().join("tests/fixtures/models").join(fixture);
     ok(&duet(&["convert", src.to_str().unwrap(), "-t", ty, "-q", "-o", out.to_str().unwrap()]));
+}
+
+/// The GQA DiffLlama and Llama fixtures as Q8_0 GGUFs in `t`: (diff, llama).
+fn q8_pair(t: &TempDir) -> (PathBuf, PathBuf) {
+    let (diff, llama) = (t.0.join("diff.gguf"), t.0.join("llama.gguf"));
+    convert("diffllama-gqa", &diff, "q8_0");
+    convert("llama-gqa", &llama, "q8_0");
+    (diff, llama)
 }
 
 fn s(p: &Path) -> &str {
@@ -76,10 +64,8 @@ fn attn_map(model: &Path, out: &Path, extra: &[&str]) -> Value {
 
 #[test]
 fn attn_map_writes_causal_attention_weights_svg_png_and_an_index() {
-    let t = temp("maps");
-    let (diff, llama) = (t.0.join("diff.gguf"), t.0.join("llama.gguf"));
-    convert("diffllama-gqa", &diff, "q8_0");
-    convert("llama-gqa", &llama, "q8_0");
+    let t = temp_dir("maps");
+    let (diff, llama) = q8_pair(&t);
     for (model, differential) in [(&diff, true), (&llama, false)] {
         let out = t.0.join(if differential { "diff-maps" } else { "llama-maps" });
         let index = attn_map(model, &out, &["--layers", "1", "--heads", "0,1"]);
@@ -141,7 +127,7 @@ fn attn_map_on_the_gpu_matches_the_cpu() {
         no_gpu("attn_map_on_the_gpu_matches_the_cpu", &format!("no usable GPU adapter ({e})"));
         return;
     }
-    let t = temp("gpu");
+    let t = temp_dir("gpu");
     let diff = t.0.join("diff.gguf");
     convert("diffllama-gqa", &diff, "f32");
     let cpu = t.0.join("cpu");
@@ -161,10 +147,8 @@ fn attn_map_on_the_gpu_matches_the_cpu() {
 
 #[test]
 fn needle_reports_attention_to_answer_noise_and_retrieval() {
-    let t = temp("needle");
-    let (diff, llama) = (t.0.join("diff.gguf"), t.0.join("llama.gguf"));
-    convert("diffllama-gqa", &diff, "q8_0");
-    convert("llama-gqa", &llama, "q8_0");
+    let t = temp_dir("needle");
+    let (diff, llama) = q8_pair(&t);
     let out = t.0.join("out");
     let stdout = ok(&duet(&[
         "needle",
@@ -214,10 +198,8 @@ fn needle_reports_attention_to_answer_noise_and_retrieval() {
 #[test]
 fn html_reports_load_in_chromium_without_errors_and_draw_every_figure() {
     let Some(browser) = chromium("html_reports_load_in_chromium_without_errors_and_draw_every_figure") else { return };
-    let t = temp("html");
-    let (diff, llama) = (t.0.join("diff.gguf"), t.0.join("llama.gguf"));
-    convert("diffllama-gqa", &diff, "q8_0");
-    convert("llama-gqa", &llama, "q8_0");
+    let t = temp_dir("html");
+    let (diff, llama) = q8_pair(&t);
     let maps = t.0.join("maps");
     let index = attn_map(&diff, &maps, &["--html"]);
     let needle = t.0.join("needle");
@@ -283,10 +265,8 @@ fn refused(args: &[&str], want: &str, out: &Path) {
 
 #[test]
 fn bad_input_is_refused_with_a_message_and_nothing_written() {
-    let t = temp("bad");
-    let (diff, llama) = (t.0.join("diff.gguf"), t.0.join("llama.gguf"));
-    convert("diffllama-gqa", &diff, "q8_0");
-    convert("llama-gqa", &llama, "q8_0");
+    let t = temp_dir("bad");
+    let (diff, llama) = q8_pair(&t);
     let out = t.0.join("out");
     let o = s(&out);
     refused(

@@ -14,6 +14,33 @@ use duet_runtime::kv_cache::CacheType;
 use duet_runtime::logits_file::{argmax, kl_divergence};
 use duet_runtime::model::{Logits, Model};
 
+/// Runs the `duet` binary with `args`.
+pub fn duet(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_duet")).args(args).output().unwrap()
+}
+
+/// The stdout of a run that must succeed (its stderr in the panic otherwise).
+pub fn ok(o: &std::process::Output) -> String {
+    assert!(o.status.success(), "duet failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A temporary directory of this test binary, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory named after this test binary, the process and `name`.
+pub fn temp_dir(name: &str) -> TempDir {
+    let d = std::env::temp_dir().join(format!("duet-{}-{}-{name}", env!("CARGO_CRATE_NAME"), std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    TempDir(d)
+}
+
 /// A committed fixture checkpoint (tests/fixtures/models/NAME).
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models").join(name)
