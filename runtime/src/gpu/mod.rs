@@ -152,12 +152,18 @@ impl GpuBackend {
         self.largest_tensor
     }
 
+    /// Submits the work recorded so far (with the pending token ids), and `readback` =
+    /// (buffer, byte offset, bytes) copied to the readback buffer in the same submission.
+    fn submit(&mut self, readback: Option<(&Buf, u64, u64)>) {
+        self.rec.submit(&self.ctx, &self.alloc, readback);
+        self.ids_pending = false;
+    }
+
     /// Writes `data` into the first rows of `t` (tests and tools; the model itself only
     /// writes activations through ops). Recorded work runs first, so it sees the old values.
     pub fn upload(&mut self, t: &GpuTensor, data: &[f32]) {
         assert!(data.len() <= t.cap_rows * t.cols);
-        self.rec.submit(&self.ctx, &self.alloc, None);
-        self.ids_pending = false;
+        self.submit(None);
         self.ctx.queue.write_buffer(&t.buf.buffer, 0, bytemuck::cast_slice(data));
     }
 
@@ -177,8 +183,7 @@ impl GpuBackend {
         if size == 0 {
             return Ok(Vec::new());
         }
-        self.rec.submit(&self.ctx, &self.alloc, Some((buf, off, size)));
-        self.ids_pending = false;
+        self.submit(Some((buf, off, size)));
         Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
     }
 
@@ -187,8 +192,7 @@ impl GpuBackend {
     pub fn read_kv_buffer(&mut self, cache: &GpuKvCache, layer: usize, v: bool) -> Result<Vec<u8>, RuntimeError> {
         let (buf, elem) = if v { (&cache.v[layer], cache.v_elem) } else { (&cache.k[layer], cache.k_elem) };
         let size = elem.buffer_bytes(cache.n_ctx, cache.kv_dim) as u64;
-        self.rec.submit(&self.ctx, &self.alloc, Some((buf, 0, size)));
-        self.ids_pending = false;
+        self.submit(Some((buf, 0, size)));
         Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
     }
 
@@ -282,8 +286,7 @@ impl Backend for GpuBackend {
             src.n_ctx == dst.n_ctx && src.kv_dim == dst.kv_dim && src.k_elem == dst.k_elem && src.v_elem == dst.v_elem,
             "copy_kv_cache between caches of different specs"
         );
-        self.rec.submit(&self.ctx, &self.alloc, None);
-        self.ids_pending = false;
+        self.submit(None);
         let mut enc =
             self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("duet cache copy") });
         for (s, d) in src.k.iter().zip(&dst.k).chain(src.v.iter().zip(&dst.v)) {
@@ -353,8 +356,7 @@ impl Backend for GpuBackend {
         assert!(rows.end <= t.cap_rows, "read_rows past the tensor's rows");
         let off = (rows.start * t.cols * 4) as u64;
         let size = (rows.len() * t.cols * 4) as u64;
-        self.rec.submit(&self.ctx, &self.alloc, Some((&t.buf, off, size)));
-        self.ids_pending = false;
+        self.submit(Some((&t.buf, off, size)));
         self.rec.read(&self.ctx, size)
     }
 
