@@ -138,8 +138,9 @@ pub enum Probe {
     V,
     /// The attention output, the input of attn_output (rows × n_heads·head_dim).
     AttnOut,
-    /// DIFF only, CPU only: each head pair's two branches before they are combined,
-    /// `[A1·V | A2·V]` (rows × (n_heads/2)·4·head_dim).
+    /// Each head pair's two branches before they are combined. DIFF (CPU only):
+    /// `[A1·V | A2·V]` per pair (rows × (n_heads/2)·4·head_dim); DIFF V2 (both backends): the
+    /// query heads' outputs, `[o_2i | o_2i+1]` per pair (rows × n_heads·head_dim).
     AttnBranches,
     /// The normalised input of ffn_gate/ffn_up (rows × n_embd).
     FfnIn,
@@ -213,6 +214,11 @@ pub trait Backend {
     );
     /// DEX: for each adapted head h, `o_h ← o_h − λ·o_h·W_D` (`w_d` is head_dim × head_dim).
     fn dex(&mut self, x: &mut Self::Tensor, w_d: &Self::Weight, lambda: f32, heads: &[usize], head_dim: usize);
+    /// DIFF V2's combine step: for each row and pair i (head_dim values each),
+    /// `out_i = att_2i − sigmoid(gate_i)·att_2i+1`. `att` is rows × 2·n_pairs·head_dim (the
+    /// attention output of the query heads), `gate` rows × n_pairs (λ before the sigmoid),
+    /// `out` rows × n_pairs·head_dim.
+    fn pair_combine(&mut self, att: &Self::Tensor, gate: &Self::Tensor, head_dim: usize, out: &mut Self::Tensor);
     /// gate = silu(gate) · up.
     fn swiglu(&mut self, gate: &mut Self::Tensor, up: &Self::Tensor);
     /// x += y.

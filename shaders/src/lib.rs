@@ -249,6 +249,8 @@ pub enum Op {
     /// That table reduced to one absmax per head, or one for the whole tensor.
     LogitReduce,
     Dex,
+    /// DIFF V2's combine of query-head pairs: `o_i = a_2i − sigmoid(g_i)·a_2i+1`.
+    PairCombine,
 }
 
 impl Op {
@@ -270,6 +272,7 @@ impl Op {
             Op::Add,
             Op::CopyRow,
             Op::Dex,
+            Op::PairCombine,
             Op::LogitReduce,
             Op::KvWindow,
             Op::Rotate,
@@ -330,6 +333,7 @@ impl Variant {
             Op::Add => "add".into(),
             Op::CopyRow => "copy_row".into(),
             Op::Dex => "dex".into(),
+            Op::PairCombine => "pair_combine".into(),
             Op::KvWrite(e) => format!("kv_write-{}", c(e)),
             Op::KvWindow => "kv_window".into(),
             Op::Rotate => "rotate".into(),
@@ -440,6 +444,7 @@ pub fn source(v: &Variant) -> String {
         Op::Add => s.push_str(include_str!("wgsl/add.wgsl")),
         Op::CopyRow => s.push_str(include_str!("wgsl/copy_row.wgsl")),
         Op::Dex => s.push_str(include_str!("wgsl/dex.wgsl")),
+        Op::PairCombine => s.push_str(include_str!("wgsl/pair_combine.wgsl")),
         Op::KvWrite(e) => match e.kind() {
             CacheKind::Plain => {
                 s.push_str(if e == CacheElem::F32 {

@@ -231,6 +231,14 @@ params! {
         whole_tensor: u32,
     }
 
+    /// pair_combine.wgsl: DIFF V2's `o_i = a_2i − sigmoid(g_i)·a_2i+1`.
+    PairCombineParams {
+        rows: u32,
+        n_pairs: u32,
+        head_dim: u32,
+        grid_x: u32,
+    }
+
     /// dex.wgsl: the adapted heads as 256 mask bits.
     DexParams {
         rows: u32,
@@ -268,6 +276,7 @@ impl Op {
             Op::LogitAbsmax(_) => of::<LogitAbsmaxParams>(),
             Op::LogitReduce => of::<LogitReduceParams>(),
             Op::Dex => of::<DexParams>(),
+            Op::PairCombine => of::<PairCombineParams>(),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Flags shared by the commands that run a model, and model loading.
 
+use duet_runtime::model::Arch;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -261,10 +262,15 @@ fn report(engine: &AnyEngine, path: &Path, t0: Instant, quiet: bool) {
         AnyEngine::Cpu(e) => (&e.model.config, e.n_ctx(), &e.tokenizer.source, e.backend.describe()),
         AnyEngine::Gpu(e) => (&e.model.config, e.n_ctx(), &e.tokenizer.source, e.backend.describe()),
     };
+    // DIFF models pair their query heads (V1: i and i + H/2, V2: 2i and 2i + 1).
+    let pairs = match c.arch {
+        Arch::Llama => String::new(),
+        Arch::DiffLlama | Arch::DiffLlamaV2 => format!(" in {} pairs", c.n_heads / 2),
+    };
     eprintln!(
-        "loaded {} ({:?}, {} layers, {} heads / {} KV heads, vocab {}) in {:.2} s on {device}; context {} tokens, tokenizer from {}",
+        "loaded {} ({}, {} layers, {} query heads{pairs} / {} KV heads, vocab {}) in {:.2} s on {device}; context {} tokens, tokenizer from {}",
         path.display(),
-        c.arch,
+        c.arch.name(),
         c.n_layers,
         c.n_heads,
         c.n_kv_heads,

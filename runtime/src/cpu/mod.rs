@@ -267,6 +267,29 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn pair_combine(&mut self, att: &CpuTensor, gate: &CpuTensor, head_dim: usize, out: &mut CpuTensor) {
+        let n_pairs = gate.cols;
+        assert!(
+            att.cols == 2 * n_pairs * head_dim && out.cols == n_pairs * head_dim && att.rows == gate.rows,
+            "pair_combine: att {}×{}, gate {}×{}, out ×{} do not fit head_dim {head_dim}",
+            att.rows,
+            att.cols,
+            gate.rows,
+            gate.cols,
+            out.cols
+        );
+        let rows = att.rows;
+        let o = out.view_mut();
+        for r in 0..rows {
+            ops::pair_combine_row(
+                att.row(r),
+                gate.row(r),
+                head_dim,
+                &mut o[r * n_pairs * head_dim..(r + 1) * n_pairs * head_dim],
+            );
+        }
+    }
+
     fn swiglu(&mut self, gate: &mut CpuTensor, up: &CpuTensor) {
         let cols = gate.cols;
         let u = up.view();

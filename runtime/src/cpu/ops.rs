@@ -115,6 +115,18 @@ mod x86 {
 }
 
 /// DEX on one row: for each head h in `heads`, `o_h[j] −= λ · Σ_i o_h[i] · W_D[i][j]`.
+/// One row of DIFF V2's combine ([`crate::backend::Backend::pair_combine`]): `att` holds
+/// 2·n_pairs heads, `gate` n_pairs values, `out` n_pairs heads.
+pub fn pair_combine_row(att: &[f32], gate: &[f32], head_dim: usize, out: &mut [f32]) {
+    for ((o, a), &g) in out.chunks_exact_mut(head_dim).zip(att.chunks_exact(2 * head_dim)).zip(gate) {
+        let lambda = 1.0 / (1.0 + (-g).exp());
+        let (a0, a1) = a.split_at(head_dim);
+        for ((o, &x), &y) in o.iter_mut().zip(a0).zip(a1) {
+            *o = x - lambda * y;
+        }
+    }
+}
+
 pub fn dex_row(x: &mut [f32], w_d: &[f32], lambda: f32, heads: &[usize], head_dim: usize) {
     let mut seg = vec![0f32; head_dim];
     for &h in heads {

@@ -333,6 +333,10 @@ impl Backend for GpuBackend {
         ops::dex(self, x, w_d, lambda, heads, head_dim)
     }
 
+    fn pair_combine(&mut self, att: &GpuTensor, gate: &GpuTensor, head_dim: usize, out: &mut GpuTensor) {
+        ops::pair_combine(self, att, gate, head_dim, out)
+    }
+
     fn swiglu(&mut self, gate: &mut GpuTensor, up: &GpuTensor) {
         ops::swiglu(self, gate, up)
     }

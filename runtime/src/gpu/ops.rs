@@ -1,10 +1,11 @@
 //! The row-wise and element-wise ops: RMSNorm, RoPE, SwiGLU, residual add and bias, row
-//! copy, DEX.
+//! copy, DEX, DIFF V2's pair combine.
 
 use std::sync::Arc;
 
 use duet_shaders::{
-    AddParams, CopyRowParams, DEX_MAX_HEAD_DIM, DexParams, EW_WG, Op, RmsNormParams, RopeParams, SwiGluParams,
+    AddParams, CopyRowParams, DEX_MAX_HEAD_DIM, DexParams, EW_WG, Op, PairCombineParams, RmsNormParams, RopeParams,
+    SwiGluParams,
 };
 
 use super::buffers::{Buf, GpuTensor, GpuWeight};
@@ -77,4 +78,20 @@ pub fn dex(b: &mut GpuBackend, x: &mut GpuTensor, w_d: &GpuWeight, lambda: f32, 
         ..Default::default()
     };
     b.run(Op::Dex, &params, &[w_d.single(), &x.buf], g);
+}
+
+pub fn pair_combine(b: &mut GpuBackend, att: &GpuTensor, gate: &GpuTensor, head_dim: usize, out: &mut GpuTensor) {
+    let n_pairs = gate.cols;
+    assert!(
+        att.cols == 2 * n_pairs * head_dim && out.cols == n_pairs * head_dim && att.rows == gate.rows,
+        "pair_combine: att ×{}, gate ×{}, out ×{} do not fit head_dim {head_dim}",
+        att.cols,
+        gate.cols,
+        out.cols
+    );
+    let n = att.rows * n_pairs * head_dim;
+    let g = grid(n, EW_WG as usize);
+    let params =
+        PairCombineParams { rows: att.rows as u32, n_pairs: n_pairs as u32, head_dim: head_dim as u32, grid_x: g.0 };
+    b.run(Op::PairCombine, &params, &[&att.buf, &gate.buf, &out.buf], g);
 }

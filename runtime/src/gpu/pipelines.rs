@@ -22,9 +22,13 @@ pub enum LayoutKind {
 impl LayoutKind {
     pub fn of(op: Op) -> LayoutKind {
         match op {
-            Op::MatVec(_) | Op::MatMul(_) | Op::Embed(_) | Op::RmsNorm | Op::LogitAbsmax(_) | Op::Rotate => {
-                LayoutKind::In2Out1
-            }
+            Op::MatVec(_)
+            | Op::MatMul(_)
+            | Op::Embed(_)
+            | Op::RmsNorm
+            | Op::LogitAbsmax(_)
+            | Op::Rotate
+            | Op::PairCombine => LayoutKind::In2Out1,
             Op::Rope
             | Op::SwiGlu
             | Op::Add

@@ -1,5 +1,5 @@
-//! Hyper-parameters read from GGUF metadata alone (`{arch}.*` keys), for the `llama` and
-//! `diffllama` architectures.
+//! Hyper-parameters read from GGUF metadata alone (`{arch}.*` keys), for the `llama`,
+//! `diffllama` and `diffllama_v2` architectures.
 
 use duet_quant::gguf::GgufFile;
 
@@ -9,14 +9,21 @@ use crate::error::RuntimeError;
 pub enum Arch {
     Llama,
     DiffLlama,
+    /// DIFF Transformer V2: standard attention over `attention.head_count` query heads, whose
+    /// outputs 2i and 2i+1 are combined as `o_2i − sigmoid(λ_i(x))·o_2i+1` (see
+    /// diff-attention.md and the README's format section).
+    DiffLlamaV2,
 }
 
 impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::Llama, Arch::DiffLlama, Arch::DiffLlamaV2];
+
     /// As GGUF's `general.architecture` names it.
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
             Arch::DiffLlama => "diffllama",
+            Arch::DiffLlamaV2 => "diffllama_v2",
         }
     }
 }
@@ -50,14 +57,10 @@ impl ModelConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, RuntimeError> {
         let label = file.label().to_string();
         let arch_name = file.get_str("general.architecture")?.to_string();
-        let arch = match arch_name.as_str() {
-            "llama" => Arch::Llama,
-            "diffllama" => Arch::DiffLlama,
-            other => {
-                return Err(RuntimeError::Unsupported(format!(
-                    "{label}: architecture '{other}' is not supported (duet runs 'llama' and 'diffllama')"
-                )));
-            }
+        let Some(arch) = Arch::ALL.into_iter().find(|a| a.name() == arch_name) else {
+            return Err(RuntimeError::Unsupported(format!(
+                "{label}: architecture '{arch_name}' is not supported (duet runs 'llama', 'diffllama' and 'diffllama_v2')"
+            )));
         };
         let key = |k: &str| format!("{arch_name}.{k}");
         let u = |k: &str| -> Result<usize, RuntimeError> { Ok(file.get_u32(&key(k))? as usize) };
@@ -84,6 +87,11 @@ impl ModelConfig {
         if arch == Arch::DiffLlama && (n_heads % 2 != 0 || n_kv_heads % 2 != 0) {
             return Err(bad(format!(
                 "diffllama needs even head counts, got {n_heads} heads and {n_kv_heads} KV heads"
+            )));
+        }
+        if arch == Arch::DiffLlamaV2 && n_heads % 2 != 0 {
+            return Err(bad(format!(
+                "diffllama_v2 pairs its query heads (2i, 2i+1): attention.head_count {n_heads} is odd"
             )));
         }
         let n_rot = match file.get_u32_opt(&key("rope.dimension_count"))? {
@@ -140,5 +148,13 @@ impl ModelConfig {
 
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// The width of attn_output's input: V2 combines each pair of query heads into one.
+    pub fn attn_out_dim(&self) -> usize {
+        match self.arch {
+            Arch::DiffLlamaV2 => self.q_dim() / 2,
+            Arch::Llama | Arch::DiffLlama => self.q_dim(),
+        }
     }
 }

@@ -13,12 +13,15 @@ use crate::model::{Logits, Model, ModelConfig, Session};
 
 /// The activations a batch of rows flows through (allocated for `cap` rows).
 pub(crate) struct Acts<B: Backend> {
-    x: B::Tensor,    // rows × n_embd: the residual stream
-    xn: B::Tensor,   // rows × n_embd: normalised
-    q: B::Tensor,    // rows × q_dim
-    k: B::Tensor,    // rows × kv_dim
-    v: B::Tensor,    // rows × kv_dim
-    att: B::Tensor,  // rows × q_dim
+    x: B::Tensor,   // rows × n_embd: the residual stream
+    xn: B::Tensor,  // rows × n_embd: normalised
+    q: B::Tensor,   // rows × q_dim
+    k: B::Tensor,   // rows × kv_dim
+    v: B::Tensor,   // rows × kv_dim
+    att: B::Tensor, // rows × q_dim
+    /// DIFF V2 only: (λ before its sigmoid, rows × n_heads/2; the combined heads, rows ×
+    /// attn_out_dim).
+    pairs: Option<(B::Tensor, B::Tensor)>,
     proj: B::Tensor, // rows × n_embd
     gate: B::Tensor, // rows × n_ff
     up: B::Tensor,   // rows × n_ff
@@ -36,6 +39,8 @@ impl<B: Backend> Acts<B> {
             k: b.new_tensor(cap, c.kv_dim()),
             v: b.new_tensor(cap, c.kv_dim()),
             att: b.new_tensor(cap, c.q_dim()),
+            pairs: (c.attn_out_dim() != c.q_dim())
+                .then(|| (b.new_tensor(cap, c.n_heads / 2), b.new_tensor(cap, c.attn_out_dim()))),
             proj: b.new_tensor(cap, c.n_embd),
             gate: b.new_tensor(cap, c.n_ff),
             up: b.new_tensor(cap, c.n_ff),
@@ -58,6 +63,10 @@ impl<B: Backend> Acts<B> {
             &mut self.up,
         ] {
             b.set_rows(t, n);
+        }
+        if let Some((gate, combined)) = &mut self.pairs {
+            b.set_rows(gate, n);
+            b.set_rows(combined, n);
         }
     }
 }
@@ -266,8 +275,19 @@ impl<B: Backend> Model<B> {
             if let Some((w_d, lambda, heads)) = &l.dex {
                 b.dex(&mut a.att, w_d, *lambda, heads, c.head_dim);
             }
-            observe(b, Probe::AttnOut, il, &a.att);
-            b.matmul(&l.wo, &a.att, &mut a.proj);
+            // DIFF V2: λ from the same normalised input as q/k/v, then each query-head
+            // pair becomes one head. The pair's heads are its two branches.
+            let att = match (&l.lambda_proj, &mut a.pairs) {
+                (Some(w_lambda), Some((gate, combined))) => {
+                    observe(b, Probe::AttnBranches, il, &a.att);
+                    b.matmul(w_lambda, &a.xn, gate);
+                    b.pair_combine(&a.att, gate, c.head_dim, combined);
+                    &*combined
+                }
+                _ => &a.att,
+            };
+            observe(b, Probe::AttnOut, il, att);
+            b.matmul(&l.wo, att, &mut a.proj);
             if let Some(bias) = &l.bo {
                 b.add_bias(&mut a.proj, bias);
             }

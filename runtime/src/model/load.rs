@@ -66,7 +66,7 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
     let c = ModelConfig::from_gguf(&file)?;
     let mut ld = Loader { file: &file, b };
     let (d, hd, ff) = (c.n_embd, c.head_dim, c.n_ff);
-    let (qd, kvd) = (c.q_dim(), c.kv_dim());
+    let (qd, kvd, od) = (c.q_dim(), c.kv_dim(), c.attn_out_dim());
 
     let freq_factors = ld.values("rope_freqs.weight", c.rope.n_rot / 2)?;
     let rope =
@@ -93,7 +93,8 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
     for il in 0..c.n_layers {
         let p = |n: &str| format!("blk.{il}.{n}");
         let kind = match c.arch {
-            Arch::Llama => AttentionKind::Standard,
+            // V2 attends like a Llama with n_heads query heads; its pairs meet afterwards.
+            Arch::Llama | Arch::DiffLlamaV2 => AttentionKind::Standard,
             Arch::DiffLlama => {
                 let mut vecs = Vec::with_capacity(4);
                 for which in ["q1", "k1", "q2", "k2"] {
@@ -145,12 +146,16 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
             wq: ld.get(&p("attn_q.weight"), d, qd)?,
             wk: ld.get(&p("attn_k.weight"), d, kvd)?,
             wv: ld.get(&p("attn_v.weight"), d, kvd)?,
-            wo: ld.get(&p("attn_output.weight"), qd, d)?,
+            wo: ld.get(&p("attn_output.weight"), od, d)?,
             bq: ld.opt(&p("attn_q.bias"), qd, 1)?,
             bk: ld.opt(&p("attn_k.bias"), kvd, 1)?,
             bv: ld.opt(&p("attn_v.bias"), kvd, 1)?,
             bo: ld.opt(&p("attn_output.bias"), d, 1)?,
             attention,
+            lambda_proj: match c.arch {
+                Arch::DiffLlamaV2 => Some(ld.get(&p("attn_lambda.weight"), d, c.n_heads / 2)?),
+                Arch::Llama | Arch::DiffLlama => None,
+            },
             dex,
             ffn_norm: ld.get(&p("ffn_norm.weight"), d, 1)?,
             w_gate: ld.get(&p("ffn_gate.weight"), d, ff)?,

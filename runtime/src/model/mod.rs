@@ -1,6 +1,7 @@
-//! The one model code path for Llama, DiffLlama and DEX: a Llama layer skeleton whose
-//! attention variant is chosen per layer ([`AttentionKind`]), written once against
-//! [`Backend`].
+//! The one model code path for Llama, DiffLlama, DIFF V2 and DEX: a Llama layer skeleton
+//! whose attention variant is chosen per layer ([`AttentionKind`]) and whose attention
+//! output may pass a combine step (DIFF V2's head pairs, DEX) before attn_output, written
+//! once against [`Backend`].
 
 pub mod config;
 mod forward;
@@ -51,7 +52,7 @@ pub struct Layer<B: Backend> {
     pub wq: B::Weight,        // n_heads·hd × n_embd
     pub wk: B::Weight,        // n_kv_heads·hd × n_embd
     pub wv: B::Weight,        // n_kv_heads·hd × n_embd
-    pub wo: B::Weight,        // n_embd × n_heads·hd
+    pub wo: B::Weight,        // n_embd × attn_out_dim (n_heads·hd; V2: n_heads/2·hd)
     pub bq: Option<B::Weight>,
     pub bk: Option<B::Weight>,
     pub bv: Option<B::Weight>,
@@ -59,6 +60,9 @@ pub struct Layer<B: Backend> {
     /// The layer's attention as the weights define it (its `logit_quant` is always None: a
     /// run setting, kept in [`Session::attention`]).
     pub attention: AttentionSpec,
+    /// DIFF V2: lambda_proj (n_heads/2 × n_embd). Its output, through a sigmoid, weighs the
+    /// second head of each query-head pair ([`Backend::pair_combine`]).
+    pub lambda_proj: Option<B::Weight>,
     /// DEX kept unfolded: (W_D hd × hd, λ, adapted heads).
     pub dex: Option<(B::Weight, f32, Vec<usize>)>,
     pub ffn_norm: B::Weight, // 1 × n_embd
