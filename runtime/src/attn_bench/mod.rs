@@ -10,7 +10,8 @@
 //! bits × target × granularity runs the same tokens and is compared with it. Pooled over
 //! the windows: perplexity, mean KL divergence and top-1 agreement of the next-token
 //! distributions, and per layer the relative error ‖o − o₁₆‖ / ‖o₁₆‖ of the attention output
-//! (DIFF: also of A1·V, A2·V and A1·V − λ·A2·V), norms summed over all windows. Runs on the
+//! (DIFF: also of A1·V, A2·V and A1·V − λ·A2·V; DIFF V2: of the pair's two query heads and
+//! their combination o_2i − σ(λ)·o_2i+1), norms summed over all windows. Runs on the
 //! CPU backend: the per-layer errors come from its activation probes (both backends run
 //! every setting).
 
@@ -27,7 +28,7 @@ use crate::engine::{Engine, EngineOptions};
 use crate::error::RuntimeError;
 use crate::kv_cache::CacheType;
 use crate::logits_file::{argmax, kl_divergence_log, log_softmax};
-use crate::model::{LogitGranularity, Logits};
+use crate::model::{Arch, LogitGranularity, Logits};
 
 /// What is quantized in a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -260,15 +261,33 @@ impl Pooled {
     }
 }
 
-/// Splits captured branches `[A1·V | A2·V]` per head pair (4·hd each) into (A1·V, A2·V,
-/// A1·V − λ·A2·V).
-fn split_branches(b: &[f32], hd: usize, lambda: f32) -> [Vec<f32>; 3] {
+/// How a layer's captured branches (Probe::AttnBranches) are laid out and combined.
+#[derive(Clone, Copy)]
+enum Branches {
+    /// DIFF: `[A1·V | A2·V]` per head pair (4·hd), combined as A1·V − λ·A2·V.
+    V1 { lambda: f32 },
+    /// DIFF V2: `[o_2i | o_2i+1]` per pair (2·hd); the combination is the attention output.
+    V2,
+}
+
+/// Splits captured branches into (first branch, second branch, their combination);
+/// `attn_out` is the layer's attention output (V2's combination).
+fn split_branches(b: &[f32], hd: usize, layout: Branches, attn_out: &[f32]) -> [Vec<f32>; 3] {
     let mut out = [Vec::new(), Vec::new(), Vec::new()];
-    for pair in b.chunks_exact(4 * hd) {
-        let (a1, a2) = pair.split_at(2 * hd);
+    let width = match layout {
+        Branches::V1 { .. } => 4 * hd,
+        Branches::V2 => 2 * hd,
+    };
+    for pair in b.chunks_exact(width) {
+        let (a1, a2) = pair.split_at(width / 2);
         out[0].extend_from_slice(a1);
         out[1].extend_from_slice(a2);
-        out[2].extend(a1.iter().zip(a2).map(|(x, y)| x - lambda * y));
+        if let Branches::V1 { lambda } = layout {
+            out[2].extend(a1.iter().zip(a2).map(|(x, y)| x - lambda * y));
+        }
+    }
+    if let Branches::V2 = layout {
+        out[2] = attn_out.to_vec();
     }
     out
 }
@@ -295,14 +314,14 @@ pub fn bench_model(
     let windows: Vec<&[u32]> =
         tokens.chunks(opts.n_tokens.max(2)).filter(|w| w.len() >= 2).take(opts.windows.max(1)).collect();
     let cfg = e.model.config.clone();
-    let is_diff = e.model.layers.iter().any(|l| matches!(l.attention.kind, AttentionKind::Differential { .. }));
-    let lambdas: Vec<f32> = e
+    let is_diff = cfg.arch != Arch::Llama;
+    let layouts: Vec<Branches> = e
         .model
         .layers
         .iter()
         .map(|l| match l.attention.kind {
-            AttentionKind::Differential { lambda, .. } => lambda,
-            AttentionKind::Standard => 0.0,
+            AttentionKind::Differential { lambda, .. } => Branches::V1 { lambda },
+            AttentionKind::Standard => Branches::V2,
         })
         .collect();
     let calibrated = e.model.file.get("duet.calibration.logits.absmax").is_some();
@@ -379,7 +398,7 @@ pub fn bench_model(
             .branches
             .iter()
             .enumerate()
-            .map(|(l, b)| split_branches(b, cfg.head_dim, lambdas[l]))
+            .map(|(l, b)| split_branches(b, cfg.head_dim, layouts[l], &base.capture.attn_out[l]))
             .collect();
 
         for (i, &setting) in settings.iter().enumerate() {
@@ -407,7 +426,7 @@ pub fn bench_model(
                 add_sq_err(&mut acc.layer[l], a, b);
             }
             for (l, b) in p.capture.branches.iter().enumerate() {
-                let s = split_branches(b, cfg.head_dim, lambdas[l]);
+                let s = split_branches(b, cfg.head_dim, layouts[l], &p.capture.attn_out[l]);
                 for k in 0..3 {
                     add_sq_err(&mut acc.branches[k][l], &s[k], &base_split[l][k]);
                 }
@@ -478,9 +497,15 @@ mod tests {
         add_sq_err(&mut acc, &[1.0], &[2.0]);
         assert!((rel_err(acc) - (2.0f64 / 29.0).sqrt()).abs() < 1e-12);
         // Two head pairs of hd = 1: [a1 a1' | a2 a2'].
-        let s = split_branches(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], 1, 0.5);
+        let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let s = split_branches(&x, 1, Branches::V1 { lambda: 0.5 }, &[]);
         assert_eq!(s[0], vec![1.0, 2.0, 5.0, 6.0]);
         assert_eq!(s[1], vec![3.0, 4.0, 7.0, 8.0]);
         assert_eq!(s[2], vec![-0.5, 0.0, 1.5, 2.0]);
+        // DIFF V2, four pairs of hd = 1: [o_2i | o_2i+1]; the combination is the output.
+        let s = split_branches(&x, 1, Branches::V2, &[9.0, 9.5, 10.0, 10.5]);
+        assert_eq!(s[0], vec![1.0, 3.0, 5.0, 7.0]);
+        assert_eq!(s[1], vec![2.0, 4.0, 6.0, 8.0]);
+        assert_eq!(s[2], vec![9.0, 9.5, 10.0, 10.5]);
     }
 }

@@ -132,7 +132,9 @@ pub fn to_table(r: &BenchReport) -> String {
         ));
         out.push_str("| target | bits | granularity | PPL | mean KL | top-1 | attn-out rel. err (mean/max) |");
         let diff = m.runs.first().is_some_and(|r| r.diff_rel_err.is_some());
-        if diff {
+        if diff && m.arch == "diffllama_v2" {
+            out.push_str(" head 2i | head 2i+1 | o₂ᵢ−σ(λ)·o₂ᵢ₊₁ |");
+        } else if diff {
             out.push_str(" A1·V | A2·V | A1·V−λA2·V |");
         }
         out.push('\n');
