@@ -3,7 +3,7 @@
 converter's memory and speed (converter/bench/measure_rss.sh). numpy only; nothing here is
 committed but this script.
 
-    python3 converter/bench/make_random_llama.py OUT_DIR [--dtype bf16|f16] [--shards N] [--diff]
+    python3 converter/bench/make_random_llama.py OUT_DIR [--dtype bf16|f16] [--shards N] [--diff | --v2]
 
 Shape (TinyLlama-1.1B): hidden 2048, 22 layers, 32 heads, 4 KV heads, ffn 5632, vocab
 32000, untied embeddings: 1.1 B parameters, 2.2 GB of BF16. The weights are N(0, 0.02²)
@@ -11,7 +11,9 @@ Shape (TinyLlama-1.1B): hidden 2048, 22 layers, 32 heads, 4 KV heads, ffn 5632, 
 no more memory than its largest tensor. The tokenizer is the committed fixtures' byte-level
 BPE tokenizer.json (320 ids; the converter pads the vocabulary to 32000). --diff writes the
 DiffLlama of the same shape instead (plus the four λ vectors of head_dim per layer), for
-comparing DIFF and Llama decode speed.
+comparing DIFF and Llama decode speed. --v2 writes the DIFF V2 (duet's diffllama_v2 format)
+whose 2h = 32 query heads and 4 KV heads match the Llama's: h = 16 pairs, q_proj 32·64 rows,
+o_proj reading 16·64, and a lambda_proj [16, 2048] per layer.
 """
 
 import argparse
@@ -28,15 +30,18 @@ HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = 2048, 22, 32, 4, 5632, 32000
 HEAD_DIM = HIDDEN // HEADS
 
 
-def tensor_shapes(diff=False):
+def tensor_shapes(diff=False, v2=False):
     yield "model.embed_tokens.weight", (VOCAB, HIDDEN)
+    out_heads = HEADS // 2 if v2 else HEADS  # V2: each pair of query heads becomes one
     for l in range(LAYERS):
         p = f"model.layers.{l}"
         yield f"{p}.input_layernorm.weight", (HIDDEN,)
         yield f"{p}.self_attn.q_proj.weight", (HEADS * HEAD_DIM, HIDDEN)
         yield f"{p}.self_attn.k_proj.weight", (KV_HEADS * HEAD_DIM, HIDDEN)
         yield f"{p}.self_attn.v_proj.weight", (KV_HEADS * HEAD_DIM, HIDDEN)
-        yield f"{p}.self_attn.o_proj.weight", (HIDDEN, HEADS * HEAD_DIM)
+        yield f"{p}.self_attn.o_proj.weight", (HIDDEN, out_heads * HEAD_DIM)
+        if v2:
+            yield f"{p}.self_attn.lambda_proj.weight", (out_heads, HIDDEN)
         if diff:
             for lam in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
                 yield f"{p}.self_attn.{lam}", (HEAD_DIM,)
@@ -81,11 +86,13 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--diff", action="store_true", help="a DiffLlama of the same shape")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--diff", action="store_true", help="a DiffLlama of the same shape")
+    kind.add_argument("--v2", action="store_true", help="a DIFF V2 with the same query and KV heads")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(args.seed)
-    items = list(tensor_shapes(args.diff))
+    items = list(tensor_shapes(args.diff, args.v2))
     n_params = sum(int(np.prod(s)) for _, s in items)
     if args.shards == 1:
         write_shard(os.path.join(args.out, "model.safetensors"), items, args.dtype, rng)
@@ -109,6 +116,9 @@ def main():
     }
     if args.diff:
         config.update({"architectures": ["DiffLlamaForCausalLM"], "model_type": "diffllama", "lambda_std_dev": 0.1})
+    if args.v2:
+        config.update({"architectures": ["DiffLlamaV2ForCausalLM"], "model_type": "diffllama_v2",
+                       "num_attention_heads": HEADS // 2, "head_dim": HEAD_DIM})
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -306,7 +306,8 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
         (a("embedding_length"), Value::U32(cfg.hidden_size as u32)),
         (a("block_count"), Value::U32(cfg.n_layers as u32)),
         (a("feed_forward_length"), Value::U32(cfg.intermediate_size as u32)),
-        (a("attention.head_count"), Value::U32(cfg.n_heads as u32)),
+        // Query heads (V2: both heads of every pair, as the runtime attends over them).
+        (a("attention.head_count"), Value::U32(cfg.q_heads() as u32)),
         (a("attention.head_count_kv"), Value::U32(cfg.n_kv_heads as u32)),
         (a("attention.key_length"), Value::U32(cfg.head_dim as u32)),
         (a("attention.value_length"), Value::U32(cfg.head_dim as u32)),

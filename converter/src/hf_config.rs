@@ -1,4 +1,5 @@
-//! config.json of a Hugging Face Llama / DiffLlama checkpoint (with an optional DEX section).
+//! config.json of a Hugging Face Llama / DiffLlama checkpoint (with an optional DEX section),
+//! or of duet's DIFF V2 checkpoint format (`"model_type": "diffllama_v2"`, see the README).
 //!
 //! Both RoPE layouts are accepted: top-level `rope_theta` + `rope_scaling` (transformers 4)
 //! and `rope_parameters` (transformers 5).
@@ -13,6 +14,9 @@ use crate::error::ConvertError;
 pub enum Arch {
     Llama,
     DiffLlama,
+    /// DIFF Transformer V2: `num_attention_heads` h output heads, each from a pair of query
+    /// heads (q_proj has 2h·head_dim rows), and a lambda_proj per layer.
+    DiffLlamaV2,
 }
 
 impl Arch {
@@ -21,6 +25,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::DiffLlama => "diffllama",
+            Arch::DiffLlamaV2 => "diffllama_v2",
         }
     }
 }
@@ -87,9 +92,10 @@ impl HfConfig {
         let arch = match model_type {
             "llama" => Arch::Llama,
             "diffllama" => Arch::DiffLlama,
+            "diffllama_v2" => Arch::DiffLlamaV2,
             other => {
                 return Err(format!(
-                    "model_type \"{other}\" is not supported (duet converts \"llama\" and \"diffllama\" checkpoints)"
+                    "model_type \"{other}\" is not supported (duet converts \"llama\", \"diffllama\" and \"diffllama_v2\" checkpoints)"
                 ));
             }
         };
@@ -118,6 +124,11 @@ impl HfConfig {
         let hidden_size = usize_field("hidden_size")?;
         let n_heads = usize_field("num_attention_heads")?;
         let n_kv_heads = opt_usize("num_key_value_heads")?.unwrap_or(n_heads);
+        if arch == Arch::DiffLlamaV2 && n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads != 0 {
+            return Err(format!(
+                "diffllama_v2: num_attention_heads ({n_heads}, the number of head pairs) must be a multiple of num_key_value_heads ({n_kv_heads}) so that both heads of a pair share a KV head"
+            ));
+        }
         if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(format!(
                 "num_attention_heads ({n_heads}) must be a positive multiple of num_key_value_heads ({n_kv_heads})"
@@ -175,12 +186,25 @@ impl HfConfig {
         if cfg.n_layers == 0 || cfg.vocab_size == 0 || cfg.hidden_size == 0 || cfg.intermediate_size == 0 {
             return Err("vocab_size, hidden_size, intermediate_size and num_hidden_layers must be positive".into());
         }
+        if cfg.dex.is_some() && cfg.arch != Arch::Llama {
+            return Err(format!("\"dex\" adapts llama checkpoints; this one is {model_type}"));
+        }
         if let Some(dex) = &cfg.dex
             && dex.heads.len() != cfg.n_layers
         {
             return Err(format!("dex.heads lists {} layers, the model has {}", dex.heads.len(), cfg.n_layers));
         }
         Ok(cfg)
+    }
+}
+
+impl HfConfig {
+    /// Query heads: V2 has two per output head.
+    pub fn q_heads(&self) -> usize {
+        match self.arch {
+            Arch::DiffLlamaV2 => 2 * self.n_heads,
+            Arch::Llama | Arch::DiffLlama => self.n_heads,
+        }
     }
 }
 

@@ -49,7 +49,8 @@ pub struct MappingOptions {
 /// Plans every output tensor and checks every source tensor's shape against the config.
 pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<Vec<OutTensor>, ConvertError> {
     let (d, ff, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
-    let (nh, nkv, v) = (cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size);
+    // Query heads (nq) and the heads attn_output reads (nh): the same but for V2's pairs.
+    let (nq, nh, nkv, v) = (cfg.q_heads(), cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size);
     let mut out = Vec::new();
     let mut used = std::collections::HashSet::new();
     // Expect `hf` with HF shape `shape`; returns its name.
@@ -89,8 +90,8 @@ pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<V
             Source::Copy(expect(format!("{p}.input_layernorm.weight"), &[d])?),
             at,
         );
-        let q = expect(format!("{p}.self_attn.q_proj.weight"), &[nh * hd, d])?;
-        push(format!("{b}.attn_q.weight"), &[nh * hd, d], Source::PermuteRope { name: q, n_heads: nh }, at);
+        let q = expect(format!("{p}.self_attn.q_proj.weight"), &[nq * hd, d])?;
+        push(format!("{b}.attn_q.weight"), &[nq * hd, d], Source::PermuteRope { name: q, n_heads: nq }, at);
         let k = expect(format!("{p}.self_attn.k_proj.weight"), &[nkv * hd, d])?;
         push(format!("{b}.attn_k.weight"), &[nkv * hd, d], Source::PermuteRope { name: k, n_heads: nkv }, at);
         let vname = expect(format!("{p}.self_attn.v_proj.weight"), &[nkv * hd, d])?;
@@ -112,8 +113,8 @@ pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<V
             }
         }
         if cfg.attention_bias {
-            let qb = expect(format!("{p}.self_attn.q_proj.bias"), &[nh * hd])?;
-            push(format!("{b}.attn_q.bias"), &[nh * hd], Source::PermuteRope { name: qb, n_heads: nh }, at);
+            let qb = expect(format!("{p}.self_attn.q_proj.bias"), &[nq * hd])?;
+            push(format!("{b}.attn_q.bias"), &[nq * hd], Source::PermuteRope { name: qb, n_heads: nq }, at);
             let kb = expect(format!("{p}.self_attn.k_proj.bias"), &[nkv * hd])?;
             push(format!("{b}.attn_k.bias"), &[nkv * hd], Source::PermuteRope { name: kb, n_heads: nkv }, at);
             push(
@@ -129,11 +130,19 @@ pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<V
                 at,
             );
         }
-        if cfg.arch == Arch::DiffLlama {
-            for which in ["q1", "k1", "q2", "k2"] {
-                let src = expect(format!("{p}.self_attn.lambda_{which}"), &[hd])?;
-                push(format!("{b}.attn_lambda_{which}.weight"), &[hd], Source::Copy(src), at);
+        match cfg.arch {
+            Arch::DiffLlama => {
+                for which in ["q1", "k1", "q2", "k2"] {
+                    let src = expect(format!("{p}.self_attn.lambda_{which}"), &[hd])?;
+                    push(format!("{b}.attn_lambda_{which}.weight"), &[hd], Source::Copy(src), at);
+                }
             }
+            Arch::DiffLlamaV2 => {
+                // Always F32 (quant_plan keeps unknown tensors): h × hidden is tiny.
+                let src = expect(format!("{p}.self_attn.lambda_proj.weight"), &[nh, d])?;
+                push(format!("{b}.attn_lambda.weight"), &[nh, d], Source::Copy(src), at);
+            }
+            Arch::Llama => {}
         }
         push(
             format!("{b}.ffn_norm.weight"),
