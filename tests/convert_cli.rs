@@ -4,7 +4,8 @@
 //! non-zero exit status and no panic or backtrace, and leaves no output file and no temporary
 //! file behind: missing directory / config.json / tokenizer.json / weights / shard, corrupt
 //! safetensors (truncated, header length past the end), unknown model_type, config/shape
-//! mismatches, odd diffllama head counts, an unsupported dtype, an output path that is one
+//! mismatches, odd diffllama head counts, DIFF V2 checkpoints whose pairs, lambda_proj or
+//! q_proj do not fit, an unsupported dtype, an output path that is one
 //! of the inputs (refused, input untouched) and a full disk (a 64 KiB tmpfs when root may
 //! mount one, and always RLIMIT_FSIZE).
 //! Also: --dry-run prints the plan and the exact size of the file a real run writes, and
@@ -242,6 +243,92 @@ fn config_problems_are_refused() {
     // The tensors are checked against config.json before the tokenizer is read (a vocabulary
     // the tensors do not bound is never trusted), so the embedding's shape is what disagrees.
     refused("vocab_size below the tensors'", &d, &["model.safetensors", "config.json implies [300, 256]"]);
+}
+
+/// DIFF V2 (duet's `diffllama_v2` checkpoint format): pairs that cannot share a KV head, a
+/// missing lambda_proj and a q_proj that is not 2h·head_dim rows are refused by name.
+#[test]
+fn v2_checkpoint_problems_are_refused() {
+    let t = TempDir::new("v2");
+
+    let d = copy_fixture("diffllama-v2-gqa", &t.join("pairs-kv"));
+    edit_config(&d, r#""num_key_value_heads": 2"#, r#""num_key_value_heads": 3"#);
+    refused(
+        "h not a multiple of h_kv",
+        &d,
+        &["config.json", "diffllama_v2", "num_attention_heads (4", "multiple of num_key_value_heads (3)"],
+    );
+
+    // Renaming layer 1's lambda_proj in the safetensors header (same length, so every
+    // offset stays valid) makes it missing.
+    let d = copy_fixture("diffllama-v2-gqa", &t.join("no-lambda"));
+    let st = d.join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    let (from, to) = (b"layers.1.self_attn.lambda_proj", b"layers.1.self_attn.lambda_prox");
+    let at = bytes.windows(from.len()).position(|w| w == from).expect("lambda_proj in the header");
+    let mut edited = bytes.clone();
+    edited[at..at + to.len()].copy_from_slice(to);
+    std::fs::write(&st, edited).unwrap();
+    refused("no lambda_proj", &d, &["no tensor 'model.layers.1.self_attn.lambda_proj.weight'"]);
+
+    // h = 2 pairs in config.json, but q_proj holds 8 query heads of 32 (2h·d = 128 ≠ 256).
+    let d = copy_fixture("diffllama-v2-gqa", &t.join("q-rows"));
+    edit_config(&d, r#""num_attention_heads": 4"#, r#""num_attention_heads": 2"#);
+    refused(
+        "q_proj not 2h·d rows",
+        &d,
+        &["model.layers.0.self_attn.q_proj.weight", "has shape [256, 256] but config.json implies [128, 256]"],
+    );
+}
+
+/// Every preset of a DIFF V2 checkpoint, read back by gguf-py: the architecture and head
+/// counts, lambda_proj kept F32, every tensor's shape, and gguf-py's dequantization of every
+/// tensor against the checkpoint's values. A b-bit block quantizer on these Gaussian weights
+/// has a relative RMS error of about 1.2–1.4·2^−b (measured: Q8_0 5.4e-3, Q6_K 1.8e-2,
+/// Q5_K 3.6e-2, Q4_K 7.2e-2, Q4_0 8.6e-2); the bound is 2.5·2^−b, F32 and BF16 exact.
+#[test]
+fn v2_every_preset_reads_back_in_gguf_py() {
+    let test = "v2_every_preset_reads_back_in_gguf_py";
+    let Some(python) = duet_test_support::oracle_python(test) else { return };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/check_gguf_against_checkpoint.py");
+    let t = TempDir::new("v2-presets");
+    let input = fixture("diffllama-v2-gqa");
+    for preset in duet_convert::Preset::ALL {
+        let target = t.join(format!("{}.gguf", preset.name()));
+        let out = convert(&input, &["-t", preset.name()], &target);
+        assert!(out.status.success(), "{}: {}", preset.name(), text(&out.stderr));
+        let report = duet_test_support::run_python(&python, &script, &[target.as_os_str(), input.as_os_str()]);
+        let lines: Vec<Vec<&str>> = report.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(lines[0], ["arch", "diffllama_v2"], "{}", preset.name());
+        assert_eq!(lines[1], ["heads", "8", "2"], "{}: 2h query heads, h_kv KV heads", preset.name());
+        let tensors: Vec<&Vec<&str>> = lines.iter().filter(|l| l[0] == "tensor").collect();
+        assert_eq!(tensors.len(), GgufFile::open(&target).unwrap().tensors().len(), "{}", preset.name());
+        assert_eq!(tensors.len(), 23, "{}: 2 layers × 11 + embeddings, norm, output", preset.name());
+        for l in &tensors {
+            let (name, ty, dims, err) = (l[1], l[2], l[3], l[4].parse::<f64>().unwrap());
+            let what = format!("{} {name} ({ty})", preset.name());
+            if name.ends_with("attn_lambda.weight") {
+                assert_eq!((ty, dims), ("F32", "256x4"), "{what}: lambda_proj is hidden → h, kept F32");
+            }
+            if name.ends_with("attn_q.weight") {
+                assert_eq!(dims, "256x256", "{what}: 2h·d = 8·32 rows");
+            }
+            if name.ends_with("attn_output.weight") {
+                assert_eq!(dims, "128x256", "{what}: reads h·d = 4·32");
+            }
+            let bits = match ty {
+                "F32" | "BF16" => None,
+                "F16" => Some(10),
+                "Q8_0" => Some(8),
+                "Q6_K" => Some(6),
+                "Q5_K" | "Q5_0" | "Q5_1" => Some(5),
+                "Q4_K" | "Q4_0" | "Q4_1" => Some(4),
+                other => panic!("{what}: unexpected type {other}"),
+            };
+            let bound = bits.map_or(0.0, |b| 2.5 * 2f64.powi(-b));
+            assert!(err <= bound, "{what}: gguf-py reads values {err:.2e} from the checkpoint's (bound {bound:.1e})");
+        }
+    }
 }
 
 #[test]

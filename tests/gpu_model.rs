@@ -83,7 +83,14 @@ fn fixtures_gpu_matches_cpu() {
     let mut g16 = gpu(test, true);
     eprintln!("{test}: {}", g32.describe());
     let mut failures = Vec::new();
-    let cases = [("diffllama-gqa", false), ("diffllama-tied-llama3", false), ("llama-gqa", false), ("llama-dex", true)];
+    let cases = [
+        ("diffllama-gqa", false),
+        ("diffllama-tied-llama3", false),
+        ("llama-gqa", false),
+        ("llama-dex", true),
+        ("diffllama-v2-gqa", false),
+        ("diffllama-v2-mha-tied", false),
+    ];
     for (name, keep_dex) in cases {
         let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
         let tokens = &reference.tokens;
@@ -135,10 +142,10 @@ fn fixtures_gpu_matches_cpu() {
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
 }
 
-/// `f(name, F32 file, reference tokens, n_vocab)` for the DiffLlama and Llama GQA fixtures,
-/// each converted to F32 for the call and removed after it.
+/// `f(name, F32 file, reference tokens, n_vocab)` for the DiffLlama, Llama and DIFF V2 GQA
+/// fixtures, each converted to F32 for the call and removed after it.
 fn on_f32_fixtures(mut f: impl FnMut(&str, &Path, &[u32], usize)) {
-    for name in ["diffllama-gqa", "llama-gqa"] {
+    for name in ["diffllama-gqa", "llama-gqa", "diffllama-v2-gqa"] {
         let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
         let path = convert(name, Preset::F32, false);
         f(name, &path, &reference.tokens, reference.n_vocab);
@@ -194,7 +201,7 @@ fn quantized_cache_gpu_matches_cpu() {
         }
     });
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
-    assert_eq!(runs, 11 + 6, "pairs run on DiffLlama and Llama");
+    assert_eq!(runs, 11 + 6 + 11, "pairs run on DiffLlama, Llama and DIFF V2");
 }
 
 /// Quantized attention logits through whole models (DIFF and Llama, prefill then decode):

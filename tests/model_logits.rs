@@ -29,7 +29,8 @@ fn check(name: &str, preset: Preset, keep_dex: bool) -> Stats {
     stats
 }
 
-const MODELS: [&str; 3] = ["diffllama-gqa", "diffllama-tied-llama3", "llama-gqa"];
+const MODELS: [&str; 5] =
+    ["diffllama-gqa", "diffllama-tied-llama3", "llama-gqa", "diffllama-v2-gqa", "diffllama-v2-mha-tied"];
 
 #[test]
 fn f32_conversions_match_transformers_within_1e_3() {
