@@ -16,6 +16,7 @@ lm_head. Used by tests/fixtures/make_v2_fixtures.py (reference logits) and meant
 import json
 import math
 import os
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -105,19 +106,29 @@ class DiffLlamaV2(nn.Module):
         emb = torch.cat((ang, ang), dim=-1)
         return emb.cos(), emb.sin()
 
-    def forward(self, ids):
-        x = self.model.embed_tokens(ids)
-        cos, sin = self.rope(ids.shape[1], ids.device)
+    def init_weights(self, std=0.02):
+        """transformers' Llama initialisation: N(0, std²) matrices and embeddings, unit norms."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, std)
+
+    def forward(self, input_ids):
+        """Logits for `input_ids` [batch, T] as `.logits` [batch, T, vocab] (transformers' shape)."""
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope(input_ids.shape[1], input_ids.device)
         for layer in self.model.layers:
             x = layer(x, cos, sin)
         x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
-        return x @ w.t()
+        return SimpleNamespace(logits=x @ w.t())
 
 
 def config(vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
            num_key_value_heads, head_dim, tie_word_embeddings, rms_norm_eps=1e-5, rope_theta=10000.0,
-           max_position_embeddings=512, new_rope_layout=True):
+           max_position_embeddings=512, new_rope_layout=True, bos_token_id=None, eos_token_id=None):
     """A config.json dict of the format (num_attention_heads = h, the number of pairs)."""
     cfg = {
         "model_type": "diffllama_v2",
@@ -135,6 +146,8 @@ def config(vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_at
         "tie_word_embeddings": tie_word_embeddings,
         "attention_bias": False,
         "mlp_bias": False,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
     }
     if new_rope_layout:
         cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta}

