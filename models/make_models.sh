@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Regenerates everything in models/ from nothing:
-#   venv (models/.venv) -> texts from npm and Debian -> 8k byte-level BPE -> Llama and DiffLlama
-#   (trained in turn, resumable) -> bf16 HF directories + evaluation -> reference logits
+#   venv (models/.venv) -> texts from npm and Debian -> 8k byte-level BPE -> Llama, DiffLlama and
+#   DIFF V2 (trained in turn, resumable) -> bf16 HF directories + evaluation -> reference logits
 #   -> `duet convert` of the DiffLlama to models/duet-diff-ref.q8_0.gguf.
 #
 #   models/make_models.sh                  # from the repository root or anywhere
 #   models/make_models.sh --threads 2      # extra arguments go to models/train.py
 #
 # Run it again after an interruption: finished stages are skipped and training resumes
-# from its last checkpoint (models/.cache/run-ref/ckpt/<llama|diff>/state.pt).
+# from its last checkpoint (models/.cache/run-ref/ckpt/<llama|diff|v2>/state.pt).
 # Environment: DUET_VENV=DIR uses an existing venv with models/requirements.txt instead of
 # making models/.venv; NICE=N sets the niceness of the heavy steps (default 10); OUT=DIR
 # puts the exported models elsewhere (default models/; for tests with --preset tiny).
