@@ -290,6 +290,26 @@ fn row_and_element_ops() {
     p.gpu.dex(&mut xg, &dg, 0.37, &[0, 3, 5], hd);
     let (g, c) = p.read(&xc, &xg);
     check("dex", &g, &c);
+
+    // DIFF V2's combine: the 6 heads of a row form 3 pairs; gates of both signs.
+    let n_pairs = n_heads / 2;
+    let gv: Vec<f32> = rng.normals(rows * n_pairs).iter().map(|v| v * 4.0).collect();
+    let (xc, xg) = p.tensor(rows, cols, &xv);
+    let (gc, gg) = p.tensor(rows, n_pairs, &gv);
+    let (mut oc, mut og) = p.tensor(rows, n_pairs * hd, &[]);
+    p.cpu.pair_combine(&xc, &gc, hd, &mut oc);
+    p.gpu.pair_combine(&xg, &gg, hd, &mut og);
+    let (g, c) = p.read(&oc, &og);
+    check("pair_combine", &g, &c);
+    // The CPU's against the definition, o_i = x_2i − sigmoid(g_i)·x_2i+1.
+    for (r, (row, i)) in [(0, 0), (rows - 1, n_pairs - 1), (17, 1)].into_iter().enumerate() {
+        let lambda = 1.0 / (1.0 + (-gv[row * n_pairs + i]).exp());
+        for j in [0, hd / 2, hd - 1] {
+            let want = xv[row * cols + 2 * i * hd + j] - lambda * xv[row * cols + (2 * i + 1) * hd + j];
+            let got = c[row * n_pairs * hd + i * hd + j];
+            assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "case {r}: pair_combine {got} vs {want}");
+        }
+    }
 }
 
 /// Runs `steps` (query rows per call) of attention on both backends over caches of types

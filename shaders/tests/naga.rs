@@ -36,10 +36,10 @@ fn every_variant_validates() {
         all.len(),
         failures.join("\n")
     );
-    // 11 weight types × 3 weight ops, 9 plain ops (logit_reduce, kv_window and rotate
-    // included), 11 cache writes, 11 logit-absmax readers, 4 × 121 attention variants, plus
-    // the f16 forms of the 22 matrix products.
-    assert_eq!(all.len(), 33 + 9 + 11 + 11 + 4 * 121 + 22);
+    // 11 weight types × 3 weight ops, 10 plain ops (logit_reduce, kv_window, rotate and
+    // pair_combine included), 11 cache writes, 11 logit-absmax readers, 4 × 121 attention
+    // variants, plus the f16 forms of the 22 matrix products.
+    assert_eq!(all.len(), 33 + 10 + 11 + 11 + 4 * 121 + 22);
 }
 
 #[test]
