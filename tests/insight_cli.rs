@@ -121,6 +121,46 @@ fn attn_map_writes_causal_attention_weights_svg_png_and_an_index() {
     }
 }
 
+/// DIFF V2 pairs: A₂ᵢ and A₂ᵢ₊₁ are softmaxes, the combination is A₂ᵢ − λₜ·A₂ᵢ₊₁ with each
+/// row's own λₜ ∈ (0, 1) from maps.json (rows sum to 1 − λₜ), and `lambda` is their mean.
+#[test]
+fn attn_map_of_diff_v2_pairs_uses_each_rows_gate() {
+    let t = temp_dir("v2-maps");
+    let v2 = t.0.join("v2.gguf");
+    convert("diffllama-v2-gqa", &v2, "q8_0");
+    let out = t.0.join("maps");
+    let index = attn_map(&v2, &out, &["--layers", "0", "--heads", "1,3"]);
+    assert_eq!(index["arch"], "diffllama_v2");
+    let n = index["tokens"].as_array().unwrap().len();
+    let (shape, data) = read_npy(&out.join("layer00.npy"));
+    assert_eq!(shape, [2, 3, n, n]);
+    for (e, entry) in index["entries"].as_array().unwrap().iter().enumerate() {
+        let pair = entry["pair"].as_u64().unwrap() as usize;
+        assert_eq!(entry["query_heads"], serde_json::json!([2 * pair, 2 * pair + 1]));
+        let lambdas: Vec<f32> =
+            entry["row_lambda"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        assert_eq!(lambdas.len(), n);
+        assert!(lambdas.iter().all(|&l| l > 0.0 && l < 1.0), "sigmoid gates: {lambdas:?}");
+        let mean = lambdas.iter().sum::<f32>() / n as f32;
+        assert!((entry["lambda"].as_f64().unwrap() as f32 - mean).abs() < 1e-6);
+        let spread = lambdas.iter().fold(0f32, |m, &l| m.max((l - mean).abs()));
+        assert!(spread > 1e-3, "the gate depends on the token ({spread})");
+        let map = |m: usize| &data[(e * 3 + m) * n * n..(e * 3 + m + 1) * n * n];
+        for (i, &l) in lambdas.iter().enumerate() {
+            for m in 0..2 {
+                let sum: f32 = map(m)[i * n..(i + 1) * n].iter().sum();
+                assert!((sum - 1.0).abs() < 1e-4, "entry {e} map {m} row {i} sums to {sum}");
+            }
+            let sum: f32 = map(2)[i * n..(i + 1) * n].iter().sum();
+            assert!((sum - (1.0 - l)).abs() < 1e-4, "row {i}: {sum} vs 1 − λₜ = {}", 1.0 - l);
+            for j in 0..n {
+                let (a, b, d) = (map(0)[i * n + j], map(1)[i * n + j], map(2)[i * n + j]);
+                assert!((a - l * b - d).abs() < 1e-6);
+            }
+        }
+    }
+}
+
 #[test]
 fn attn_map_on_the_gpu_matches_the_cpu() {
     if let Err(e) = duet_runtime::gpu::GpuBackend::new(&Default::default()) {
@@ -128,20 +168,23 @@ fn attn_map_on_the_gpu_matches_the_cpu() {
         return;
     }
     let t = temp_dir("gpu");
-    let diff = t.0.join("diff.gguf");
-    convert("diffllama-gqa", &diff, "f32");
-    let cpu = t.0.join("cpu");
-    let gpu = t.0.join("gpu");
-    attn_map(&diff, &cpu, &["--device", "cpu"]);
-    attn_map(&diff, &gpu, &["--device", "gpu"]);
-    for l in ["layer00.npy", "layer01.npy"] {
-        let (sa, a) = read_npy(&cpu.join(l));
-        let (sb, b) = read_npy(&gpu.join(l));
-        assert_eq!(sa, sb);
-        let worst = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        // F32 weights; the GPU's matmuls may multiply in f16 (relative error ~5e-4 on
-        // q and k), which moves logits of a few units by ~1e-3 and weights by less.
-        assert!(worst < 1e-3, "{l}: GPU and CPU maps differ by up to {worst}");
+    // DIFF and DIFF V2 (whose combined maps use the gates the GPU reads back).
+    for fixture in ["diffllama-gqa", "diffllama-v2-gqa"] {
+        let model = t.0.join(format!("{fixture}.gguf"));
+        convert(fixture, &model, "f32");
+        let cpu = t.0.join(format!("{fixture}-cpu"));
+        let gpu = t.0.join(format!("{fixture}-gpu"));
+        attn_map(&model, &cpu, &["--device", "cpu"]);
+        attn_map(&model, &gpu, &["--device", "gpu"]);
+        for l in ["layer00.npy", "layer01.npy"] {
+            let (sa, a) = read_npy(&cpu.join(l));
+            let (sb, b) = read_npy(&gpu.join(l));
+            assert_eq!(sa, sb);
+            let worst = a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            // F32 weights; the GPU's matmuls may multiply in f16 (relative error ~5e-4 on
+            // q and k), which moves logits of a few units by ~1e-3 and weights by less.
+            assert!(worst < 1e-3, "{fixture} {l}: GPU and CPU maps differ by up to {worst}");
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! The attention maps of duet_runtime::insight are the attention the model computes: on the
-//! committed fixtures (a GQA DiffLlama, a tied DiffLlama with llama3 RoPE, a GQA Llama),
-//! each head's map times the layer's V reproduces the attention output the forward pass
-//! produced (for DIFF: RMSNorm((A1 − λ·A2)·[V_a | V_b]) · (1 − λ_init), the sub-norm weight
-//! when there is one). An f32 cache, so the only difference is arithmetic order.
+//! committed fixtures (a GQA DiffLlama, a tied DiffLlama with llama3 RoPE, a GQA Llama, two
+//! DIFF V2), each head's map times the layer's V reproduces the attention output the forward
+//! pass produced (for DIFF: RMSNorm((A1 − λ·A2)·[V_a | V_b]) · (1 − λ_init), the sub-norm
+//! weight when there is one; for V2: (A₂ᵢ − λₜ·A₂ᵢ₊₁)·V of the pair's KV head, the output of
+//! the pair combine). An f32 cache, so the only difference is arithmetic order.
 
 mod common;
 
@@ -13,18 +14,19 @@ use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, Probe};
 use duet_runtime::calibrate::Observer;
 use duet_runtime::cpu::CpuBackend;
-use duet_runtime::insight::maps::{head_maps, selectable_heads};
+use duet_runtime::insight::maps::{LayerQk, head_maps, selectable_heads};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::model::{Logits, Model};
 
 use common::convert;
 
-/// Q, K, V and the attention output of every layer.
+/// Q, K, V, V2's pair gates and the attention output of every layer.
 #[derive(Default)]
 struct Acts {
     q: Vec<Vec<f32>>,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    gates: Vec<Vec<f32>>,
     out: Vec<Vec<f32>>,
 }
 
@@ -34,6 +36,7 @@ impl Observer for Acts {
             Probe::Q => &mut self.q,
             Probe::K => &mut self.k,
             Probe::V => &mut self.v,
+            Probe::PairGates => &mut self.gates,
             Probe::AttnOut => &mut self.out,
             _ => return,
         };
@@ -44,18 +47,20 @@ impl Observer for Acts {
     }
 }
 
-/// The attention output of `head` (a query head, or a DIFF pair) from its maps and V:
-/// head_dim values (standard) or 2·head_dim (DIFF), per position.
-fn output_from_maps(q: &[f32], k: &[f32], v: &[f32], spec: &AttentionSpec, head: usize, n: usize) -> Vec<Vec<f32>> {
+/// The attention output of `head` (a query head, or a DIFF / V2 pair) from its maps and V:
+/// head_dim values (standard, V2) or 2·head_dim (DIFF), per position.
+fn output_from_maps(qk: LayerQk<'_>, v: &[f32], spec: &AttentionSpec, head: usize, n: usize) -> Vec<Vec<f32>> {
     let d = spec.head_dim;
     let kv_cols = spec.n_kv_heads * d;
     let group = spec.n_heads / spec.n_kv_heads;
     let pos: Vec<usize> = (0..n).collect();
-    let maps = head_maps(q, k, spec, 0, head, &pos);
+    let maps = head_maps(qk, spec, 0, head, &pos);
     let w = &maps.effective().data;
-    // The V heads the output mixes: its KV head (standard), or the pair's two halves.
+    // The V heads the output mixes: its KV head (standard), the pair's two halves (DIFF),
+    // or the one KV head both heads of the pair read (V2).
     let v_heads = match spec.kind {
         AttentionKind::Differential { .. } => vec![head / group, head / group + spec.n_kv_heads / 2],
+        AttentionKind::PairedHeads => vec![2 * head / group],
         AttentionKind::Standard => vec![head / group],
     };
     let mut rows = Vec::new();
@@ -97,12 +102,18 @@ fn check(fixture: &str) {
     let mut worst = 0f32;
     for (il, layer) in model.layers.iter().enumerate() {
         let spec = &layer.attention;
-        let q_cols = spec.n_heads * spec.head_dim;
-        let width = q_cols / selectable_heads(spec);
+        // Output values per selectable head: 2·head_dim for a DIFF pair, head_dim otherwise.
+        let width = match spec.kind {
+            AttentionKind::Differential { .. } => 2 * spec.head_dim,
+            _ => spec.head_dim,
+        };
+        let out_cols = selectable_heads(spec) * width;
+        let gates = acts.gates.get(il).map_or(&[][..], Vec::as_slice);
+        let qk = LayerQk { q: &acts.q[il], k: &acts.k[il], gates };
         for h in 0..selectable_heads(spec) {
-            let rows = output_from_maps(&acts.q[il], &acts.k[il], &acts.v[il], spec, h, n);
+            let rows = output_from_maps(qk, &acts.v[il], spec, h, n);
             for (i, row) in rows.iter().enumerate() {
-                let got = &acts.out[il][i * q_cols + h * width..i * q_cols + (h + 1) * width];
+                let got = &acts.out[il][i * out_cols + h * width..i * out_cols + (h + 1) * width];
                 let scale = got.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
                 for (a, b) in row.iter().zip(got) {
                     worst = worst.max((a - b).abs() / scale);
@@ -130,4 +141,10 @@ fn diff_tied_llama3_maps_reproduce_the_attention_output() {
 #[test]
 fn llama_gqa_maps_reproduce_the_attention_output() {
     check("llama-gqa");
+}
+
+#[test]
+fn v2_maps_reproduce_the_attention_output() {
+    check("diffllama-v2-gqa");
+    check("diffllama-v2-mha-tied");
 }

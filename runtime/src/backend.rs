@@ -62,6 +62,9 @@ pub enum AttentionKind {
         /// Optional learned sub-norm weight (official DIFF checkpoints), 2·head_dim values.
         sub_norm: Option<Vec<f32>>,
     },
+    /// DIFF V2: each query head attends exactly as in [`AttentionKind::Standard`]; the model
+    /// then combines heads 2i and 2i+1 with per-token gates ([`Backend::pair_combine`]).
+    PairedHeads,
 }
 
 /// Everything attention needs besides its inputs.
@@ -136,8 +139,11 @@ pub enum Probe {
     K,
     /// Values (rows × n_kv_heads·head_dim).
     V,
-    /// The attention output, the input of attn_output (rows × n_heads·head_dim).
+    /// The attention output, the input of attn_output (rows × n_heads·head_dim; DIFF V2:
+    /// after the pair combine, rows × n_heads/2·head_dim).
     AttnOut,
+    /// DIFF V2: lambda_proj of the normalised input, before its sigmoid (rows × n_heads/2).
+    PairGates,
     /// Each head pair's two branches before they are combined. DIFF (CPU only):
     /// `[A1·V | A2·V]` per pair (rows × (n_heads/2)·4·head_dim); DIFF V2 (both backends): the
     /// query heads' outputs, `[o_2i | o_2i+1]` per pair (rows × n_heads·head_dim).

@@ -351,6 +351,7 @@ fn attention_case(
         gpu_out.extend_from_slice(&g);
         let kind = match &spec.kind {
             AttentionKind::Standard => "standard".to_string(),
+            AttentionKind::PairedHeads => "paired (V2)".to_string(),
             AttentionKind::Differential { sub_norm, .. } => format!("differential(sub-norm {})", sub_norm.is_some()),
         };
         let lq = match &spec.logit_quant {

@@ -315,13 +315,14 @@ pub fn bench_model(
         tokens.chunks(opts.n_tokens.max(2)).filter(|w| w.len() >= 2).take(opts.windows.max(1)).collect();
     let cfg = e.model.config.clone();
     let is_diff = cfg.arch != Arch::Llama;
+    // Llama layers capture no branches; their entry is never read.
     let layouts: Vec<Branches> = e
         .model
         .layers
         .iter()
         .map(|l| match l.attention.kind {
             AttentionKind::Differential { lambda, .. } => Branches::V1 { lambda },
-            AttentionKind::Standard => Branches::V2,
+            AttentionKind::PairedHeads | AttentionKind::Standard => Branches::V2,
         })
         .collect();
     let calibrated = e.model.file.get("duet.calibration.logits.absmax").is_some();

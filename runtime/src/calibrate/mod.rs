@@ -192,7 +192,7 @@ impl Observer for Calibrator {
                 keys.extend_from_slice(data);
             }
             Probe::V => self.v.add_rows(layer, data, hd),
-            Probe::AttnBranches => {}
+            Probe::AttnBranches | Probe::PairGates => {}
             Probe::Hidden => {
                 self.hidden.add_rows(layer, data, cols);
                 for &x in data {

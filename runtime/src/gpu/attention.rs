@@ -267,7 +267,7 @@ pub fn attention(
     write_rows(b, &kb, &kc, cache.k_elem, rows, cache, pos0);
     write_rows(b, &vb, &vc, cache.v_elem, rows, cache, pos0);
     let (diff, lambda, out_scale, sub) = match &spec.kind {
-        AttentionKind::Standard => (false, 0.0, 1.0, None),
+        AttentionKind::Standard | AttentionKind::PairedHeads => (false, 0.0, 1.0, None),
         AttentionKind::Differential { lambda, lambda_init, sub_norm } => {
             (true, *lambda, 1.0 - lambda_init, sub_norm.as_deref())
         }

@@ -4,12 +4,12 @@
 
 use serde_json::{Value, json};
 
-use crate::backend::{AttentionKind, Backend};
+use crate::backend::Backend;
 use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::insight::heatmap::{self, Figure, Panel};
 use crate::insight::html::{self, Block, Report};
-use crate::insight::maps::{HeadMaps, head_maps, selectable_heads};
+use crate::insight::maps::{HeadMaps, head_maps, is_paired, selectable_heads};
 use crate::insight::{capture_qk, npy, raster};
 
 /// The maps of one prompt.
@@ -20,7 +20,8 @@ pub struct MapSet {
     pub tokens: Vec<u32>,
     /// Each token's text.
     pub token_text: Vec<String>,
-    /// Whether heads are DIFF head pairs (query heads j and j + n_query_heads/2).
+    /// Whether heads are shown in pairs (DIFF: query heads j and j + n_query_heads/2; V2: 2j
+    /// and 2j + 1).
     pub differential: bool,
     pub n_query_heads: usize,
     /// One entry per selected (layer, head), layer-major.
@@ -43,7 +44,7 @@ fn selection<B: Backend>(
     }
     let spec = &engine.model.layers[0].attention;
     let n_heads = selectable_heads(spec);
-    let unit = if matches!(spec.kind, AttentionKind::Differential { .. }) { "DIFF head pairs" } else { "heads" };
+    let unit = if is_paired(spec) { "DIFF head pairs" } else { "heads" };
     let heads = heads.map_or_else(|| (0..n_heads).collect(), <[usize]>::to_vec);
     if let Some(&h) = heads.iter().find(|&&h| h >= n_heads) {
         return Err(RuntimeError::Usage(format!(
@@ -76,8 +77,7 @@ pub fn attention_maps<B: Backend>(
             engine.n_ctx()
         )));
     }
-    let per_head =
-        if matches!(engine.model.layers[0].attention.kind, AttentionKind::Differential { .. }) { 3 } else { 1 };
+    let per_head = if is_paired(&engine.model.layers[0].attention) { 3 } else { 1 };
     let bytes = (layers.len() * heads.len() * per_head) as u64 * (tokens.len() as u64).pow(2) * 4;
     if bytes > max_bytes {
         return Err(RuntimeError::Usage(format!(
@@ -97,9 +97,8 @@ pub fn attention_maps<B: Backend>(
     let positions: Vec<usize> = (0..tokens.len()).collect();
     let mut out = Vec::new();
     for &l in &layers {
-        let (q, k) = capture.layer(l);
         for &h in &heads {
-            out.push(head_maps(q, k, &engine.model.layers[l].attention, l, h, &positions));
+            out.push(head_maps(capture.layer(l), &engine.model.layers[l].attention, l, h, &positions));
         }
     }
     let token_text = tokens.iter().map(|&t| engine.tokenizer.decode(&[t], true)).collect::<Result<_, _>>()?;
@@ -108,7 +107,7 @@ pub fn attention_maps<B: Backend>(
         arch: engine.model.config.arch.name().to_string(),
         tokens: tokens.to_vec(),
         token_text,
-        differential: matches!(engine.model.layers[0].attention.kind, AttentionKind::Differential { .. }),
+        differential: is_paired(&engine.model.layers[0].attention),
         n_query_heads: engine.model.layers[0].attention.n_heads,
         heads: out,
     })
@@ -125,16 +124,14 @@ impl MapSet {
     }
 
     pub fn figure<'a>(&'a self, m: &'a HeadMaps) -> Figure<'a> {
-        let title = match m.lambda {
-            Some(l) => format!(
-                "{}: layer {}, pair {} (heads {} and {}), λ = {l:.3}",
-                self.model,
-                m.layer,
-                m.head,
-                m.head,
-                m.head + self.n_query_heads / 2
+        // V2's λ is each token's own: the title gives their mean.
+        let lambda_label = if self.arch == "diffllama_v2" { "mean λₜ" } else { "λ" };
+        let title = match (m.pair, m.lambda) {
+            (Some((a, b)), Some(l)) => format!(
+                "{}: layer {}, pair {} (heads {a} and {b}), {lambda_label} = {l:.3}",
+                self.model, m.layer, m.head
             ),
-            None => format!("{}: layer {}, head {}", self.model, m.layer, m.head),
+            _ => format!("{}: layer {}, head {}", self.model, m.layer, m.head),
         };
         Figure {
             title,
@@ -176,7 +173,7 @@ impl MapSet {
                 for x in &m.maps {
                     data.extend_from_slice(&x.data);
                 }
-                entries.push(json!({
+                let mut entry = json!({
                     "layer": l,
                     self.unit(): m.head,
                     "lambda": m.lambda,
@@ -185,7 +182,14 @@ impl MapSet {
                     "npy_index": i,
                     "svg": format!("{}.svg", self.stem(m)),
                     "png": format!("{}.png", self.stem(m)),
-                }));
+                });
+                if let Some((a, b)) = m.pair {
+                    entry["query_heads"] = json!([a, b]);
+                }
+                if !m.row_lambdas.is_empty() {
+                    entry["row_lambda"] = json!(m.row_lambdas);
+                }
+                entries.push(entry);
             }
             files.push((npy_name, npy::to_npy(&[in_layer.len(), per_head, n, n], &data)));
         }
@@ -195,7 +199,7 @@ impl MapSet {
             "differential": self.differential,
             "n_query_heads": self.n_query_heads,
             "tokens": self.tokens.iter().zip(&self.token_text).map(|(id, t)| json!({"id": id, "text": t})).collect::<Vec<_>>(),
-            "note": "map[i][j]: the weight query position i gives key position j (0 past i). Standard heads: softmax(scale·q·kᵀ); DIFF pairs: A1, A2 and A1 − λ·A2 (rows sum to 1 − λ). From f32 Q/K after RoPE, before the K cache's rounding and without logit quantization.",
+            "note": "map[i][j]: the weight query position i gives key position j (0 past i). Standard heads: softmax(scale·q·kᵀ); DIFF pairs: A1, A2 and A1 − λ·A2 (rows sum to 1 − λ); DIFF V2 pairs: A₂ᵢ, A₂ᵢ₊₁ and A₂ᵢ − λₜ·A₂ᵢ₊₁ with each row's own λₜ in row_lambda (rows sum to 1 − λₜ; lambda is their mean). From f32 Q/K after RoPE, before the K cache's rounding and without logit quantization.",
             "entries": entries,
         });
         let json = serde_json::to_string_pretty(&index).expect("JSON of plain values");

@@ -205,11 +205,10 @@ pub fn measure<B: Backend>(
     let (mut layer_answer, mut layer_noise) = (Vec::new(), Vec::new());
     for (il, layer) in engine.model.layers.iter().enumerate() {
         let spec = &layer.attention;
-        let (q, k) = capture.layer(il);
         let heads = selectable_heads(spec);
         let (mut a, mut n) = (0.0, 0.0);
         for h in 0..heads {
-            let m = head_maps(q, k, spec, il, h, &rows);
+            let m = head_maps(capture.layer(il), spec, il, h, &rows);
             let e = m.effective();
             let (ha, hn) = answer_and_noise(&e.data, e.cols, &prompt.needle, &prompt.context);
             a += ha;

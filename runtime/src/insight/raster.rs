@@ -105,6 +105,11 @@ fn ascii(text: &str) -> String {
             '·' => s.push('*'),
             '␣' => s.push('_'),
             '…' => s.push('~'),
+            // Subscripts (DIFF V2's A₂ᵢ₊₁, λₜ) as plain characters.
+            '₀'..='₉' => s.push(char::from(b'0' + (ch as u32 - '₀' as u32) as u8)),
+            '₊' => s.push('+'),
+            'ᵢ' => s.push('i'),
+            'ₜ' => s.push('t'),
             c if (c as u32) < 128 && !c.is_control() => s.push(c),
             _ => s.push('?'),
         }
@@ -206,6 +211,7 @@ mod tests {
         assert!(!inked.is_empty());
         assert!(inked.iter().all(|&(x, y)| (2..18).contains(&x) && (2..10).contains(&y)));
         assert_eq!(ascii("A1 − λ·A2 é"), "A1 - lambda*A2 ?");
+        assert_eq!(ascii("A₂ᵢ − λₜ·A₂ᵢ₊₁"), "A2i - lambdat*A2i+1");
     }
 
     #[test]

@@ -281,6 +281,7 @@ impl<B: Backend> Model<B> {
                 (Some(w_lambda), Some((gate, combined))) => {
                     observe(b, Probe::AttnBranches, il, &a.att);
                     b.matmul(w_lambda, &a.xn, gate);
+                    observe(b, Probe::PairGates, il, gate);
                     b.pair_combine(&a.att, gate, c.head_dim, combined);
                     &*combined
                 }

@@ -93,8 +93,9 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
     for il in 0..c.n_layers {
         let p = |n: &str| format!("blk.{il}.{n}");
         let kind = match c.arch {
+            Arch::Llama => AttentionKind::Standard,
             // V2 attends like a Llama with n_heads query heads; its pairs meet afterwards.
-            Arch::Llama | Arch::DiffLlamaV2 => AttentionKind::Standard,
+            Arch::DiffLlamaV2 => AttentionKind::PairedHeads,
             Arch::DiffLlama => {
                 let mut vecs = Vec::with_capacity(4);
                 for which in ["q1", "k1", "q2", "k2"] {

@@ -92,7 +92,7 @@ pub fn attention(
     let branchp = branches.map(|b| SharedMut::new(b.as_mut_ptr()));
     let lq = logit_quant::per_head(pool, k, q, rows, pos0, spec);
     match &spec.kind {
-        AttentionKind::Standard => {
+        AttentionKind::Standard | AttentionKind::PairedHeads => {
             let items = rows * spec.n_heads;
             pool.for_chunks_tid(items, 1, &|_, range| {
                 let mut scores = Vec::new();
