@@ -113,6 +113,7 @@ mod tests {
             (0..32).map(|i| i as f32 - 15.5).collect(),
             (0..32).map(|i| (i as f32 - 16.0) * 127.0 / 16.0 + 0.5).collect(),
             vec![0.0; 32],
+            vec![-0.0; 32],
             (0..32).map(|i| i as f32 * 1e-45).collect(),
             (0..32).map(|i| (i as f32 - 16.0) * 1e37).collect(),
             (0..32).map(|i| if i == 3 { f32::INFINITY } else { i as f32 }).collect(),
