@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `duet attn-bench` on a trained DIFF / Llama pair, the README's low-bit attention table:
+# `duet attn-bench` on a trained DIFF / Llama pair (and the DIFF V2 model when DIR/diffv2-ref
+# exists), the README's low-bit attention table:
 # held-out text (never trained on) decoded from the training run's evaluation slices ->
 # both models converted to F16 GGUFs, calibrated (for the static logit scales) on another
 # held-out slice -> attn-bench over WINDOWS windows of TOKENS tokens (each from an empty cache,
@@ -45,11 +46,15 @@ open(f"{work}/calib.txt", "w").write(text(["moby-dick", "fortunes"], 8192))
 PY
 
 cargo build --release --quiet
-for m in diff llama; do
+models=(diff llama)
+[ -f "$DIR/diffv2-ref/config.json" ] && models=(diff diffv2 llama)
+args=()
+for m in "${models[@]}"; do
     ./target/release/duet convert "$DIR/$m-ref" -t f16 --calibrate "$WORK/calib.txt" -o "$WORK/$NAME-$m.f16.gguf" -q
+    args+=(-m "$WORK/$NAME-$m.f16.gguf")
 done
 mkdir -p models/results
-./target/release/duet attn-bench -m "$WORK/$NAME-diff.f16.gguf" -m "$WORK/$NAME-llama.f16.gguf" \
+./target/release/duet attn-bench "${args[@]}" \
     -f "$WORK/eval.txt" -c "$TOKENS" -w "$WINDOWS" -o "models/results/$NAME-attn-bench"
 # The README's side-by-side tables (DIFF vs Llama per setting; both outlier summaries).
 python3 models/pair_table.py "models/results/$NAME-attn-bench.json" | tee "models/results/$NAME-table.md"
