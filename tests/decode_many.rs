@@ -106,7 +106,7 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
 
 #[test]
 fn decode_many_matches_each_sequence_alone_on_the_cpu() {
-    for fixture in ["diffllama-gqa", "llama-gqa"] {
+    for fixture in ["diffllama-gqa", "llama-gqa", "diffllama-v2-gqa"] {
         let path = convert(fixture, Preset::F32, false);
         check(&mut CpuBackend::new(2), &path, &format!("{fixture} CPU"));
         std::fs::remove_file(&path).unwrap();
@@ -124,7 +124,7 @@ fn decode_many_matches_each_sequence_alone_on_the_gpu() {
             );
         }
     };
-    for fixture in ["diffllama-gqa", "llama-gqa"] {
+    for fixture in ["diffllama-gqa", "llama-gqa", "diffllama-v2-gqa"] {
         let path = convert(fixture, Preset::F32, false);
         check(&mut gpu, &path, &format!("{fixture} GPU"));
         std::fs::remove_file(&path).unwrap();
