@@ -62,6 +62,27 @@ pub(super) trait Arch {
     /// are below 16).
     unsafe fn set_bit4(w: Self::V, bits: *const u8) -> Self::V;
 
+    /// Whether [`Arch::dot`]'s products are better summed as 16-bit *partials* before they are
+    /// widened: true where `dot` is two instructions (AVX2 without VNNI: `vpmaddubsw` into i16
+    /// pairs, then `vpmaddwd` into i32), so that several dots share one widening. The caller
+    /// bounds how many dots one partial holds so that no i16 lane overflows (see [`IAcc`]).
+    const PARTIAL16: bool = false;
+    /// A partial of one dot (`Σ w·a` in i16 pairs where `PARTIAL16`, else in i32 lanes).
+    unsafe fn dot_part(w: Self::V, a: *const u8) -> Self::V {
+        // SAFETY: forwarded.
+        unsafe { Self::dot(Self::zero(), w, a) }
+    }
+    /// The sum of two partials.
+    unsafe fn add_part(p: Self::V, q: Self::V) -> Self::V {
+        // SAFETY: no memory access.
+        unsafe { Self::add32(p, q) }
+    }
+    /// `acc` plus a partial widened to i32 lanes.
+    unsafe fn widen_part(acc: Self::V, p: Self::V) -> Self::V {
+        // SAFETY: no memory access.
+        unsafe { Self::add32(acc, p) }
+    }
+
     unsafe fn zero_f() -> Self::F;
     unsafe fn cvt(a: Self::V) -> Self::F;
     /// a·b + c.
@@ -193,36 +214,62 @@ const fn chains(n: usize, wide: usize) -> usize {
 
 /// Integer accumulators of N tokens in `chains(N, A::CHAINS)` chains (`A::CHAINS_K` for the
 /// K-quants, `KQ`); step k goes to chain k % chains. All compile-time constants.
-struct IAcc<A: Arch, const N: usize, const KQ: bool>([[A::V; N]; 4]);
+///
+/// Where the arch sums 16-bit partials ([`Arch::PARTIAL16`]), steps `k` of one token are
+/// instead summed in groups of `PER` consecutive steps (k = 0, 1, 2, … in order, a multiple of
+/// `PER` in all) and each group is widened once. `PER` is what keeps every i16 lane exact:
+/// a step adds at most 2·w_max·128 per lane (two u8 × i8 products; activations are Q8 in
+/// −128..127), so PER ≤ 32767 / (256·w_max): 8 for 4-bit weights, 4 for 5-bit, 2 for 6-bit.
+/// The partial's add chain has latency 1, so no extra chains are needed there.
+/// Tiles of more than 4 tokens keep the plain chains: their step loops are not unrolled, and
+/// the partials' bookkeeping would then cost more than the widenings it saves.
+struct IAcc<A: Arch, const N: usize, const KQ: bool, const PER: usize> {
+    acc: [[A::V; N]; 4],
+    part: [A::V; N],
+}
 
-impl<A: Arch, const N: usize, const KQ: bool> IAcc<A, N, KQ> {
+impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, PER> {
     const CHAINS: usize = chains(N, if KQ { A::CHAINS_K } else { A::CHAINS });
+    const PARTIALS: bool = A::PARTIAL16 && PER > 1;
 
     #[inline(always)]
     unsafe fn new(init: [A::V; N]) -> Self {
         // SAFETY: no memory access.
         let z = unsafe { A::zero() };
-        IAcc([init, [z; N], [z; N], [z; N]])
+        IAcc { acc: [init, [z; N], [z; N], [z; N]], part: [z; N] }
     }
     #[inline(always)]
     unsafe fn dot(&mut self, k: usize, t: usize, w: A::V, a: *const u8) {
-        let c = &mut self.0[k % Self::CHAINS][t];
         // SAFETY: forwarded.
-        *c = unsafe { A::dot(*c, w, a) };
+        unsafe {
+            if Self::PARTIALS {
+                let per = PER;
+                let m = A::dot_part(w, a);
+                let p = &mut self.part[t];
+                *p = if k % per == 0 { m } else { A::add_part(*p, m) };
+                if k % per == per - 1 {
+                    self.acc[0][t] = A::widen_part(self.acc[0][t], *p);
+                }
+            } else {
+                let c = &mut self.acc[k % Self::CHAINS][t];
+                *c = A::dot(*c, w, a);
+            }
+        }
     }
     #[inline(always)]
     unsafe fn dot_q8(&mut self, k: usize, t: usize, w: A::W8, a: *const u8) {
-        let c = &mut self.0[k % Self::CHAINS][t];
+        let c = &mut self.acc[k % Self::CHAINS][t];
         // SAFETY: forwarded.
         *c = unsafe { A::dot_q8(*c, w, a) };
     }
     #[inline(always)]
     unsafe fn sum(self) -> [A::V; N] {
+        let chains = if Self::PARTIALS { 1 } else { Self::CHAINS };
         std::array::from_fn(|t| {
-            let mut s = self.0[0][t];
-            for c in 1..Self::CHAINS {
+            let mut s = self.acc[0][t];
+            for c in 1..chains {
                 // SAFETY: no memory access.
-                s = unsafe { A::add32(s, self.0[c][t]) };
+                s = unsafe { A::add32(s, self.acc[c][t]) };
             }
             s
         })
@@ -262,9 +309,9 @@ impl<A: Arch, const N: usize> FAcc<A, N> {
 // --- 32-element formats -----------------------------------------------------------------------
 
 /// Q4_0, Q4_1, Q5_0, Q5_1: `FIVE` adds the fifth bit; `MIN` uses d·q + m (Q8_1 activations)
-/// instead of d·(q − offset).
+/// instead of d·(q − offset). `PER`: dots per 16-bit partial (see [`IAcc`]).
 #[inline(always)]
-unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: bool>(
+unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: bool, const PER: usize>(
     w: &PackedMatrix,
     a: &QActs,
     g: usize,
@@ -286,7 +333,7 @@ unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: boo
             let mut acc = [A::zero_f(); N];
             for b in 0..nb {
                 let wb = at(bulk, b * bb);
-                let mut is = IAcc::<A, N, false>::new(std::array::from_fn(|t| {
+                let mut is = IAcc::<A, N, false, PER>::new(std::array::from_fn(|t| {
                     if MIN { A::zero() } else { A::bcast_i32(at(tk[t], off_off + 4 * b)) }
                 }));
                 for s in 0..4 {
@@ -339,7 +386,7 @@ impl Kern for Q4_0 {
         out: *mut f32,
         ld: usize,
     ) {
-        unsafe { tile_legacy4::<A, N, false, false>(w, a, g, t0, out, ld) }
+        unsafe { tile_legacy4::<A, N, false, false, 8>(w, a, g, t0, out, ld) }
     }
 }
 impl Kern for Q4_1 {
@@ -353,7 +400,7 @@ impl Kern for Q4_1 {
         out: *mut f32,
         ld: usize,
     ) {
-        unsafe { tile_legacy4::<A, N, false, true>(w, a, g, t0, out, ld) }
+        unsafe { tile_legacy4::<A, N, false, true, 8>(w, a, g, t0, out, ld) }
     }
 }
 impl Kern for Q5_0 {
@@ -367,7 +414,7 @@ impl Kern for Q5_0 {
         out: *mut f32,
         ld: usize,
     ) {
-        unsafe { tile_legacy4::<A, N, true, false>(w, a, g, t0, out, ld) }
+        unsafe { tile_legacy4::<A, N, true, false, 4>(w, a, g, t0, out, ld) }
     }
 }
 impl Kern for Q5_1 {
@@ -381,7 +428,7 @@ impl Kern for Q5_1 {
         out: *mut f32,
         ld: usize,
     ) {
-        unsafe { tile_legacy4::<A, N, true, true>(w, a, g, t0, out, ld) }
+        unsafe { tile_legacy4::<A, N, true, true, 4>(w, a, g, t0, out, ld) }
     }
 }
 
@@ -407,7 +454,7 @@ impl Kern for Q8_0 {
                 let mut acc = [A::zero_f(); N];
                 for b in 0..nb {
                     let wb = at(bulk, b * 512 + 4 * r0);
-                    let mut is = IAcc::<A, N, false>::new(std::array::from_fn(|t| {
+                    let mut is = IAcc::<A, N, false, 1>::new(std::array::from_fn(|t| {
                         if A::Q8_BIASED { A::bcast_i32(at(tk[t], off_off + 4 * b)) } else { A::zero() }
                     }));
                     for s in 0..8 {
@@ -431,9 +478,9 @@ impl Kern for Q8_0 {
 
 // --- K-quants --------------------------------------------------------------------------------
 
-/// Q4_K and Q5_K (`FIVE`).
+/// Q4_K and Q5_K (`FIVE`). `PER`: dots per 16-bit partial (see [`IAcc`]).
 #[inline(always)]
-unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool>(
+unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
     w: &PackedMatrix,
     a: &QActs,
     g: usize,
@@ -494,7 +541,7 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool>(
                     for h in 0..2 {
                         let j = (2 * c + h) as u32 % 4;
                         let scf = A::cvt(A::byte_lane(scv, j));
-                        let mut is = IAcc::<A, N, true>::new([A::zero(); N]);
+                        let mut is = IAcc::<A, N, true, PER>::new([A::zero(); N]);
                         for s in 0..8 {
                             let x = A::load(at(bk, qs_at + 64 * (8 * c + s) + 4 * r0));
                             let mut q = if h == 0 { A::and(x, m0f) } else { A::and(A::srli16::<4>(x), m0f) };
@@ -536,7 +583,7 @@ impl Kern for Q4K {
         out: *mut f32,
         ld: usize,
     ) {
-        unsafe { tile_k45::<A, N, false>(w, a, g, t0, out, ld) }
+        unsafe { tile_k45::<A, N, false, 8>(w, a, g, t0, out, ld) }
     }
 }
 impl Kern for Q5K {
@@ -550,7 +597,7 @@ impl Kern for Q5K {
         out: *mut f32,
         ld: usize,
     ) {
-        unsafe { tile_k45::<A, N, true>(w, a, g, t0, out, ld) }
+        unsafe { tile_k45::<A, N, true, 4>(w, a, g, t0, out, ld) }
     }
 }
 
@@ -568,7 +615,7 @@ unsafe fn q6_sub<A: Arch, const N: usize, const K: usize>(
     unsafe {
         let m0f = A::splat8(0x0f);
         let m30 = A::splat8(0x30);
-        let mut is = IAcc::<A, N, true>::new(std::array::from_fn(|t| A::bcast_i32(at(tk[t], off_at))));
+        let mut is = IAcc::<A, N, true, 2>::new(std::array::from_fn(|t| A::bcast_i32(at(tk[t], off_at))));
         for s in 4 * q..4 * q + 4 {
             let line = at(bk, 64 * 3 * (8 * h + s));
             let src = A::load(at(line, 64 * (K & 1)));
@@ -742,6 +789,7 @@ impl<A: Arch, const NMAX: usize, const CHAINS: usize, const CHAINS_K: usize> Arc
     const CHAINS: usize = CHAINS;
     const CHAINS_K: usize = CHAINS_K;
     const Q8_BIASED: bool = A::Q8_BIASED;
+    const PARTIAL16: bool = A::PARTIAL16;
     type V = A::V;
     type F = A::F;
     type W8 = A::W8;
@@ -763,6 +811,9 @@ impl<A: Arch, const NMAX: usize, const CHAINS: usize, const CHAINS_K: usize> Arc
         fn dot_q8(acc: A::V, w: A::W8, a: *const u8) -> A::V;
         fn dot16(acc: A::V, w: A::V, a: *const u8) -> A::V;
         fn set_bit4(w: A::V, bits: *const u8) -> A::V;
+        fn dot_part(w: A::V, a: *const u8) -> A::V;
+        fn add_part(p: A::V, q: A::V) -> A::V;
+        fn widen_part(acc: A::V, p: A::V) -> A::V;
         fn zero_f() -> A::F;
         fn cvt(a: A::V) -> A::F;
         fn fmadd(a: A::F, b: A::F, c: A::F) -> A::F;

@@ -287,6 +287,48 @@ fn integer_parts_are_exact() {
     }
 }
 
+/// Byte ranges of a block's quants (not its scales), and the byte that makes every level of
+/// the block its largest magnitude.
+fn quant_bytes(ty: GgmlType) -> (Range<usize>, u8) {
+    match ty {
+        GgmlType::Q4_0 => (2..18, 0xff),
+        GgmlType::Q4_1 => (4..20, 0xff),
+        GgmlType::Q5_0 => (2..22, 0xff),
+        GgmlType::Q5_1 => (4..24, 0xff),
+        GgmlType::Q8_0 => (2..34, 0x80),
+        GgmlType::Q4_K => (16..144, 0xff),
+        GgmlType::Q5_K => (16..176, 0xff),
+        GgmlType::Q6_K => (0..192, 0xff),
+        _ => unreachable!("{ty} has no integer quants"),
+    }
+}
+
+/// Every quant at its largest level against activations at their extremes (+127 everywhere,
+/// and −128 for Q8_K / −127 for Q8_0 everywhere): the largest sums any 16-bit partial of the
+/// AVX2 kernels can hold (see `kernels::IAcc`), so an overflow there shows as a wrong result.
+#[test]
+fn extreme_levels_sum_exactly() {
+    let mut rng = Rng(0x0dd_ba11);
+    let cols = 512;
+    for ty in GgmlType::WEIGHT_TYPES {
+        if matches!(ty, GgmlType::F16 | GgmlType::BF16) {
+            continue;
+        }
+        let (quants, max) = quant_bytes(ty);
+        let mut wb = exact_weights(ty, 16, cols, &mut rng);
+        for blk in wb.chunks_exact_mut(ty.type_size()) {
+            blk[quants.clone()].fill(max);
+        }
+        for sign in [1.0f32, -1.0] {
+            let x = vec![sign; 3 * cols];
+            let want = reference(ty, &wb, 16, cols, &x, 3);
+            for k in available().iter().chain(&variants()) {
+                assert_eq!(run_packed(k, ty, &wb, 16, cols, &x, 3), want, "{} {ty} activations {sign}", k.name);
+            }
+        }
+    }
+}
+
 #[test]
 fn activation_quantization_is_the_reference() {
     let x = normal(4 * 512, 77);

@@ -288,6 +288,31 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
             }
         }
     }
+    const PARTIAL16: bool = !VNNI;
+    #[inline(always)]
+    unsafe fn dot_part(w: __m256i, a: *const u8) -> __m256i {
+        unsafe {
+            if VNNI {
+                _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, Self::bcast_i32(a))
+            } else {
+                _mm256_maddubs_epi16(w, Self::bcast_i32(a))
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_part(p: __m256i, q: __m256i) -> __m256i {
+        unsafe { if VNNI { _mm256_add_epi32(p, q) } else { _mm256_add_epi16(p, q) } }
+    }
+    #[inline(always)]
+    unsafe fn widen_part(acc: __m256i, p: __m256i) -> __m256i {
+        unsafe {
+            if VNNI {
+                _mm256_add_epi32(acc, p)
+            } else {
+                _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+            }
+        }
+    }
     #[inline(always)]
     unsafe fn set_bit4(w: __m256i, bits: *const u8) -> __m256i {
         unsafe {
