@@ -243,11 +243,10 @@ impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, P
         // SAFETY: forwarded.
         unsafe {
             if Self::PARTIALS {
-                let per = PER;
                 let m = A::dot_part(w, a);
                 let p = &mut self.part[t];
-                *p = if k % per == 0 { m } else { A::add_part(*p, m) };
-                if k % per == per - 1 {
+                *p = if k.is_multiple_of(PER) { m } else { A::add_part(*p, m) };
+                if k % PER == PER - 1 {
                     self.acc[0][t] = A::widen_part(self.acc[0][t], *p);
                 }
             } else {
