@@ -163,3 +163,37 @@ fn bench_parallel_reports_aggregate_decode_rows_and_refuses_zero() {
     assert!(rate > 0.0, "{row}");
     assert_clean_failure(&duet(&["bench", "-m", m, "--parallel", "0"]), &["--parallel must be at least 1"]);
 }
+
+/// Decode rows give the weight streaming rate (every tensor but an untied embedding table,
+/// once per token), consistent with their tokens/s; prompt rows have none; `--bandwidth`
+/// adds the machine's read bandwidth.
+#[test]
+fn bench_reports_weight_streaming_and_bandwidth() {
+    let m = fixture_gguf();
+    let file = duet_quant::gguf::GgufFile::open(&m).unwrap();
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes()).sum();
+    let embd =
+        if file.tensor("output.weight").is_some() { file.tensor("token_embd.weight").unwrap().n_bytes() } else { 0 };
+    let o =
+        duet(&["bench", "-m", m.to_str().unwrap(), "--device", "cpu", "-p", "3", "-n", "4", "-r", "1", "--bandwidth"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let field = |test: &str, i: usize| -> String {
+        let row =
+            out.lines().find(|l| l.contains(&format!("| {test} |"))).unwrap_or_else(|| panic!("no {test}: {out}"));
+        row.split('|').nth(i).unwrap().trim().to_string()
+    };
+    assert_eq!(field("pp3", 9), "—");
+    let rate: f64 = field("tg4", 7).parse().unwrap();
+    let gbs: f64 = field("tg4", 9).parse().unwrap();
+    let want = (total - embd) as f64 * rate / 1e9;
+    assert!((gbs - want).abs() <= 0.006 + 1e-3 * want, "{gbs} GB/s printed, {want} from {rate} t/s");
+    let bw: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("memory read bandwidth: "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or_else(|| panic!("no bandwidth line: {out}"))
+        .parse()
+        .unwrap();
+    assert!(bw > 0.1, "{bw}");
+}

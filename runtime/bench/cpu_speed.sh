@@ -3,7 +3,10 @@
 # table. `duet bench` and `llama-bench`, both `-p 128 -n 32 -r 5 -t 2`, the two programs
 # alternating within each round so they share the machine's noise; the table gives the
 # median over rounds of each run's median tokens/s and duet/llama.cpp ratios, for duet's
-# default arithmetic (two-level Q8 activations) and for `--cpu-acts q8` (ggml's).
+# default arithmetic (two-level Q8 activations) and for `--cpu-acts q8` (ggml's). The
+# machine's memory read bandwidth (`duet bench --bandwidth`, best of 5 × 1 GiB on 2 threads,
+# median of 3) heads the table, and each decode is also given as the rate at which it streams
+# the model's weights and as a share of that bandwidth.
 #
 #   runtime/bench/cpu_speed.sh                # SmolLM2-135M-Instruct Q4_1
 #   MODELS=all runtime/bench/cpu_speed.sh     # also a random-weight 1.1B Llama (TinyLlama
@@ -35,10 +38,10 @@ if [ "${MODELS:-}" = all ]; then
   done
 fi
 
-# -> "pp tg" medians (t/s) of one run
+# -> "pp tg GB/s" medians (t/s) of one run, GB/s: weights streamed by the decode
 duet_run() {
   "$duet" bench -m "$1" -p 128 -n 32 -r 5 -t 2 --device cpu "${@:2}" 2>/dev/null \
-    | awk -F'|' '/pp128/ { gsub(/ /, "", $8); pp = $8 } /tg32/ { gsub(/ /, "", $8); tg = $8 } END { print pp, tg }'
+    | awk -F'|' '/pp128/ { gsub(/ /, "", $8); pp = $8 } /tg32/ { gsub(/ /, "", $8); gsub(/ /, "", $10); tg = $8; gbs = $10 } END { print pp, tg, gbs }'
 }
 lc_run() {
   "$bin/llama-bench" -m "$1" -p 128 -n 32 -r 5 -t 2 2>/dev/null \
@@ -47,27 +50,38 @@ lc_run() {
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f×", a / b }'; }
 
-echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
+# -> memory read bandwidth, GB/s, of one `duet bench --bandwidth`
+bandwidth() {
+  "$duet" bench -m "${models[0]}" -p 0 -n 1 -r 1 -t 2 --device cpu --bandwidth 2>/dev/null \
+    | sed -n 's/^memory read bandwidth: \([0-9.]*\) GB.*/\1/p'
+}
+bw=$( (bandwidth; bandwidth; bandwidth) | median)
+
+echo "Machine: $(bench_machine); memory read bandwidth $bw GB/s (2 threads). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
 echo
-echo "| model | llama.cpp pp128 | duet pp128 | ratio | llama.cpp tg32 | duet tg32 | ratio | duet \`--cpu-acts q8\` pp128 | ratio | tg32 | ratio |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| model | llama.cpp pp128 | duet pp128 | ratio | llama.cpp tg32 | duet tg32 | ratio | duet tg weights GB/s (of bandwidth) | duet \`--cpu-acts q8\` pp128 | ratio | tg32 | ratio |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
-  declare -A pp=() tg=()
+  declare -A pp=() tg=() gbs=()
   for ((r = 0; r < rounds; r++)); do
     for who in lc duet duet8; do
+      g=
       case $who in
         lc) read -r p t < <(lc_run "$m") ;;
-        duet) read -r p t < <(duet_run "$m") ;;
-        duet8) read -r p t < <(duet_run "$m" --cpu-acts q8) ;;
+        duet) read -r p t g < <(duet_run "$m") ;;
+        duet8) read -r p t g < <(duet_run "$m" --cpu-acts q8) ;;
       esac
       pp[$who]="${pp[$who]:-} $p"
       tg[$who]="${tg[$who]:-} $t"
+      gbs[$who]="${gbs[$who]:-} $g"
     done
   done
   for who in lc duet duet8; do
     pp[$who]=$(echo "${pp[$who]}" | median)
     tg[$who]=$(echo "${tg[$who]}" | median)
   done
-  echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(ratio "${tg[duet]}" "${tg[lc]}") | ${pp[duet8]} | $(ratio "${pp[duet8]}" "${pp[lc]}") | ${tg[duet8]} | $(ratio "${tg[duet8]}" "${tg[lc]}") |"
-  unset pp tg
+  g=$(echo "${gbs[duet]}" | median)
+  share=$(awk -v a="$g" -v b="$bw" 'BEGIN { printf "%.0f%%", 100 * a / b }')
+  echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(ratio "${tg[duet]}" "${tg[lc]}") | $g ($share) | ${pp[duet8]} | $(ratio "${pp[duet8]}" "${pp[lc]}") | ${tg[duet8]} | $(ratio "${tg[duet8]}" "${tg[lc]}") |"
+  unset pp tg gbs
 done

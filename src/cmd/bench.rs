@@ -2,7 +2,9 @@
 //!
 //! ppN evaluates N tokens in one batch from an empty cache; tgN decodes N tokens one at a
 //! time from an empty cache. Each test runs once to warm up, then -r times; the table shows
-//! the median and the spread (min–max) of tokens per second.
+//! the median and the spread (min–max) of tokens per second; decode rows also show the rate
+//! at which they stream weights (a decoded token reads every weight but the token-embedding
+//! table once), to set beside the machine's memory read bandwidth (`--bandwidth`).
 
 use std::time::Instant;
 
@@ -36,6 +38,10 @@ pub struct Args {
     /// tokens/s of all of them
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
     pub parallel: usize,
+    /// Also measure this machine's memory read bandwidth (the -t threads streaming 1 GiB, best
+    /// of 5), the ceiling of the decode rows' weight streaming rate
+    #[arg(long)]
+    pub bandwidth: bool,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -62,6 +68,11 @@ pub fn run(args: Args) -> Result<()> {
 fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path, longest: usize) -> Result<()> {
     let file = GgufFile::open(path)?;
     let model_bytes: u64 = file.tensors().iter().map(|t| t.n_bytes()).sum();
+    // Bytes a decoded token reads: every tensor but an untied token-embedding table (of which
+    // it reads one row; tied, the table is also the output matrix and read whole).
+    let tensor_bytes = |name: &str| file.tensor(name).map_or(0, |t| t.n_bytes());
+    let untied_embd = if tensor_bytes("output.weight") > 0 { tensor_bytes("token_embd.weight") } else { 0 };
+    let decode_bytes = (model_bytes - untied_embd) as f64;
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let device = duet_runtime::backend::Backend::describe(&engine.backend);
@@ -76,12 +87,12 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         ..kv.clone()
     };
     println!(
-        "| model | size | params | backend | KV cache ({}/{}, {} ctx) | test | t/s (median) | spread (min–max) |",
+        "| model | size | params | backend | KV cache ({}/{}, {} ctx) | test | t/s (median) | spread (min–max) | weights GB/s |",
         kv.k_type,
         kv.v_type,
         engine.n_ctx()
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let mut tests: Vec<(String, usize, bool)> = Vec::new();
     tests.extend(args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true)));
     let streams = if args.parallel > 1 { format!(" ×{}", args.parallel) } else { String::new() };
@@ -98,13 +109,23 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         let med = median(&mut rates);
         // With --parallel every stream has a cache of this size.
         let copies = if parallel { format!(" ×{}", args.parallel) } else { String::new() };
+        // A step of --parallel streams reads the weights once for all of them.
+        let streamed =
+            if prompt { "—".to_string() } else { format!("{:.2}", decode_bytes * med / args.parallel as f64 / 1e9) };
         println!(
-            "| {name} | {} | {:.2} M | {device} | {}{copies} ({:.3}× f16) | {label} | {med:.2} | {lo:.2}–{hi:.2} |",
+            "| {name} | {} | {:.2} M | {device} | {}{copies} ({:.3}× f16) | {label} | {med:.2} | {lo:.2}–{hi:.2} | {streamed} |",
             human_bytes(model_bytes),
             params as f64 / 1e6,
             human_bytes(kv.bytes() as u64),
             kv.bytes() as f64 / f16_kv.bytes() as f64
         );
+    }
+    if args.bandwidth {
+        let threads = if args.model.threads == 0 { duet_runtime::cpu::default_threads() } else { args.model.threads };
+        let pool = duet_runtime::cpu::pool::ThreadPool::new(threads);
+        let rate = duet_runtime::cpu::bandwidth::read_bandwidth(&pool, 1 << 30, 5);
+        println!();
+        println!("memory read bandwidth: {:.1} GB/s ({threads} threads streaming 1 GiB, best of 5)", rate / 1e9);
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! map; work is spread over a fork-join thread pool.
 
 mod attention;
+pub mod bandwidth;
 mod matmul;
 pub mod ops;
 pub mod pool;
