@@ -319,7 +319,9 @@ impl<B: Backend> Scheduler<B> {
             Outcome::Continue => {}
             Outcome::Gone => {
                 self.active[i] = None;
-                self.metrics.lock().unwrap_or_else(|p| p.into_inner()).requests_cancelled += 1;
+                let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+                m.requests_cancelled += 1;
+                m.active = self.active.iter().filter(|a| a.is_some()).count();
             }
             Outcome::Finish(finish, by_stop_string) => {
                 let mut a = self.active[i].take().expect("active slot");
@@ -332,18 +334,22 @@ impl<B: Backend> Scheduler<B> {
                     let (out, stopped) = a.stop.push(&tail);
                     if stopped { out } else { out + &a.stop.flush() }
                 };
+                // The metrics are locked before the reply's end goes out, so that a client
+                // that reads /metrics once its reply is complete sees it counted (sinks only
+                // hand events to a channel and never take this lock).
+                let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
                 let delivered = (rest.is_empty() || (a.sink)(GenEvent::Text(rest)))
                     && (a.sink)(GenEvent::Done {
                         finish,
                         prompt_tokens: a.prompt.len(),
                         completion_tokens: a.generated,
                     });
-                let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
                 if delivered {
                     m.requests_finished += 1;
                 } else {
                     m.requests_cancelled += 1;
                 }
+                m.active = self.active.iter().filter(|a| a.is_some()).count();
             }
         }
         Ok(())
