@@ -102,6 +102,35 @@ pub(crate) mod test_util {
             .collect()
     }
 
+    /// Blocks of 32 that stress a quantizer's fast path, after the caller's own `special`
+    /// ones: zeros, −0, subnormals, huge values, an infinity, a NaN, then 2000 uniform random
+    /// blocks in ±4.
+    pub fn edge_and_random_blocks(special: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        let mut blocks = special;
+        blocks.extend([
+            vec![0.0; 32],
+            vec![-0.0; 32],
+            (0..32).map(|i| i as f32 * 1e-45).collect(),
+            (0..32).map(|i| (i as f32 - 16.0) * 1e37).collect(),
+            (0..32).map(|i| if i == 3 { f32::INFINITY } else { i as f32 }).collect(),
+            (0..32).map(|i| if i == 7 { f32::NAN } else { -(i as f32) }).collect(),
+        ]);
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..2000 {
+            blocks.push(
+                (0..32)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 17;
+                        x ^= x << 5;
+                        (x as f32 / u32::MAX as f32 - 0.5) * 8.0
+                    })
+                    .collect(),
+            );
+        }
+        blocks
+    }
+
     /// Max |a-b| relative to max |a|.
     pub fn rel_max_err(a: &[f32], b: &[f32]) -> f32 {
         let scale = a.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);

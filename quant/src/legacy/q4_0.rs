@@ -121,7 +121,7 @@ mod tests {
     /// subnormal and huge blocks, inf and NaN, and random blocks.
     #[test]
     fn finite_block_path_matches_the_reference_loop() {
-        let mut blocks: Vec<Vec<f32>> = vec![
+        let blocks = crate::legacy::test_util::edge_and_random_blocks(vec![
             (0..32).map(|i| i as f32 - 15.5).collect(),
             (0..32)
                 .map(|i| {
@@ -145,26 +145,7 @@ mod tests {
                     }
                 })
                 .collect(),
-            vec![0.0; 32],
-            vec![-0.0; 32],
-            (0..32).map(|i| i as f32 * 1e-45).collect(),
-            (0..32).map(|i| (i as f32 - 16.0) * 1e37).collect(),
-            (0..32).map(|i| if i == 3 { f32::INFINITY } else { i as f32 }).collect(),
-            (0..32).map(|i| if i == 7 { f32::NAN } else { -(i as f32) }).collect(),
-        ];
-        let mut x = 0x9e37_79b9u32;
-        for _ in 0..2000 {
-            blocks.push(
-                (0..32)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 17;
-                        x ^= x << 5;
-                        (x as f32 / u32::MAX as f32 - 0.5) * 8.0
-                    })
-                    .collect(),
-            );
-        }
+        ]);
         for xb in &blocks {
             let mut y = [BlockQ4_0 { d: F16Bytes::from_f32(0.0), qs: [0; QK / 2] }];
             quantize_row_q4_0(xb, &mut y);
