@@ -1,8 +1,9 @@
 //! The conversion pipeline: plan every tensor, then stream them one at a time into a GGUF
 //! that replaces the output path only when complete.
 //!
-//! Peak memory is one tensor's f32 values plus its quantized bytes (and the pages of the
-//! source tensor, released after use), whatever the model size.
+//! Peak memory, whatever the model size: three tensors' output bytes (one being made, one
+//! queued, one being written), an HF tensor's f32 values (a GGUF source is re-quantized a
+//! few rows at a time) and the source pages in use, released after each tensor.
 
 use std::path::{Path, PathBuf};
 
@@ -13,7 +14,9 @@ use crate::error::ConvertError;
 use crate::hf_config::{HfConfig, RopeScaling};
 use crate::imatrix::Imatrix;
 use crate::mapping::{self, MappingOptions, OutTensor};
+use crate::pipeline;
 use crate::quant_plan::{Category, Override, Planner, Preset, llama_cpp_order};
+use crate::quantize_rows::{quantize_rows, requantize_rows};
 use crate::safetensors::Checkpoint;
 use crate::tokenizer;
 
@@ -154,7 +157,9 @@ impl Conversion {
         Ok(self.writer(Path::new("size-only.gguf"))?.file_size())
     }
 
-    /// Writes the GGUF to `out` (atomically: a temp file renamed at the end).
+    /// Writes the GGUF to `out` (atomically: a temp file renamed at the end). Each tensor
+    /// is quantized by `threads` threads (0: all cores) while the previous one is written
+    /// ([`crate::pipeline`]).
     pub fn write(&self, out: &Path, threads: usize, progress: &dyn Progress) -> Result<(), ConvertError> {
         self.refuse_overwriting_input(out)?;
         let writer = self.writer(out)?;
@@ -162,15 +167,19 @@ impl Conversion {
             progress.warn(w);
         }
         progress.begin(self.tensors.iter().map(|t| t.n_bytes).sum(), self.tensors.len());
-        let mut data = writer.start()?;
-        for t in &self.tensors {
-            progress.tensor(&t.name, t.ty, t.n_bytes);
-            let bytes = self.produce(t, threads)?;
-            data.write_tensor(&t.name, &bytes)?;
-            progress.advance(t.n_bytes);
-        }
-        data.finish()?;
-        Ok(())
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let data = writer.start()?;
+        pipeline::write_all(
+            data,
+            &self.tensors,
+            |t| &t.name,
+            |t, buf| {
+                progress.tensor(&t.name, t.ty, t.n_bytes);
+                self.produce(t, threads, buf)?;
+                progress.advance(t.n_bytes);
+                Ok(())
+            },
+        )
     }
 
     fn refuse_overwriting_input(&self, out: &Path) -> Result<(), ConvertError> {
@@ -188,8 +197,12 @@ impl Conversion {
         Ok(())
     }
 
-    /// The bytes of one output tensor.
-    fn produce(&self, t: &PlannedTensor, threads: usize) -> Result<Vec<u8>, ConvertError> {
+    /// The bytes of one output tensor, into `out` (resized to them).
+    fn produce(&self, t: &PlannedTensor, threads: usize, out: &mut Vec<u8>) -> Result<(), ConvertError> {
+        let qerr = |source| ConvertError::Quant { tensor: t.name.clone(), source };
+        let n_per_row = t.dims[0];
+        let imatrix = self.imatrix_for(&t.name, n_per_row);
+        out.clear();
         match (&t.source, &self.input) {
             (Source::Hf(o), Input::Hf { ckpt }) => {
                 let values = mapping::materialize(o, ckpt)?;
@@ -198,28 +211,25 @@ impl Conversion {
                         ckpt.release(m);
                     }
                 }
-                quantize_tensor(&t.name, &values, t.dims[0], t.ty, self.imatrix_for(&t.name, t.dims[0]), threads)
+                out.resize(t.n_bytes as usize, 0);
+                quantize_rows(&values, n_per_row, t.ty, imatrix, threads, out).map_err(qerr)
             }
             (Source::Gguf { index, copy }, Input::Gguf { file, data }) => {
                 let info = &file.tensors()[*index];
                 let (start, len) = (info.file_offset() as usize, info.n_bytes() as usize);
                 let raw = &data[start..start + len];
-                let release = || {
-                    // SAFETY: DontNeed on a read-only file mapping only drops clean pages;
-                    // later reads fault them back in from the file. Best effort.
-                    #[cfg(unix)]
-                    let _ = unsafe { data.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+                let r = if *copy {
+                    out.extend_from_slice(raw);
+                    Ok(())
+                } else {
+                    out.resize(t.n_bytes as usize, 0);
+                    requantize_rows(raw, info.ggml_type(), n_per_row, t.ty, imatrix, threads, out).map_err(qerr)
                 };
-                if *copy {
-                    let bytes = raw.to_vec();
-                    release();
-                    return Ok(bytes);
-                }
-                let mut values = vec![0f32; t.dims.iter().product()];
-                duet_quant::dequantize(info.ggml_type(), raw, &mut values)
-                    .map_err(|source| ConvertError::Quant { tensor: t.name.clone(), source })?;
-                release();
-                quantize_tensor(&t.name, &values, t.dims[0], t.ty, self.imatrix_for(&t.name, t.dims[0]), threads)
+                // SAFETY: DontNeed on a read-only file mapping only drops clean pages; later
+                // reads fault them back in from the file. Best effort.
+                #[cfg(unix)]
+                let _ = unsafe { data.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+                r
             }
             _ => unreachable!("a planned tensor always matches its input kind"),
         }
@@ -228,44 +238,6 @@ impl Conversion {
     fn imatrix_for(&self, name: &str, n_per_row: usize) -> Option<&[f32]> {
         self.imatrix.as_ref()?.get(name).filter(|v| v.len() == n_per_row)
     }
-}
-
-/// Quantizes rows in parallel. `imatrix` (one weight per column) selects the importance-
-/// weighted quantizers.
-pub fn quantize_tensor(
-    name: &str,
-    values: &[f32],
-    n_per_row: usize,
-    ty: GgmlType,
-    imatrix: Option<&[f32]>,
-    threads: usize,
-) -> Result<Vec<u8>, ConvertError> {
-    let qerr = |source| ConvertError::Quant { tensor: name.to_string(), source };
-    let row_bytes = duet_quant::row_bytes(ty, n_per_row)
-        .ok_or_else(|| qerr(duet_quant::QuantError::RowNotBlockAligned { ty, n_per_row, block: ty.block_size() }))?;
-    let rows = values.len() / n_per_row;
-    let mut out = vec![0u8; rows * row_bytes];
-    let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-    // Small tensors are not worth a thread.
-    let threads = threads.min(rows.div_ceil(16)).max(1);
-    let rows_per = rows.div_ceil(threads);
-    let results: Vec<Result<(), duet_quant::QuantError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = values
-            .chunks(rows_per * n_per_row)
-            .zip(out.chunks_mut(rows_per * row_bytes))
-            .map(|(src, dst)| {
-                s.spawn(move || match imatrix {
-                    Some(im) => duet_quant::quantize_with_imatrix(ty, src, n_per_row, im, dst),
-                    None => duet_quant::quantize(ty, src, n_per_row, dst),
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("quantizer threads do not panic")).collect()
-    });
-    for r in results {
-        r.map_err(qerr)?;
-    }
-    Ok(out)
 }
 
 fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, ConvertError> {

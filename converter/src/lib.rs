@@ -10,7 +10,9 @@ pub mod error;
 pub mod hf_config;
 pub mod imatrix;
 pub mod mapping;
+mod pipeline;
 pub mod quant_plan;
+mod quantize_rows;
 pub mod safetensors;
 pub mod tokenizer;
 

@@ -425,6 +425,24 @@ impl GgufDataWriter {
         self.write_tensor(&name, data)
     }
 
+    /// Hands what has been written so far to the operating system (the file's page cache).
+    pub fn flush(&mut self) -> Result<(), GgufError> {
+        let r = self.check_open().and_then(|()| self.io("writing", |out| out.flush()));
+        self.guard(r)
+    }
+
+    /// A second handle to the temporary file, for syncing it from another thread while
+    /// this one writes: a long writer that syncs now and then, after [`GgufDataWriter::flush`],
+    /// makes the disk write as the file grows, so that [`GgufDataWriter::finish`]'s sync
+    /// waits only for the tail and the page cache never holds the whole file dirty.
+    pub fn sync_handle(&mut self) -> Result<File, GgufError> {
+        let r = match self.out.as_ref() {
+            Some(out) => out.get_ref().try_clone().map_err(|e| self.io_err("cannot duplicate the handle of", e)),
+            None => Err(self.misuse("output already closed".into())),
+        };
+        self.guard(r)
+    }
+
     /// Checks that every tensor was written, then flushes, syncs and renames the temporary
     /// file over the target.
     pub fn finish(mut self) -> Result<(), GgufError> {
