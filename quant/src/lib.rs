@@ -25,6 +25,7 @@ pub mod legacy;
 mod rounding;
 mod row;
 mod search;
+mod search_x8;
 
 pub use ggml_type::{GgmlType, UnknownGgmlType};
 pub use row::{QuantError, dequantize, quantize, quantize_with_imatrix, row_bytes};

@@ -263,21 +263,6 @@ pub(crate) fn make_qkx_quants(
     (scale, -min)
 }
 
-/// `make_qkx2_quants`: [`make_qkx_quants`] with explicit weights.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn make_qkx2_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: &[f32],
-    l: &mut [u8],
-    laux: &mut [u8],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-) -> (f32, f32) {
-    make_qkx_quants(nmax, x, Some(weights), l, laux, rmin, rdelta, nstep)
-}
-
 /// `make_qkx3_quants`: [`make_qkx_quants`] with optional weights (default x²).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn make_qkx3_quants(

@@ -15,7 +15,8 @@ pub use q6_k::{dequantize_row_q6_k, quantize_row_q6_k, quantize_row_q6_k_imatrix
 pub use q8_k::{dequantize_row_q8_k, quantize_row_q8_k};
 
 use crate::blocks::{K_SCALE_SIZE, QK_K};
-use crate::search::{make_qkx2_quants, make_qkx3_quants, make_qp_quants};
+use crate::search::make_qp_quants;
+use crate::search_x8::make_qkx_quants_x8;
 
 /// Scale and min of sub-block `j` (0..8) from the 12-byte packed form (`get_scale_min_k4`):
 /// sub-blocks 0–3 keep 6 bits in bytes 0–7; 4–7 split into a low nibble in bytes 8–11 and
@@ -62,31 +63,26 @@ struct ScaleMinSearch {
 /// 6 bits against their maxima.
 fn search_scale_mins_ref(x: &[f32], nmax: i32, rmin: f32, nstep: i32) -> ScaleMinSearch {
     let mut out = ScaleMinSearch { l: [0; QK_K], ls: [0; 8], lm: [0; 8], d: 0.0, dmin: 0.0 };
-    let mut laux = [0u8; 32];
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
-    let mut max_scale = 0.0f32;
-    let mut max_min = 0.0f32;
-    for j in 0..QK_K / 32 {
-        let xs = &x[32 * j..32 * j + 32];
+    let mut weights = [0f32; QK_K];
+    for (xs, ws) in x[..QK_K].chunks_exact(32).zip(weights.chunks_exact_mut(32)) {
         let mut sum_x2 = 0.0f32;
         for &v in xs {
             sum_x2 += v * v;
         }
         let av_x = (sum_x2 / 32.0).sqrt();
-        let mut weights = [0f32; 32];
-        for (w, &v) in weights.iter_mut().zip(xs) {
+        for (w, &v) in ws.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        let (scale, min) =
-            make_qkx2_quants(nmax, xs, &weights, &mut out.l[32 * j..32 * j + 32], &mut laux, rmin, 0.1, nstep);
-        scales[j] = scale;
-        mins[j] = min;
-        if scale > max_scale {
-            max_scale = scale;
+    }
+    let (scales, mins) = make_qkx_quants_x8(nmax, &x[..QK_K], &weights, &mut out.l, rmin, 0.1, nstep);
+    let mut max_scale = 0.0f32;
+    let mut max_min = 0.0f32;
+    for j in 0..QK_K / 32 {
+        if scales[j] > max_scale {
+            max_scale = scales[j];
         }
-        if min > max_min {
-            max_min = min;
+        if mins[j] > max_min {
+            max_min = mins[j];
         }
     }
     let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
@@ -106,9 +102,6 @@ fn search_scale_mins_ref(x: &[f32], nmax: i32, rmin: f32, nstep: i32) -> ScaleMi
 /// by the weighted `make_qp_quants`.
 fn search_scale_mins_imatrix(x: &[f32], qw: Option<&[f32]>, nmax: i32) -> ScaleMinSearch {
     let mut out = ScaleMinSearch { l: [0; QK_K], ls: [0; 8], lm: [0; 8], d: 0.0, dmin: 0.0 };
-    let mut laux = [0u8; 32];
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
     let mut sw = [0f32; 8];
     let mut sum_x2 = 0.0f32;
     for &v in &x[..QK_K] {
@@ -116,9 +109,10 @@ fn search_scale_mins_imatrix(x: &[f32], qw: Option<&[f32]>, nmax: i32) -> ScaleM
     }
     let sigma2 = 2.0 * sum_x2 / QK_K as f32;
     let av_x = sigma2.sqrt();
+    let mut all_weights = [0f32; QK_K];
     for j in 0..QK_K / 32 {
         let xs = &x[32 * j..32 * j + 32];
-        let mut weights = [0f32; 32];
+        let weights = &mut all_weights[32 * j..32 * j + 32];
         match qw {
             Some(qw) => {
                 for l in 0..32 {
@@ -132,15 +126,12 @@ fn search_scale_mins_imatrix(x: &[f32], qw: Option<&[f32]>, nmax: i32) -> ScaleM
             }
         }
         let mut sumw = 0.0f32;
-        for &w in &weights {
+        for &w in weights.iter() {
             sumw += w;
         }
         sw[j] = sumw;
-        let (scale, min) =
-            make_qkx3_quants(nmax, xs, Some(&weights), &mut out.l[32 * j..32 * j + 32], &mut laux, -0.9, 0.05, 36);
-        scales[j] = scale;
-        mins[j] = min;
     }
+    let (scales, mins) = make_qkx_quants_x8(nmax, &x[..QK_K], &all_weights, &mut out.l, -0.9, 0.05, 36);
     out.d = make_qp_quants(63, &scales, &mut out.ls, &sw);
     out.dmin = make_qp_quants(63, &mins, &mut out.lm, &sw);
     out
