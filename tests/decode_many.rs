@@ -1,9 +1,11 @@
 //! `Model::decode_many` (one decode step for several sequences, their matrix products
-//! batched) against each sequence decoded alone with `Model::forward`, on the CPU and on the
-//! GPU: three sequences of different prompt lengths, each with its own cache types and run
-//! settings (f16; 4-bit K per channel + rotated V with 4-bit attention logits; 8-bit blocks),
-//! greedy-decoded for 12 steps. The tokens must be the same; the logits may differ only by
-//! the order in which batched products sum (bound below).
+//! batched) and `Model::forward_many` (steps that mix pieces of prompts with decoding
+//! sequences, as `duet serve` runs them) against each sequence decoded alone with
+//! `Model::forward`, on the CPU and on the GPU: three sequences of different prompt lengths,
+//! each with its own cache types and run settings (f16; 4-bit K per channel + rotated V with
+//! 4-bit attention logits; 8-bit blocks), greedy-decoded for 12 steps. The tokens must be
+//! the same; the logits may differ only by the order in which batched products sum (bound
+//! below).
 
 mod common;
 
@@ -92,16 +94,85 @@ fn together<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<(V
     out
 }
 
+/// Every step one forward_many over what each unfinished sequence feeds next: the next
+/// piece of its prompt (4, 7 and 40 tokens at a time: the 40-token prompt goes in one piece
+/// beside the others' pieces, the 17-token one in three) or, once its prompt is in, its
+/// next greedy token, so that prompt pieces share steps with decoding sequences.
+fn mixed<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    const PIECE: [usize; 3] = [4, 7, 40];
+    let n = prompts.len();
+    let mut sessions: Vec<Session<B>> = (0..n).map(|i| session(b, m, i)).collect();
+    let mut batch = m.new_decode_batch(b, PIECE.iter().sum());
+    let (mut fed, mut next) = (vec![0usize; n], vec![0u32; n]);
+    let mut out = vec![(Vec::new(), Vec::new()); n];
+    while out.iter().any(|o| o.0.len() < STEPS) {
+        let mut who = Vec::new();
+        let mut chunks: Vec<Vec<u32>> = Vec::new();
+        for i in 0..n {
+            if fed[i] < prompts[i].len() {
+                let end = (fed[i] + PIECE[i]).min(prompts[i].len());
+                chunks.push(prompts[i][fed[i]..end].to_vec());
+                fed[i] = end;
+                who.push(i);
+            } else if out[i].0.len() < STEPS {
+                out[i].0.push(next[i]);
+                chunks.push(vec![next[i]]);
+                who.push(i);
+            }
+        }
+        let mut refs: Vec<&mut Session<B>> =
+            sessions.iter_mut().enumerate().filter(|(i, _)| who.contains(i)).map(|(_, s)| s).collect();
+        let views: Vec<&[u32]> = chunks.iter().map(Vec::as_slice).collect();
+        let logits = m.forward_many(b, &mut batch, &mut refs, &views).unwrap();
+        for (&i, l) in who.iter().zip(logits) {
+            next[i] = argmax(&l) as u32;
+            // The logits after a prompt's last piece pick the first token; later ones are
+            // those `alone` records after each fed token.
+            if !out[i].0.is_empty() {
+                out[i].1.push(l);
+            }
+        }
+    }
+    out
+}
+
 fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
     let m = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
     let p = prompts(m.config.n_vocab as u32);
-    let (a, t) = (alone(b, &m, &p), together(b, &m, &p));
-    for (i, ((ta, la), (tt, lt))) in a.iter().zip(&t).enumerate() {
-        assert_eq!(ta, tt, "{what}: sequence {i} ({:?}) decodes other tokens when batched", SETTINGS[i]);
-        let worst = la.iter().flatten().zip(lt.iter().flatten()).fold(0f32, |w, (x, y)| w.max((x - y).abs()));
-        eprintln!("{what}: sequence {i}: max |Δlogit| {worst:.2e}");
-        assert!(worst <= BOUND, "{what}: sequence {i}: batched logits differ by {worst}");
+    let a = alone(b, &m, &p);
+    for (how, t) in [("decode_many", together(b, &m, &p)), ("forward_many", mixed(b, &m, &p))] {
+        for (i, ((ta, la), (tt, lt))) in a.iter().zip(&t).enumerate() {
+            assert_eq!(ta, tt, "{what}, {how}: sequence {i} ({:?}) decodes other tokens when batched", SETTINGS[i]);
+            assert_eq!(la.len(), lt.len(), "{what}, {how}: sequence {i}: logits of every step");
+            let worst = la.iter().flatten().zip(lt.iter().flatten()).fold(0f32, |w, (x, y)| w.max((x - y).abs()));
+            eprintln!("{what}, {how}: sequence {i}: max |Δlogit| {worst:.2e}");
+            assert!(worst <= BOUND, "{what}, {how}: sequence {i}: batched logits differ by {worst}");
+        }
     }
+}
+
+/// Malformed steps are refused with a message, never a panic.
+#[test]
+fn forward_many_refuses_malformed_steps() {
+    let path = convert("llama-gqa", Preset::F32, false);
+    let b = &mut CpuBackend::new(2);
+    let m = Model::load(b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    let mut batch = m.new_decode_batch(b, 8);
+    let (mut s0, mut s1) = (session(b, &m, 0), session(b, &m, 2));
+    let cases: [(&[&[u32]], &str); 3] = [
+        (&[&[1, 2], &[]], "none may be empty"),
+        (&[&[1; 5], &[2; 5]], "a batch holds 1 to 8 tokens"),
+        (&[&[1]], "1 chunks"),
+    ];
+    for (chunks, needle) in cases {
+        let e = m.forward_many(b, &mut batch, &mut [&mut s0, &mut s1], chunks).unwrap_err().to_string();
+        assert!(e.contains(needle), "{chunks:?}: {e}");
+    }
+    let mut wide = m.new_decode_batch(b, 100);
+    let e = m.forward_many(b, &mut wide, &mut [&mut s0], &[&[1; 65]]).unwrap_err().to_string();
+    assert!(e.contains("65 tokens for a session of batch 64"), "{e}");
+    assert_eq!((s0.n_past, s1.n_past), (0, 0), "a refused step changes nothing");
+    std::fs::remove_file(&path).unwrap();
 }
 
 #[test]

@@ -1,9 +1,11 @@
 //! The forward pass: one layer skeleton ([`Model::run_layers`]) shared by
 //! * [`Model::forward`]: a batch of consecutive tokens of one session (prompts, perplexity,
 //!   decoding one sequence), and
-//! * [`Model::decode_many`]: one new token for each of several sessions at once, their
-//!   matrix multiplications over all rows together (the weights are read once for every
-//!   sequence) and RoPE, the K/V cache and attention per sequence, on its own session.
+//! * [`Model::forward_many`]: a chunk of tokens (one when decoding, a piece of a prompt
+//!   when prefilling) for each of several sessions at once, their matrix multiplications
+//!   over all rows together (the weights are read once for every sequence) and RoPE, the
+//!   K/V cache and attention per sequence, on its own session ([`Model::decode_many`]: one
+//!   token each).
 //!
 //! Only the attention step differs between the two ("attend" below).
 
@@ -71,14 +73,14 @@ impl<B: Backend> Acts<B> {
     }
 }
 
-/// Scratch activations for [`Model::decode_many`]: one row per sequence, up to `cap`.
+/// Scratch activations for [`Model::forward_many`]: up to `cap` rows in all.
 pub struct DecodeBatch<B: Backend> {
     acts: Acts<B>,
     cap: usize,
 }
 
 impl<B: Backend> Model<B> {
-    /// Scratch for decoding up to `cap` sequences at once.
+    /// Scratch for steps of up to `cap` tokens in all (e.g. `cap` sequences decoding).
     pub fn new_decode_batch(&self, b: &mut B, cap: usize) -> DecodeBatch<B> {
         DecodeBatch { acts: Acts::new(b, &self.config, cap.max(1)), cap: cap.max(1) }
     }
@@ -187,9 +189,7 @@ impl<B: Backend> Model<B> {
 
     /// One decode step for several sequences: `tokens[i]` continues `sessions[i]` (at its
     /// position `n_past`), and each sequence's next-token logits come back (n_vocab each).
-    /// Every sequence keeps its own cache type and run settings. The result is that of
-    /// [`Model::forward`] on each session alone up to arithmetic order (batched matrix
-    /// products round the same values in a different order). No activation probes.
+    /// [`Model::forward_many`] with one token per sequence.
     pub fn decode_many(
         &self,
         b: &mut B,
@@ -197,46 +197,89 @@ impl<B: Backend> Model<B> {
         sessions: &mut [&mut Session<B>],
         tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let chunks: Vec<&[u32]> = tokens.iter().map(std::slice::from_ref).collect();
+        self.forward_many(b, batch, sessions, &chunks)
+    }
+
+    /// One step for several sequences at once, as llama.cpp's `llama_batch`: `chunks[i]`
+    /// (one token when decoding, a piece of a prompt when prefilling) continues
+    /// `sessions[i]` at its position `n_past`, and the logits of each chunk's last token come
+    /// back (n_vocab each). The matrix products run over all rows together (the weights are
+    /// read once per step, whatever mix of prompts and decoding sequences it holds); RoPE, the
+    /// K/V cache and attention run per sequence, on its own session, which keeps its own
+    /// cache type and run settings. The result is that of [`Model::forward`] on each session
+    /// alone up to arithmetic order (batched matrix products round the same values in a
+    /// different order). No activation probes.
+    pub fn forward_many(
+        &self,
+        b: &mut B,
+        batch: &mut DecodeBatch<B>,
+        sessions: &mut [&mut Session<B>],
+        chunks: &[&[u32]],
+    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let c = &self.config;
-        let n = tokens.len();
-        if n != sessions.len() || n == 0 || n > batch.cap {
+        let n_seq = chunks.len();
+        let rows: usize = chunks.iter().map(|t| t.len()).sum();
+        if n_seq != sessions.len() || n_seq == 0 || rows > batch.cap || chunks.iter().any(|t| t.is_empty()) {
             return Err(RuntimeError::Usage(format!(
-                "decode_many: {n} tokens for {} sessions (a batch holds 1 to {})",
+                "forward_many: {n_seq} chunks ({rows} tokens, none may be empty) for {} sessions (a batch holds 1 to {} tokens)",
                 sessions.len(),
                 batch.cap
             )));
         }
-        self.check_tokens(tokens)?;
-        if let Some(s) = sessions.iter().find(|s| s.n_past + 1 > s.n_ctx) {
-            return Err(RuntimeError::ContextFull { n_ctx: s.n_ctx, needed: s.n_past + 1 });
+        for (s, t) in sessions.iter().zip(chunks) {
+            if t.len() > s.max_batch {
+                return Err(RuntimeError::Usage(format!(
+                    "forward_many: a chunk of {} tokens for a session of batch {}",
+                    t.len(),
+                    s.max_batch
+                )));
+            }
+            if s.n_past + t.len() > s.n_ctx {
+                return Err(RuntimeError::ContextFull { n_ctx: s.n_ctx, needed: s.n_past + t.len() });
+            }
         }
-        for s in sessions.iter_mut() {
-            s.acts.set_rows(b, 1);
+        let tokens: Vec<u32> = chunks.concat();
+        self.check_tokens(&tokens)?;
+        for (s, t) in sessions.iter_mut().zip(chunks) {
+            s.acts.set_rows(b, t.len());
         }
         let a = &mut batch.acts;
-        a.set_rows(b, n);
-        // Row i of the batch moves into sequence i's own one-row scratch for RoPE at its
-        // position and attention over its cache, and its output moves back.
+        a.set_rows(b, rows);
+        // Sequence i's rows move into its own scratch for RoPE at its positions and attention
+        // over its cache, and its output rows move back.
         let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>| {
-            for (i, s) in sessions.iter_mut().enumerate() {
+            let mut first = 0;
+            for (s, t) in sessions.iter_mut().zip(chunks) {
                 let pos = s.n_past;
-                let one = &mut s.acts;
-                b.copy_row(&a.q, i, &mut one.q, 0);
-                b.copy_row(&a.k, i, &mut one.k, 0);
-                b.copy_row(&a.v, i, &mut one.v, 0);
-                b.rope(&mut one.q, c.n_heads, c.head_dim, pos, &self.rope);
-                b.rope(&mut one.k, c.n_kv_heads, c.head_dim, pos, &self.rope);
-                b.attention(&one.q, &one.k, &one.v, &mut s.cache, il, pos, &s.attention[il], &mut one.att);
-                b.copy_row(&one.att, 0, &mut a.att, i);
+                let own = &mut s.acts;
+                for r in 0..t.len() {
+                    b.copy_row(&a.q, first + r, &mut own.q, r);
+                    b.copy_row(&a.k, first + r, &mut own.k, r);
+                    b.copy_row(&a.v, first + r, &mut own.v, r);
+                }
+                b.rope(&mut own.q, c.n_heads, c.head_dim, pos, &self.rope);
+                b.rope(&mut own.k, c.n_kv_heads, c.head_dim, pos, &self.rope);
+                b.attention(&own.q, &own.k, &own.v, &mut s.cache, il, pos, &s.attention[il], &mut own.att);
+                for r in 0..t.len() {
+                    b.copy_row(&own.att, r, &mut a.att, first + r);
+                }
+                first += t.len();
             }
         };
-        self.run_layers(b, a, tokens, usize::MAX, &mut attend);
-        for s in sessions.iter_mut() {
-            s.n_past += 1;
+        self.run_layers(b, a, &tokens, usize::MAX, &mut attend);
+        // Each chunk's last row (gathered into `proj`, free after the layers) gets logits.
+        b.set_rows(&mut a.proj, n_seq);
+        let mut first = 0;
+        for (i, (s, t)) in sessions.iter_mut().zip(chunks).enumerate() {
+            s.n_past += t.len();
+            first += t.len();
+            b.copy_row(&a.x, first - 1, &mut a.proj, i);
         }
-        b.rms_norm(&a.x, &self.output_norm, c.rms_eps, &mut a.xn);
+        b.set_rows(&mut a.xn, n_seq);
+        b.rms_norm(&a.proj, &self.output_norm, c.rms_eps, &mut a.xn);
         let output = self.output.as_ref().unwrap_or(&self.token_embd);
-        let all = self.output_logits(b, a, n, output)?;
+        let all = self.output_logits(b, a, n_seq, output)?;
         Ok(all.chunks_exact(c.n_vocab).map(<[f32]>::to_vec).collect())
     }
 

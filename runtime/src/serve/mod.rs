@@ -1,8 +1,9 @@
 //! The multi-sequence engine behind `duet serve`: requests queue, are admitted into a fixed
 //! number of slots (each a [`crate::model::Session`] with its own K/V cache), and run
-//! together — every step evaluates one prompt chunk of a newly admitted request and then one
-//! decode step of all decoding slots at once ([`crate::model::Model::decode_many`]), so new
-//! requests join the running batch and prompts interleave with decoding (continuous
+//! together — every step is one forward pass ([`crate::model::Model::forward_many`]) over
+//! the next token of every decoding slot and up to a chunk of prompt tokens of newly
+//! admitted requests (pieces of several prompts when they are short), so new requests join
+//! the running batch and prompts share the weights' pass with decoding (continuous
 //! batching). Sampling, stop strings and limits travel with each request.
 //!
 //! * [`scheduler`]: the slots, the queue and the step.

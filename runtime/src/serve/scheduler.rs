@@ -7,7 +7,7 @@ use std::time::Instant;
 use crate::backend::Backend;
 use crate::engine::Engine;
 use crate::error::RuntimeError;
-use crate::model::{DecodeBatch, Logits, Model, Session};
+use crate::model::{DecodeBatch, Model, Session};
 use crate::sampler::Sampler;
 use crate::serve::metrics::Metrics;
 use crate::serve::stop::StopText;
@@ -75,7 +75,8 @@ pub struct Scheduler<B: Backend> {
     queue: VecDeque<Waiting>,
     max_queue: usize,
     batch: DecodeBatch<B>,
-    /// Prompt tokens evaluated per step (one chunk between decode steps).
+    /// Prompt tokens evaluated per step, beside the decoding slots' tokens (one prompt's
+    /// chunk or pieces of several).
     chunk: usize,
     n_ctx: usize,
     metrics: Arc<Mutex<Metrics>>,
@@ -103,7 +104,8 @@ impl<B: Backend> Scheduler<B> {
             s.attention.clone_from(&sessions[0].attention);
             sessions.push(s);
         }
-        let batch = model.new_decode_batch(&mut backend, slots);
+        // A step holds every decoding slot's token and up to `chunk` prompt tokens.
+        let batch = model.new_decode_batch(&mut backend, slots + chunk);
         let metrics = Arc::new(Mutex::new(Metrics { slots, ..Default::default() }));
         Ok(Scheduler {
             backend,
@@ -213,14 +215,15 @@ impl<B: Backend> Scheduler<B> {
         }
     }
 
-    /// One step: admit, evaluate one prompt chunk, decode one token of every decoding slot.
-    /// Returns whether any slot did work.
+    /// One step: admit, then one forward pass over the next token of every decoding slot
+    /// and up to `chunk` prompt tokens (the oldest unfinished prompts first). Returns
+    /// whether any slot did work.
     pub fn step(&mut self) -> bool {
         self.admit();
         // Counted before any event of this step reaches a client.
         self.update_gauges();
         let mut worked = false;
-        if let Err(e) = self.prefill_chunk(&mut worked).and_then(|_| self.decode(&mut worked)) {
+        if let Err(e) = self.run_batch(&mut worked) {
             // A device error: every active request fails, the slots are freed, and no cache
             // is trusted for reuse.
             for c in &mut self.cached {
@@ -242,48 +245,63 @@ impl<B: Backend> Scheduler<B> {
         m.active = self.active.iter().filter(|a| a.is_some()).count();
     }
 
-    /// Evaluates the next chunk of the oldest unfinished prompt.
-    fn prefill_chunk(&mut self, worked: &mut bool) -> Result<(), RuntimeError> {
-        let Some(i) = self.active.iter().position(|a| a.as_ref().is_some_and(|a| a.prefilled < a.prompt.len())) else {
-            return Ok(());
-        };
-        *worked = true;
-        let a = self.active[i].as_mut().expect("found above");
-        let end = (a.prefilled + self.chunk).min(a.prompt.len());
-        let mut logits =
-            self.model.forward(&mut self.backend, &mut self.sessions[i], &a.prompt[a.prefilled..end], Logits::Last)?;
-        self.cached[i].extend_from_slice(&a.prompt[a.prefilled..end]);
-        self.metrics.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_total += (end - a.prefilled) as u64;
-        a.prefilled = end;
-        if end == a.prompt.len() {
-            let tok = a.sampler.sample(&mut logits, &a.history);
-            self.accept(i, tok)?;
+    /// What each slot feeds this step, in slot order: a decoding slot its next token, a
+    /// prefilling one the next piece of its prompt while the step's prompt budget lasts
+    /// (slots were filled in arrival order, so a lower slot is not always older; every
+    /// prompt still advances once the ones before it finish).
+    fn plan_batch(&self) -> Vec<(usize, Vec<u32>)> {
+        let mut budget = self.chunk;
+        let mut rows = Vec::new();
+        for (i, slot) in self.active.iter().enumerate() {
+            let Some(a) = slot else { continue };
+            if let Some(tok) = a.next {
+                rows.push((i, vec![tok]));
+            } else if a.prefilled < a.prompt.len() && budget > 0 {
+                let end = (a.prefilled + budget).min(a.prompt.len());
+                budget -= end - a.prefilled;
+                rows.push((i, a.prompt[a.prefilled..end].to_vec()));
+            }
         }
-        Ok(())
+        rows
     }
 
-    /// One decode step of every slot with a token to feed.
-    fn decode(&mut self, worked: &mut bool) -> Result<(), RuntimeError> {
-        let ids: Vec<usize> =
-            (0..self.active.len()).filter(|&i| self.active[i].as_ref().is_some_and(|a| a.next.is_some())).collect();
-        if ids.is_empty() {
+    /// One forward pass over [`Scheduler::plan_batch`]'s rows; samples where a prompt ended
+    /// or a token was decoded.
+    fn run_batch(&mut self, worked: &mut bool) -> Result<(), RuntimeError> {
+        let rows = self.plan_batch();
+        if rows.is_empty() {
             return Ok(());
         }
         *worked = true;
-        let tokens: Vec<u32> =
-            ids.iter().map(|&i| self.active[i].as_ref().and_then(|a| a.next).expect("filtered")).collect();
         let t0 = Instant::now();
-        let mut sessions: Vec<&mut Session<B>> =
-            self.sessions.iter_mut().enumerate().filter(|(i, _)| ids.contains(i)).map(|(_, s)| s).collect();
-        let logits = self.model.decode_many(&mut self.backend, &mut self.batch, &mut sessions, &tokens)?;
-        for (&i, &t) in ids.iter().zip(&tokens) {
-            self.cached[i].push(t);
+        let mut next = rows.iter().map(|(i, _)| *i).peekable();
+        let mut sessions: Vec<&mut Session<B>> = Vec::with_capacity(rows.len());
+        for (i, s) in self.sessions.iter_mut().enumerate() {
+            if next.peek() == Some(&i) {
+                next.next();
+                sessions.push(s);
+            }
         }
-        self.metrics.lock().unwrap_or_else(|p| p.into_inner()).decode_step(ids.len(), t0.elapsed().as_secs_f64());
-        for (&i, mut l) in ids.iter().zip(logits) {
-            let a = self.active[i].as_mut().expect("decoding slot");
+        let chunks: Vec<&[u32]> = rows.iter().map(|(_, t)| t.as_slice()).collect();
+        let logits = self.model.forward_many(&mut self.backend, &mut self.batch, &mut sessions, &chunks)?;
+        let mut decoded = 0;
+        for ((i, toks), mut l) in rows.into_iter().zip(logits) {
+            self.cached[i].extend_from_slice(&toks);
+            let a = self.active[i].as_mut().expect("planned slot");
+            if a.next.is_some() {
+                decoded += 1;
+            } else {
+                self.metrics.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_total += toks.len() as u64;
+                a.prefilled += toks.len();
+                if a.prefilled < a.prompt.len() {
+                    continue;
+                }
+            }
             let tok = a.sampler.sample(&mut l, &a.history);
             self.accept(i, tok)?;
+        }
+        if decoded > 0 {
+            self.metrics.lock().unwrap_or_else(|p| p.into_inner()).decode_step(decoded, t0.elapsed().as_secs_f64());
         }
         Ok(())
     }
