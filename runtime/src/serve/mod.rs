@@ -1,10 +1,10 @@
 //! The multi-sequence engine behind `duet serve`: requests queue, are admitted into a fixed
 //! number of slots (each a [`crate::model::Session`] with its own K/V cache), and run
-//! together — every step is one forward pass ([`crate::model::Model::forward_many`]) over
-//! the next token of every decoding slot and up to a chunk of prompt tokens of newly
-//! admitted requests (pieces of several prompts when they are short), so new requests join
-//! the running batch and prompts share the weights' pass with decoding (continuous
-//! batching). Sampling, stop strings and limits travel with each request.
+//! together — every step is a forward pass ([`crate::model::Model::forward_many`]) over up to
+//! a chunk of prompt tokens of newly admitted requests (pieces of several prompts when they
+//! are short), then one over the next token of every decoding slot, so new requests join the
+//! running batch and prompts interleave with decoding (continuous batching). Sampling, stop
+//! strings and limits travel with each request.
 //!
 //! * [`scheduler`]: the slots, the queue and the step.
 //! * [`handle`]: the engine thread and the handle other threads submit through.

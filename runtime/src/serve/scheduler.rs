@@ -104,8 +104,8 @@ impl<B: Backend> Scheduler<B> {
             s.attention.clone_from(&sessions[0].attention);
             sessions.push(s);
         }
-        // A step holds every decoding slot's token and up to `chunk` prompt tokens.
-        let batch = model.new_decode_batch(&mut backend, slots + chunk);
+        // A pass holds up to `chunk` prompt tokens, or every slot's next token.
+        let batch = model.new_decode_batch(&mut backend, slots.max(chunk));
         let metrics = Arc::new(Mutex::new(Metrics { slots, ..Default::default() }));
         Ok(Scheduler {
             backend,
@@ -215,15 +215,19 @@ impl<B: Backend> Scheduler<B> {
         }
     }
 
-    /// One step: admit, then one forward pass over the next token of every decoding slot
-    /// and up to `chunk` prompt tokens (the oldest unfinished prompts first). Returns
-    /// whether any slot did work.
+    /// One step: admit, then one forward pass over up to `chunk` prompt tokens (the next
+    /// pieces of the unfinished prompts, several together when they are short) and one over
+    /// the next token of every decoding slot. Two passes, not one: on a CPU the rows are
+    /// compute-bound, and a new request's first token would otherwise also wait for every
+    /// other slot's decode (time to first token with 7 streams busy: 2.18× its idle time
+    /// in one pass, 1.5× in two; runtime/bench/serve_speed.sh). Returns whether any slot
+    /// did work.
     pub fn step(&mut self) -> bool {
         self.admit();
         // Counted before any event of this step reaches a client.
         self.update_gauges();
         let mut worked = false;
-        if let Err(e) = self.run_batch(&mut worked) {
+        if let Err(e) = self.run_batch(true, &mut worked).and_then(|_| self.run_batch(false, &mut worked)) {
             // A device error: every active request fails, the slots are freed, and no cache
             // is trusted for reuse.
             for c in &mut self.cached {
@@ -245,21 +249,23 @@ impl<B: Backend> Scheduler<B> {
         m.active = self.active.iter().filter(|a| a.is_some()).count();
     }
 
-    /// What each slot feeds this step, in slot order: a decoding slot its next token, a
-    /// prefilling one the next piece of its prompt while the step's prompt budget lasts
-    /// (slots were filled in arrival order, so a lower slot is not always older; every
-    /// prompt still advances once the ones before it finish).
-    fn plan_batch(&self) -> Vec<(usize, Vec<u32>)> {
+    /// What each slot feeds a pass, in slot order: with `prompts`, the next piece of every
+    /// unfinished prompt while the pass's budget of `chunk` tokens lasts (slots were filled
+    /// in arrival order, so a lower slot is not always older; every prompt still advances
+    /// once the ones before it finish); otherwise every decoding slot's next token.
+    fn plan_batch(&self, prompts: bool) -> Vec<(usize, Vec<u32>)> {
         let mut budget = self.chunk;
         let mut rows = Vec::new();
         for (i, slot) in self.active.iter().enumerate() {
             let Some(a) = slot else { continue };
-            if let Some(tok) = a.next {
-                rows.push((i, vec![tok]));
-            } else if a.prefilled < a.prompt.len() && budget > 0 {
-                let end = (a.prefilled + budget).min(a.prompt.len());
-                budget -= end - a.prefilled;
-                rows.push((i, a.prompt[a.prefilled..end].to_vec()));
+            match a.next {
+                Some(tok) if !prompts => rows.push((i, vec![tok])),
+                None if prompts && a.prefilled < a.prompt.len() && budget > 0 => {
+                    let end = (a.prefilled + budget).min(a.prompt.len());
+                    budget -= end - a.prefilled;
+                    rows.push((i, a.prompt[a.prefilled..end].to_vec()));
+                }
+                _ => {}
             }
         }
         rows
@@ -267,8 +273,8 @@ impl<B: Backend> Scheduler<B> {
 
     /// One forward pass over [`Scheduler::plan_batch`]'s rows; samples where a prompt ended
     /// or a token was decoded.
-    fn run_batch(&mut self, worked: &mut bool) -> Result<(), RuntimeError> {
-        let rows = self.plan_batch();
+    fn run_batch(&mut self, prompts: bool, worked: &mut bool) -> Result<(), RuntimeError> {
+        let rows = self.plan_batch(prompts);
         if rows.is_empty() {
             return Ok(());
         }
