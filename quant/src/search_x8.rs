@@ -215,9 +215,13 @@ mod tests {
             let x = superblock(case as u64, case % (G * 7));
             let av: f32 = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
             let w: Vec<f32> = x.iter().map(|v| av + v.abs()).collect();
-            for (nmax, rmin, rdelta, nstep) in
-                [(15, -1.0, 0.1, 20), (31, -0.5, 0.1, 15), (15, -0.9, 0.05, 36), (31, -1.0, 0.1, 0)]
-            {
+            for (nmax, rmin, rdelta, nstep) in [
+                (15, -1.0, 0.1, 20),
+                (31, -0.5, 0.1, 15),
+                (15, -0.9, 0.05, 36),
+                (31, -0.9, 0.05, 36),
+                (31, -1.0, 0.1, 0),
+            ] {
                 let mut l = vec![0u8; G * N];
                 let (scales, mins) = make_qkx_quants_x8(nmax, &x, &w, &mut l, rmin, rdelta, nstep);
                 for j in 0..G {

@@ -16,6 +16,8 @@ pub use q5_0::{dequantize_row_q5_0, quantize_row_q5_0, quantize_row_q5_0_imatrix
 pub use q5_1::{dequantize_row_q5_1, quantize_row_q5_1, quantize_row_q5_1_imatrix};
 pub use q8_0::{dequantize_row_q8_0, quantize_row_q8_0, quantize_row_q8_1};
 
+use crate::blocks::QK;
+
 /// The value of largest magnitude in `x` with its sign (the first one found on ties), and
 /// that magnitude. ggml's legacy and Q6_K quantizers all start from this.
 #[inline]
@@ -65,6 +67,42 @@ pub(crate) fn imatrix_weights<const N: usize>(x: &[f32], qw: &[f32], sigma2: f32
         w[j] = qw[j] * (sigma2 + x[j] * x[j]).sqrt();
     }
     w
+}
+
+/// The importance-weighted asymmetric search of `quantize_row_q{4,5}_1_impl` on every block
+/// of a row (`make_qkx3_quants(nmax, …, −0.9, 0.05, 36)`, weights from `qw`): eight blocks at a
+/// time as vector lanes ([`crate::search_x8`], bit-identical), the rest one by one. Calls
+/// `store(block, scale, the_min, levels)` for each block in order.
+pub(crate) fn imatrix_min_scale_blocks(
+    nmax: i32,
+    x: &[f32],
+    qw: &[f32],
+    sigma2: f32,
+    mut store: impl FnMut(usize, f32, f32, &[u8]),
+) {
+    const LANES: usize = 8;
+    let n_blocks = x.len() / QK;
+    let lanes_end = n_blocks / LANES * LANES;
+    let mut w = [0f32; LANES * QK];
+    let mut l = [0u8; LANES * QK];
+    for b0 in (0..lanes_end).step_by(LANES) {
+        let xs = &x[QK * b0..QK * (b0 + LANES)];
+        for (j, wj) in w.chunks_exact_mut(QK).enumerate() {
+            let (xb, qb) = (&xs[QK * j..QK * (j + 1)], &qw[QK * (b0 + j)..QK * (b0 + j + 1)]);
+            wj.copy_from_slice(&imatrix_weights::<QK>(xb, qb, sigma2));
+        }
+        let (d, min) = crate::search_x8::make_qkx_quants_x8(nmax, xs, &w, &mut l, -0.9, 0.05, 36);
+        for j in 0..LANES {
+            store(b0 + j, d[j], min[j], &l[QK * j..QK * (j + 1)]);
+        }
+    }
+    let (mut lb, mut laux) = ([0u8; QK], [0u8; QK]);
+    for b in lanes_end..n_blocks {
+        let (xb, qb) = (&x[QK * b..QK * (b + 1)], &qw[QK * b..QK * (b + 1)]);
+        let wb: [f32; QK] = imatrix_weights(xb, qb, sigma2);
+        let (d, min) = crate::search::make_qkx3_quants(nmax, xb, Some(&wb), &mut lb, &mut laux, -0.9, 0.05, 36);
+        store(b, d, min, &lb);
+    }
 }
 
 /// Packs the fifth bits of 32 5-bit values as ggml's Q5 `qh`: bit j = bit 4 of `l[j]`.

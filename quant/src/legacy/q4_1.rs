@@ -1,9 +1,8 @@
 //! Q4_1: 32 values, f16 scale and minimum, value = d·q + m.
 
-use super::{imatrix_weights, min_max, row_sigma2};
+use super::{imatrix_min_scale_blocks, min_max, row_sigma2};
 use crate::blocks::{BlockQ4_1, F16Bytes, QK};
 use crate::rounding::c_f32_to_i8;
-use crate::search::make_qkx3_quants;
 
 /// Port of `quantize_row_q4_1_ref`.
 pub fn quantize_row_q4_1(x: &[f32], y: &mut [BlockQ4_1]) {
@@ -26,17 +25,14 @@ pub fn quantize_row_q4_1(x: &[f32], y: &mut [BlockQ4_1]) {
 pub fn quantize_row_q4_1_imatrix(x: &[f32], y: &mut [BlockQ4_1], qw: &[f32]) {
     assert_eq!(x.len(), y.len() * QK);
     assert_eq!(qw.len(), x.len());
-    let sigma2 = row_sigma2(x);
-    let (mut l, mut laux) = ([0u8; QK], [0u8; QK]);
-    for ((xb, qb), yb) in x.chunks_exact(QK).zip(qw.chunks_exact(QK)).zip(y.iter_mut()) {
-        let w: [f32; QK] = imatrix_weights(xb, qb, sigma2);
-        let (d, min) = make_qkx3_quants(15, xb, Some(&w), &mut l, &mut laux, -0.9, 0.05, 36);
+    imatrix_min_scale_blocks(15, x, qw, row_sigma2(x), |b, d, min, l| {
+        let yb = &mut y[b];
         yb.d = F16Bytes::from_f32(d);
         yb.m = F16Bytes::from_f32(-min);
         for j in 0..QK / 2 {
             yb.qs[j] = l[j] | (l[j + QK / 2] << 4);
         }
-    }
+    });
 }
 
 /// Port of `dequantize_row_q4_1`.
