@@ -2,8 +2,9 @@
 //! that replaces the output path only when complete.
 //!
 //! Peak memory, whatever the model size: three tensors' output bytes (one being made, one
-//! queued, one being written), an HF tensor's f32 values (a GGUF source is re-quantized a
-//! few rows at a time) and the source pages in use, released after each tensor.
+//! queued, one being written), the source pages in use (released after each tensor), and
+//! f32 values of a whole tensor only for computed ones (DEX folds, RoPE factors): every
+//! other matrix, from a GGUF or a checkpoint, is re-quantized a few rows at a time.
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +18,7 @@ use crate::mapping::{self, MappingOptions, OutTensor};
 use crate::pipeline;
 use crate::quant_plan::{Category, Override, Planner, Preset, llama_cpp_order};
 use crate::quantize_rows::{quantize_rows, requantize_rows};
-use crate::safetensors::Checkpoint;
+use crate::safetensors::{Checkpoint, Dtype};
 use crate::tokenizer;
 
 /// What the user asked for.
@@ -205,14 +206,31 @@ impl Conversion {
         out.clear();
         match (&t.source, &self.input) {
             (Source::Hf(o), Input::Hf { ckpt }) => {
-                let values = mapping::materialize(o, ckpt)?;
+                out.resize(t.n_bytes as usize, 0);
+                // A matrix that is one checkpoint tensor's rows is read row by row in the
+                // threads; anything computed goes through f32 values of the whole tensor.
+                let rows = mapping::source_rows(o).and_then(|(name, order)| Some((ckpt.meta(name)?, order)));
+                let r = match rows {
+                    Some((meta, order)) => {
+                        let src_ty = match meta.dtype {
+                            Dtype::F32 => GgmlType::F32,
+                            Dtype::F16 => GgmlType::F16,
+                            Dtype::BF16 => GgmlType::BF16,
+                        };
+                        let source_row = |r: usize| order.source(r);
+                        requantize_rows(ckpt.raw(meta), src_ty, n_per_row, &source_row, t.ty, imatrix, threads, out)
+                    }
+                    None => {
+                        let values = mapping::materialize(o, ckpt)?;
+                        quantize_rows(&values, n_per_row, t.ty, imatrix, threads, out)
+                    }
+                };
                 for n in mapping::source_names(o) {
                     if let Some(m) = ckpt.meta(n) {
                         ckpt.release(m);
                     }
                 }
-                out.resize(t.n_bytes as usize, 0);
-                quantize_rows(&values, n_per_row, t.ty, imatrix, threads, out).map_err(qerr)
+                r.map_err(qerr)
             }
             (Source::Gguf { index, copy }, Input::Gguf { file, data }) => {
                 let info = &file.tensors()[*index];
@@ -223,7 +241,7 @@ impl Conversion {
                     Ok(())
                 } else {
                     out.resize(t.n_bytes as usize, 0);
-                    requantize_rows(raw, info.ggml_type(), n_per_row, t.ty, imatrix, threads, out).map_err(qerr)
+                    requantize_rows(raw, info.ggml_type(), n_per_row, &|r| r, t.ty, imatrix, threads, out).map_err(qerr)
                 };
                 // SAFETY: DontNeed on a read-only file mapping only drops clean pages; later
                 // reads fault them back in from the file. Best effort.

@@ -195,6 +195,47 @@ pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<V
     Ok(out)
 }
 
+/// Which source row each row of an output matrix is (see [`source_rows`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RowOrder {
+    Same,
+    /// [`Source::PermuteRope`]'s order: heads of `head_rows` rows, new row 2i+j of a head
+    /// is its old row j·head_rows/2 + i.
+    Rope {
+        head_rows: usize,
+    },
+}
+
+impl RowOrder {
+    /// The source row of output row `r`.
+    pub fn source(self, r: usize) -> usize {
+        match self {
+            RowOrder::Same => r,
+            RowOrder::Rope { head_rows } => {
+                let (h, k) = (r / head_rows, r % head_rows);
+                h * head_rows + (k % 2) * (head_rows / 2) + k / 2
+            }
+        }
+    }
+}
+
+/// For an output matrix whose rows are one checkpoint tensor's rows, in order or RoPE-
+/// permuted: that tensor's name and the order. The converter then reads the rows straight
+/// from the checkpoint in its threads instead of [`materialize`]-ing the whole tensor.
+/// `None` for computed, folded and one-dimensional tensors.
+pub fn source_rows(t: &OutTensor) -> Option<(&str, RowOrder)> {
+    if t.dims.len() != 2 {
+        return None;
+    }
+    match &t.source {
+        Source::Copy(name) => Some((name, RowOrder::Same)),
+        Source::PermuteRope { name, n_heads } if *n_heads > 0 && t.dims[1].is_multiple_of(2 * n_heads) => {
+            Some((name, RowOrder::Rope { head_rows: t.dims[1] / n_heads }))
+        }
+        _ => None,
+    }
+}
+
 /// Produces an output tensor's f32 values (GGUF order), reading its sources.
 pub fn materialize(t: &OutTensor, ckpt: &Checkpoint) -> Result<Vec<f32>, ConvertError> {
     Ok(match &t.source {
@@ -262,6 +303,21 @@ pub fn fold_dex(wo: &mut [f32], cols: usize, wd: &[f32], lambda: f32, heads: &[u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RowOrder::Rope names, for every output row, the row permute_rope_rows puts there.
+    #[test]
+    fn rope_row_order_matches_the_permutation() {
+        let (n_heads, hd, row_len) = (3, 8, 2);
+        let rows = n_heads * hd;
+        let x: Vec<f32> = (0..rows * row_len).map(|i| i as f32).collect();
+        let permuted = permute_rope_rows(&x, rows, row_len, n_heads);
+        let order = RowOrder::Rope { head_rows: hd };
+        for r in 0..rows {
+            let src = order.source(r);
+            assert_eq!(&permuted[r * row_len..(r + 1) * row_len], &x[src * row_len..(src + 1) * row_len], "row {r}");
+        }
+        assert_eq!(RowOrder::Same.source(5), 5);
+    }
 
     #[test]
     fn permutation_pairs_rotate_half_partners() {

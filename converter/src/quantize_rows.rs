@@ -1,11 +1,11 @@
 //! One tensor's rows quantized by several threads, each over its own contiguous range of
 //! rows, straight into the output bytes.
 //!
-//! Re-quantizing a GGUF tensor never holds it in f32: each thread dequantizes a few source
-//! rows at a time into a small buffer that stays in cache and quantizes them at once. A
-//! whole-tensor f32 copy (262 MB for a 1.1B model's embedding) cost more than the
-//! arithmetic: the kernel zeroed fresh pages for it on every tensor, and the page faults
-//! took most of a re-quantization's time.
+//! A matrix read from a GGUF or a checkpoint (its rows in order, or RoPE-permuted) is never
+//! held in f32: each thread dequantizes a few source rows at a time into a small buffer that
+//! stays in cache and quantizes them at once. A whole-tensor f32 copy (262 MB for a 1.1B
+//! model's embedding) cost more than the arithmetic: the kernel zeroed fresh pages for it
+//! on every tensor, and the page faults took most of a re-quantization's time.
 
 use std::ops::Range;
 
@@ -31,11 +31,14 @@ pub fn quantize_rows(
 }
 
 /// Quantizes the rows of `raw` (a tensor of type `src_ty`, rows of `n_per_row`) to `ty`
-/// into `dst`, dequantizing a few rows at a time in each thread.
+/// into `dst`, output row r from source row `source_row(r)`, dequantizing a few rows at a
+/// time in each thread.
+#[allow(clippy::too_many_arguments)]
 pub fn requantize_rows(
     raw: &[u8],
     src_ty: GgmlType,
     n_per_row: usize,
+    source_row: &(dyn Fn(usize) -> usize + Sync),
     ty: GgmlType,
     imatrix: Option<&[f32]>,
     threads: usize,
@@ -53,10 +56,19 @@ pub fn requantize_rows(
         let mut scratch = vec![0f32; chunk.min(r.len()) * n_per_row];
         for r0 in r.clone().step_by(chunk) {
             let n = chunk.min(r.end - r0);
-            let x = &mut scratch[..n * n_per_row];
-            duet_quant::dequantize(src_ty, &raw[r0 * src_row..(r0 + n) * src_row], x)?;
+            for (i, x) in scratch[..n * n_per_row].chunks_exact_mut(n_per_row).enumerate() {
+                let s = source_row(r0 + i);
+                if s >= rows {
+                    return Err(QuantError::WrongDestinationSize {
+                        ty: src_ty,
+                        got: raw.len(),
+                        want: (s + 1) * src_row,
+                    });
+                }
+                duet_quant::dequantize(src_ty, &raw[s * src_row..(s + 1) * src_row], x)?;
+            }
             let o = (r0 - r.start) * out_row;
-            quantize(ty, x, n_per_row, imatrix, &mut out[o..o + n * out_row])?;
+            quantize(ty, &scratch[..n * n_per_row], n_per_row, imatrix, &mut out[o..o + n * out_row])?;
         }
         Ok(())
     })
@@ -128,7 +140,7 @@ mod tests {
             duet_quant::quantize(ty, &whole, n, &mut want).unwrap();
             for threads in [1, 2, 3] {
                 let mut got = vec![0u8; rows * out_row];
-                requantize_rows(&raw, GgmlType::F16, n, ty, None, threads, &mut got).unwrap();
+                requantize_rows(&raw, GgmlType::F16, n, &|r| r, ty, None, threads, &mut got).unwrap();
                 assert!(got == want, "{ty}, {threads} threads: bytes differ");
                 let mut got = vec![0u8; rows * out_row];
                 quantize_rows(&whole, n, ty, None, threads, &mut got).unwrap();
@@ -137,12 +149,28 @@ mod tests {
         }
     }
 
+    /// With a row order, output row r is source row order(r), exactly.
+    #[test]
+    fn requantize_reads_rows_in_the_given_order() {
+        let (rows, n) = (24, 64);
+        let x: Vec<f32> = (0..rows * n).map(|i| (i as f32 * 0.37).cos()).collect();
+        let mut raw = vec![0u8; rows * duet_quant::row_bytes(GgmlType::F32, n).unwrap()];
+        duet_quant::quantize(GgmlType::F32, &x, n, &mut raw).unwrap();
+        let reversed: Vec<f32> = x.chunks_exact(n).rev().flatten().copied().collect();
+        let out_row = duet_quant::row_bytes(GgmlType::Q8_0, n).unwrap();
+        let mut want = vec![0u8; rows * out_row];
+        duet_quant::quantize(GgmlType::Q8_0, &reversed, n, &mut want).unwrap();
+        let mut got = vec![0u8; rows * out_row];
+        requantize_rows(&raw, GgmlType::F32, n, &|r| rows - 1 - r, GgmlType::Q8_0, None, 2, &mut got).unwrap();
+        assert!(got == want);
+    }
+
     /// A source whose rows are not whole blocks is an error, not a panic.
     #[test]
     fn misaligned_source_rows_are_refused() {
         let raw = vec![0u8; 100];
         let mut dst = vec![0u8; 34];
-        let e = requantize_rows(&raw, GgmlType::Q8_0, 40, GgmlType::Q8_0, None, 2, &mut dst).unwrap_err();
+        let e = requantize_rows(&raw, GgmlType::Q8_0, 40, &|r| r, GgmlType::Q8_0, None, 2, &mut dst).unwrap_err();
         assert!(matches!(e, QuantError::RowNotBlockAligned { .. }), "{e:?}");
     }
 }
