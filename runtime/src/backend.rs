@@ -229,8 +229,13 @@ pub trait Backend {
     fn swiglu(&mut self, gate: &mut Self::Tensor, up: &Self::Tensor);
     /// x += y.
     fn add(&mut self, x: &mut Self::Tensor, y: &Self::Tensor);
-    /// Copies row `src_row` of `x` into row `dst_row` of `out` (same number of columns).
-    fn copy_row(&mut self, x: &Self::Tensor, src_row: usize, out: &mut Self::Tensor, dst_row: usize);
+    /// Copies rows `src_row..src_row + n` of `x` into rows `dst_row..` of `out` (same
+    /// number of columns), in one operation.
+    fn copy_rows(&mut self, x: &Self::Tensor, src_row: usize, out: &mut Self::Tensor, dst_row: usize, n: usize);
+    /// Copies row `src_row` of `x` into row `dst_row` of `out`.
+    fn copy_row(&mut self, x: &Self::Tensor, src_row: usize, out: &mut Self::Tensor, dst_row: usize) {
+        self.copy_rows(x, src_row, out, dst_row, 1)
+    }
     /// Rows `rows` of `t` on the host (for the GPU: submits all recorded work in one
     /// submission and waits). Errors the device reported since the last read (device
     /// lost, out of memory) come back here.

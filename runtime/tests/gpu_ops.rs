@@ -273,6 +273,13 @@ fn row_and_element_ops() {
     assert_eq!(g, c, "copy_row");
     assert_eq!(c[cols..2 * cols], xv[(rows - 2) * cols..(rows - 1) * cols], "copy_row lands in row 1");
     assert!(c[..cols].iter().chain(&c[2 * cols..]).all(|&v| v == 0.0), "copy_row touches only row 1");
+    let (mut lc, mut lg) = p.tensor(4, cols, &[]);
+    p.cpu.copy_rows(&xc, 1, &mut lc, 2, 2);
+    p.gpu.copy_rows(&xg, 1, &mut lg, 2, 2);
+    let (g, c) = p.read(&lc, &lg);
+    assert_eq!(g, c, "copy_rows");
+    assert_eq!(c[2 * cols..], xv[cols..3 * cols], "copy_rows lands in rows 2 and 3");
+    assert!(c[..2 * cols].iter().all(|&v| v == 0.0), "copy_rows touches only rows 2 and 3");
 
     for (rope, pos0) in [
         (RopeSpec { n_rot: hd, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None }, 0),

@@ -308,10 +308,10 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn copy_row(&mut self, x: &CpuTensor, src_row: usize, out: &mut CpuTensor, dst_row: usize) {
+    fn copy_rows(&mut self, x: &CpuTensor, src_row: usize, out: &mut CpuTensor, dst_row: usize, n: usize) {
         let cols = x.cols;
-        assert_eq!(out.cols, cols, "copy_row into a row of another width");
-        out.data[dst_row * cols..(dst_row + 1) * cols].copy_from_slice(x.row(src_row));
+        assert_eq!(out.cols, cols, "copy_rows into rows of another width");
+        out.data[dst_row * cols..(dst_row + n) * cols].copy_from_slice(&x.data[src_row * cols..(src_row + n) * cols]);
         out.version = tensor::fresh_version();
     }
 

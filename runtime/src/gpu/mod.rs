@@ -346,8 +346,8 @@ impl Backend for GpuBackend {
         ops::add(self, x, &Arc::clone(&y.buf), n)
     }
 
-    fn copy_row(&mut self, x: &GpuTensor, src_row: usize, out: &mut GpuTensor, dst_row: usize) {
-        ops::copy_row(self, x, src_row, out, dst_row)
+    fn copy_rows(&mut self, x: &GpuTensor, src_row: usize, out: &mut GpuTensor, dst_row: usize, n: usize) {
+        ops::copy_rows(self, x, src_row, out, dst_row, n)
     }
 
     fn read_rows(&mut self, t: &GpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {

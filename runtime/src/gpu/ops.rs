@@ -33,11 +33,16 @@ pub fn swiglu(b: &mut GpuBackend, gate: &mut GpuTensor, up: &GpuTensor) {
     b.run(Op::SwiGlu, &SwiGluParams { n: n as u32, grid_x: g.0 }, &[&up.buf, &gate.buf], g);
 }
 
-pub fn copy_row(b: &mut GpuBackend, x: &GpuTensor, src_row: usize, out: &mut GpuTensor, dst_row: usize) {
-    let n = x.cols;
-    assert!(out.cols == n && dst_row < out.cap_rows, "copy_row into a row of another width or past the tensor");
+pub fn copy_rows(b: &mut GpuBackend, x: &GpuTensor, src_row: usize, out: &mut GpuTensor, dst_row: usize, rows: usize) {
+    let cols = x.cols;
+    assert!(
+        out.cols == cols && dst_row + rows <= out.cap_rows && src_row + rows <= x.cap_rows,
+        "copy_rows into rows of another width or past a tensor"
+    );
+    // Consecutive rows are consecutive values: one copy of rows·cols of them.
+    let n = rows * cols;
     let g = grid(n, EW_WG as usize);
-    let params = CopyRowParams { n: n as u32, src: (src_row * n) as u32, dst: (dst_row * n) as u32, grid_x: g.0 };
+    let params = CopyRowParams { n: n as u32, src: (src_row * cols) as u32, dst: (dst_row * cols) as u32, grid_x: g.0 };
     b.run(Op::CopyRow, &params, &[&x.buf, &out.buf], g);
 }
 

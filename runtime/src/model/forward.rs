@@ -253,17 +253,13 @@ impl<B: Backend> Model<B> {
             for (s, t) in sessions.iter_mut().zip(chunks) {
                 let pos = s.n_past;
                 let own = &mut s.acts;
-                for r in 0..t.len() {
-                    b.copy_row(&a.q, first + r, &mut own.q, r);
-                    b.copy_row(&a.k, first + r, &mut own.k, r);
-                    b.copy_row(&a.v, first + r, &mut own.v, r);
-                }
+                b.copy_rows(&a.q, first, &mut own.q, 0, t.len());
+                b.copy_rows(&a.k, first, &mut own.k, 0, t.len());
+                b.copy_rows(&a.v, first, &mut own.v, 0, t.len());
                 b.rope(&mut own.q, c.n_heads, c.head_dim, pos, &self.rope);
                 b.rope(&mut own.k, c.n_kv_heads, c.head_dim, pos, &self.rope);
                 b.attention(&own.q, &own.k, &own.v, &mut s.cache, il, pos, &s.attention[il], &mut own.att);
-                for r in 0..t.len() {
-                    b.copy_row(&own.att, r, &mut a.att, first + r);
-                }
+                b.copy_rows(&own.att, 0, &mut a.att, first, t.len());
                 first += t.len();
             }
         };

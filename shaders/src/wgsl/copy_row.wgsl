@@ -1,4 +1,4 @@
-// Copies `n` values of X from `src` to O from `dst` (one row of a tensor into another).
+// Copies `n` values of X from `src` to O from `dst` (consecutive rows of a tensor into another).
 
 struct Params {
     n: u32,
