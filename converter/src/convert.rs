@@ -18,7 +18,7 @@ use crate::mapping::{self, MappingOptions, OutTensor};
 use crate::pipeline;
 use crate::quant_plan::{Category, Override, Planner, Preset, llama_cpp_order};
 use crate::quantize_rows::{quantize_rows, requantize_rows};
-use crate::safetensors::{Checkpoint, Dtype};
+use crate::safetensors::Checkpoint;
 use crate::tokenizer;
 
 /// What the user asked for.
@@ -212,13 +212,8 @@ impl Conversion {
                 let rows = mapping::source_rows(o).and_then(|(name, order)| Some((ckpt.meta(name)?, order)));
                 let r = match rows {
                     Some((meta, order)) => {
-                        let src_ty = match meta.dtype {
-                            Dtype::F32 => GgmlType::F32,
-                            Dtype::F16 => GgmlType::F16,
-                            Dtype::BF16 => GgmlType::BF16,
-                        };
-                        let source_row = |r: usize| order.source(r);
-                        requantize_rows(ckpt.raw(meta), src_ty, n_per_row, &source_row, t.ty, imatrix, threads, out)
+                        let (raw, src_ty) = (ckpt.raw(meta), meta.dtype.ggml_type());
+                        requantize_rows(raw, src_ty, n_per_row, &|r| order.source(r), t.ty, imatrix, threads, out)
                     }
                     None => {
                         let values = mapping::materialize(o, ckpt)?;

@@ -93,20 +93,24 @@ pub fn write_all<T: Sync>(
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     use duet_quant::GgmlType;
     use duet_quant::gguf::GgufWriter;
 
     use super::*;
 
-    /// A GGUF writer for `n` F32 tensors of `len` values each, named t0, t1, ….
-    fn writer(path: &Path, n: usize, len: u64) -> GgufDataWriter {
-        let mut w = GgufWriter::new(path);
-        for i in 0..n {
-            w.add_tensor(format!("t{i}"), &[len], GgmlType::F32).unwrap();
+    /// A fresh directory and a GGUF writer of `dir/out.gguf` for `n` F32 tensors of 64
+    /// values, named t0, t1, …, with their names.
+    fn case(tag: &str, n: usize) -> (PathBuf, GgufDataWriter, Vec<String>) {
+        let dir = std::env::temp_dir().join(format!("duet-pipeline-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+        let mut w = GgufWriter::new(dir.join("out.gguf"));
+        for name in &names {
+            w.add_tensor(name.clone(), &[64], GgmlType::F32).unwrap();
         }
-        w.start().unwrap()
+        (dir, w.start().unwrap(), names)
     }
 
     fn listing(dir: &Path) -> Vec<String> {
@@ -123,18 +127,15 @@ mod tests {
     /// Every tensor arrives, in order, with its own bytes, whichever recycled buffer carried it.
     #[test]
     fn tensors_are_written_in_order() {
-        let dir = std::env::temp_dir().join(format!("duet-pipeline-ok-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("out.gguf");
-        let names: Vec<String> = (0..9).map(|i| format!("t{i}")).collect();
-        write_all(writer(&path, 9, 64), &names, tensor_name, |t, buf| {
+        let (dir, data, names) = case("ok", 9);
+        write_all(data, &names, tensor_name, |t, buf| {
             let i: u8 = t[1..].parse().unwrap();
             buf.clear();
             buf.resize(256, i);
             Ok(())
         })
         .unwrap();
-        let f = duet_quant::gguf::GgufFile::open(&path).unwrap();
+        let f = duet_quant::gguf::GgufFile::open(dir.join("out.gguf")).unwrap();
         for (i, t) in f.tensors().iter().enumerate() {
             assert_eq!(t.name(), names[i]);
             assert!(f.tensor_data(t).iter().all(|&b| b == i as u8), "{}", t.name());
@@ -147,11 +148,8 @@ mod tests {
     /// the output nor the temporary file is left, though earlier tensors were written.
     #[test]
     fn a_failed_tensor_leaves_no_file() {
-        let dir = std::env::temp_dir().join(format!("duet-pipeline-fail-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("out.gguf");
-        let names: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
-        let e = write_all(writer(&path, 6, 64), &names, tensor_name, |t, buf| {
+        let (dir, data, names) = case("fail", 6);
+        let e = write_all(data, &names, tensor_name, |t, buf| {
             if t == "t4" {
                 return Err(ConvertError::shape("t4 is broken"));
             }

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use duet_quant::GgmlType;
 use memmap2::Mmap;
 use serde_json::Value;
 
@@ -36,6 +37,14 @@ impl Dtype {
         match self {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
+        }
+    }
+    /// The GGUF type with the same element layout, for duet_quant's row conversions.
+    pub fn ggml_type(self) -> GgmlType {
+        match self {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
         }
     }
 }
@@ -130,17 +139,9 @@ impl Checkpoint {
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, ConvertError> {
         let meta =
             self.meta(name).ok_or_else(|| ConvertError::shape(format!("the checkpoint has no tensor '{name}'")))?;
-        let raw = self.raw(meta);
         let mut out = vec![0f32; meta.numel()];
-        match meta.dtype {
-            Dtype::F32 => {
-                for (b, o) in raw.chunks_exact(4).zip(out.iter_mut()) {
-                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-            }
-            Dtype::F16 => duet_quant::fp::f16_row_to_f32(raw, &mut out),
-            Dtype::BF16 => duet_quant::fp::bf16_row_to_f32(raw, &mut out),
-        }
+        duet_quant::dequantize(meta.dtype.ggml_type(), self.raw(meta), &mut out)
+            .map_err(|source| ConvertError::Quant { tensor: name.to_string(), source })?;
         Ok(out)
     }
 
