@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use duet_convert::Preset;
 use duet_quant::gguf::GgufFile;
-use duet_runtime::cpu::CpuBackend;
+use duet_runtime::cpu::{CpuBackend, Placement};
 use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::logits_file::{LogitsFile, kl_divergence};
@@ -33,7 +33,10 @@ fn logits(path: &Path, tokens: &[u32], batch: usize, k: CacheType, v: CacheType)
     for chunk in tokens.chunks(batch) {
         out.extend(model.forward(&mut b, &mut s, chunk, Logits::All).unwrap());
     }
-    let held = [&s.cache.k[0], &s.cache.v[0]].iter().map(|rows| rows.dequantized(tokens.len(), spec.kv_dim)).collect();
+    let at = Placement::new(s.pages(), tokens.len());
+    let cache = s.lock_cache();
+    let held = [&cache.kv.k[0], &cache.kv.v[0]].iter().map(|rows| rows.dequantized(&at, spec.kv_dim)).collect();
+    drop(cache);
     (out, held)
 }
 

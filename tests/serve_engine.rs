@@ -210,9 +210,10 @@ fn a_shared_prompt_prefix_is_evaluated_once_and_changes_nothing() {
 }
 
 /// Two requests sharing a system prompt admitted together after a third left it cached in
-/// one slot: the second slot gets the prefix by a cache copy, and both reply as from an empty
-/// cache. On the CPU and, where there is an adapter, on the GPU.
-fn copied_prefix_check<B: duet_runtime::backend::Backend>(make: &dyn Fn() -> B, what: &str) {
+/// one slot: the second slot takes the prefix's whole pages from the first (held by both,
+/// not evaluated again), and both reply as from an empty cache. On the CPU and, where there
+/// is an adapter, on the GPU.
+fn shared_prefix_check<B: duet_runtime::backend::Backend>(make: &dyn Fn() -> B, what: &str) {
     use duet_runtime::kv_cache::CacheType;
     let path = convert("llama-gqa", Preset::F32, false);
     let system = "You are a helpful assistant who answers questions about ships, whales and the sea. ";
@@ -244,22 +245,22 @@ fn copied_prefix_check<B: duet_runtime::backend::Backend>(make: &dyn Fn() -> B, 
             .collect();
         run_to_idle(&mut s);
         let m = s.metrics().lock().unwrap().clone();
-        assert!(m.prompt_tokens_copied >= 32, "{what} {kt}/{vt}: copied {}", m.prompt_tokens_copied);
+        assert!(m.prompt_tokens_shared >= 32, "{what} {kt}/{vt}: shared {}", m.prompt_tokens_shared);
         for (ev, want) in evs.iter().zip(&alone) {
-            assert_eq!(&text(ev), want, "{what} {kt}/{vt}: a copied prefix changed the reply");
+            assert_eq!(&text(ev), want, "{what} {kt}/{vt}: a shared prefix changed the reply");
         }
     }
     std::fs::remove_file(&path).unwrap();
 }
 
 #[test]
-fn a_prefix_cached_in_another_slot_is_copied_not_evaluated() {
-    copied_prefix_check(&|| CpuBackend::new(2), "CPU");
+fn a_prefix_cached_in_another_slot_is_shared_not_evaluated() {
+    shared_prefix_check(&|| CpuBackend::new(2), "CPU");
     let gpu = || {
         duet_runtime::gpu::GpuBackend::new(&duet_runtime::gpu::GpuOptions { f16: Some(false), ..Default::default() })
     };
     match gpu() {
-        Ok(_) => copied_prefix_check(&|| gpu().unwrap(), "GPU"),
-        Err(e) => duet_test_support::no_gpu("a_prefix_cached_in_another_slot_is_copied_not_evaluated", &e.to_string()),
+        Ok(_) => shared_prefix_check(&|| gpu().unwrap(), "GPU"),
+        Err(e) => duet_test_support::no_gpu("a_prefix_cached_in_another_slot_is_shared_not_evaluated", &e.to_string()),
     }
 }

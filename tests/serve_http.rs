@@ -248,6 +248,8 @@ fn a_full_queue_is_503_and_a_disconnect_mid_stream_frees_the_slot() {
         assert!(reader.read_line(&mut line).unwrap() > 0, "the stream ended before its first event");
     }
     assert_eq!(metric(&srv, "requests_active", None), 1.0);
+    assert!(metric(&srv, "kv_cache_pages_used", None) >= 1.0, "the streaming request holds cache pages");
+    assert_eq!(metric(&srv, "kv_cache_pages", None), (2048 / 32) as f64);
     let (status, v) = post(&srv, "/v1/completions", None, &json!({"prompt": "x", "max_tokens": 2}));
     assert_eq!(status, 503, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("busy"), "{v}");
@@ -262,6 +264,7 @@ fn a_full_queue_is_503_and_a_disconnect_mid_stream_frees_the_slot() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(metric(&srv, "requests_cancelled_total", None), 1.0);
+    assert_eq!(metric(&srv, "kv_cache_pages_used", None), 0.0, "the cancelled sequence's pages went back");
     assert_eq!(metric(&srv, "requests_finished_total", None), 0.0);
     let (status, _) = post(&srv, "/v1/completions", None, &json!({"prompt": "x", "max_tokens": 2}));
     assert_eq!(status, 200, "the freed slot serves the next request");

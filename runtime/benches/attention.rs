@@ -11,6 +11,7 @@ use std::time::Instant;
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend};
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::kv_cache::{CacheType, KvCacheSpec};
+use duet_runtime::kv_pages::{SeqPages, pages_for};
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
@@ -63,11 +64,22 @@ fn main() {
             logit_quant: None,
         };
         let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
+        // One sequence, its pages in order.
+        let pages: Vec<u32> = (0..pages_for(ctx + 1) as u32).collect();
+        let seq = SeqPages { pages: &pages, slot: 0 };
         let mut b = CpuBackend::new(2);
         let mut caches: Vec<_> = types
             .iter()
             .map(|&(kt, vt)| {
-                let kv = KvCacheSpec { n_layers: 1, n_ctx: ctx + 1, kv_dim, head_dim: hd, k_type: kt, v_type: vt };
+                let kv = KvCacheSpec {
+                    n_layers: 1,
+                    n_ctx: ctx + 1,
+                    n_seqs: 1,
+                    kv_dim,
+                    head_dim: hd,
+                    k_type: kt,
+                    v_type: vt,
+                };
                 let mut cache = b.new_kv_cache(&kv).unwrap();
                 // Fill the cache in chunks of 256 positions.
                 for p0 in (0..ctx).step_by(256) {
@@ -79,7 +91,7 @@ fn main() {
                     k.data.copy_from_slice(&values(rows * kv_dim, 2 + p0 as u32));
                     v.data.copy_from_slice(&values(rows * kv_dim, 3 + p0 as u32));
                     let mut out = b.new_tensor(rows, q_dim);
-                    b.attention(&q, &k, &v, &mut cache, 0, p0, &spec, &mut out);
+                    b.attention(&q, &k, &v, &mut cache, seq, 0, p0, &spec, &mut out);
                 }
                 cache
             })
@@ -95,7 +107,7 @@ fn main() {
         for round in 0..310 {
             for (i, cache) in caches.iter_mut().enumerate() {
                 let t0 = Instant::now();
-                b.attention(&q, &k, &v, cache, 0, ctx, &spec, &mut out);
+                b.attention(&q, &k, &v, cache, seq, 0, ctx, &spec, &mut out);
                 if round >= 10 {
                     times[i].push(t0.elapsed().as_secs_f64() * 1e6);
                 }
@@ -103,7 +115,8 @@ fn main() {
         }
         let med: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
         for (i, (kt, vt)) in types.iter().enumerate() {
-            let bytes = (kt.layer_bytes(ctx + 1, kv_dim) + vt.layer_bytes(ctx + 1, kv_dim)) as f64 / (ctx + 1) as f64;
+            let pages = pages_for(ctx + 1);
+            let bytes = (kt.layer_bytes(pages, 1, kv_dim) + vt.layer_bytes(pages, 1, kv_dim)) as f64 / (ctx + 1) as f64;
             println!("| {name} | {kt} / {vt} | {bytes:.1} | {:.1} | {:.2}× |", med[i], med[i] / med[0]);
         }
     }

@@ -13,6 +13,7 @@ use duet_quant::gguf::GgufFile;
 use crate::calibrate::Observer;
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
+use crate::kv_pages::SeqPages;
 
 /// A tensor of the model file as the backend receives it at load time. `data` lies inside
 /// `file`'s memory map, so a backend may keep referring to it instead of copying.
@@ -163,7 +164,8 @@ pub trait Backend {
     type Tensor;
     /// A weight matrix or vector resident on the backend.
     type Weight;
-    /// The K/V cache of all layers.
+    /// The K/V cache of all layers: pages shared by the sequences of one
+    /// [`KvCacheSpec`] ([`crate::kv_pages`]).
     type KvCache;
 
     /// A one-line description (device name, threads, kernel set).
@@ -190,9 +192,6 @@ pub trait Backend {
     /// Changes how many rows of a tensor are in use (at most its allocated rows).
     fn set_rows(&mut self, t: &mut Self::Tensor, rows: usize);
     fn new_kv_cache(&mut self, spec: &KvCacheSpec) -> Result<Self::KvCache, RuntimeError>;
-    /// Makes `dst` hold what `src` holds (both made from the same spec): a cached prefix
-    /// handed from one sequence to another without evaluating it again.
-    fn copy_kv_cache(&mut self, src: &Self::KvCache, dst: &mut Self::KvCache);
 
     /// out[i] = row `tokens[i]` of `table`.
     fn embed(&mut self, table: &Self::Weight, tokens: &[u32], out: &mut Self::Tensor);
@@ -204,8 +203,9 @@ pub trait Backend {
     fn add_bias(&mut self, x: &mut Self::Tensor, bias: &Self::Weight);
     /// Rotates adjacent pairs of each head; row r is at position pos0 + r.
     fn rope(&mut self, x: &mut Self::Tensor, n_heads: usize, head_dim: usize, pos0: usize, rope: &RopeSpec);
-    /// Stores k, v (rows at positions pos0..) in the cache of `layer`, then computes causal
-    /// attention of q over positions 0..=pos for each row.
+    /// Stores k, v (rows at positions pos0.. of sequence `seq`, whose pages cover them) in
+    /// the cache of `layer`, then computes causal attention of q over the sequence's
+    /// positions 0..=pos for each row.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &mut self,
@@ -213,6 +213,7 @@ pub trait Backend {
         k: &Self::Tensor,
         v: &Self::Tensor,
         cache: &mut Self::KvCache,
+        seq: SeqPages,
         layer: usize,
         pos0: usize,
         spec: &AttentionSpec,

@@ -1,6 +1,7 @@
-//! K/V cache description shared by the backends. The cache is allocated once for the whole
-//! context (never grown by concatenation): per layer, `n_ctx` rows of `kv_dim` values for K
-//! and the same for V, in one of the formats below (K and V chosen independently).
+//! K/V cache description shared by the backends. The cache is allocated once (never grown
+//! by concatenation) as pages of [`PAGE`] positions shared by up to `n_seqs` sequences
+//! ([`crate::kv_pages`]): per layer, `n_pages · PAGE` rows of `kv_dim` values for K and the
+//! same for V, in one of the formats below (K and V chosen independently).
 //!
 //! | type | layout | bytes per 32 values (f16: 64) |
 //! |---|---|---|
@@ -21,6 +22,7 @@ use duet_quant::kv::hadamard;
 use duet_quant::kv::signed_max::{self, SignedMaxFormat};
 
 use crate::error::RuntimeError;
+use crate::kv_pages::{PAGE, pages_for};
 
 /// Element type of a cache (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,26 +147,19 @@ impl CacheType {
         }
     }
 
-    /// Bytes one layer of this type needs for `n_ctx` rows of `kv_dim` values, everything
-    /// included: scales, offsets and the f16 window of the channel formats.
-    pub fn layer_bytes(self, n_ctx: usize, kv_dim: usize) -> usize {
-        let n = n_ctx * kv_dim;
+    /// Bytes one layer of this type needs for `n_pages` pages of `kv_dim`-wide rows and
+    /// `n_seqs` sequences, everything included: scales, offsets and the channel formats'
+    /// f16 window of each sequence (a page is one quantized group).
+    pub fn layer_bytes(self, n_pages: usize, n_seqs: usize, kv_dim: usize) -> usize {
+        let n = n_pages * PAGE * kv_dim;
         match self.layout() {
             CacheLayout::F32 => 4 * n,
             CacheLayout::F16 => 2 * n,
             CacheLayout::Absmax(f) => f.bytes(n),
             CacheLayout::Rotated(f) => f.bytes(n),
-            CacheLayout::Channel(f) => {
-                n_ctx / channel::GROUP * f.group_bytes(kv_dim) + channel_window_rows(n_ctx) * 2 * kv_dim
-            }
+            CacheLayout::Channel(f) => n_pages * f.group_bytes(kv_dim) + n_seqs * PAGE * 2 * kv_dim,
         }
     }
-}
-
-/// Rows of the f16 window a channel-format cache of `n_ctx` positions keeps: the positions
-/// of a group not yet full (all of them when the context is shorter than a group).
-pub fn channel_window_rows(n_ctx: usize) -> usize {
-    channel::GROUP.min(n_ctx)
 }
 
 impl fmt::Display for CacheType {
@@ -176,7 +171,11 @@ impl fmt::Display for CacheType {
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvCacheSpec {
     pub n_layers: usize,
+    /// Positions one sequence holds at most.
     pub n_ctx: usize,
+    /// Sequences sharing the cache; it holds [`KvCacheSpec::n_pages`] pages, enough for
+    /// each to reach `n_ctx`.
+    pub n_seqs: usize,
     /// n_kv_heads · head_dim.
     pub kv_dim: usize,
     pub head_dim: usize,
@@ -231,10 +230,15 @@ impl KvCacheSpec {
         if !channel || n >= window_start { n } else { n / g * g }
     }
 
+    /// Pages of [`PAGE`] positions the cache holds: `n_ctx` positions for each sequence.
+    pub fn n_pages(&self) -> usize {
+        self.n_seqs * pages_for(self.n_ctx)
+    }
+
     /// Total bytes of the cache, everything included.
     pub fn bytes(&self) -> usize {
-        (self.k_type.layer_bytes(self.n_ctx, self.kv_dim) + self.v_type.layer_bytes(self.n_ctx, self.kv_dim))
-            * self.n_layers
+        let (p, s, d) = (self.n_pages(), self.n_seqs, self.kv_dim);
+        (self.k_type.layer_bytes(p, s, d) + self.v_type.layer_bytes(p, s, d)) * self.n_layers
     }
 }
 
@@ -255,7 +259,7 @@ mod tests {
     use super::*;
 
     fn spec(kv_dim: usize, head_dim: usize, k: CacheType, v: CacheType) -> KvCacheSpec {
-        KvCacheSpec { n_layers: 2, n_ctx: 4096, kv_dim, head_dim, k_type: k, v_type: v }
+        KvCacheSpec { n_layers: 2, n_ctx: 4096, n_seqs: 1, kv_dim, head_dim, k_type: k, v_type: v }
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! * [`model`]: the one forward pass, written against [`backend::Backend`].
 //! * [`cpu`]: the CPU backend (reference and fallback).
 //! * [`gpu`]: the GPU backend on wgpu (Vulkan, Metal, DX12).
-//! * [`kv_cache`], [`logits_file`]: shared formats.
+//! * [`kv_cache`], [`kv_pages`], [`logits_file`]: shared formats and the paged cache's
+//!   bookkeeping.
 
 pub mod attn_bench;
 pub mod backend;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod gpu;
 pub mod insight;
 pub mod kv_cache;
+pub mod kv_pages;
 pub mod logits_file;
 pub mod memory;
 pub mod model;

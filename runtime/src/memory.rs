@@ -96,6 +96,7 @@ mod tests {
         let cache = KvCacheSpec {
             n_layers: 2,
             n_ctx: 1 << 30,
+            n_seqs: 1,
             kv_dim: 32,
             head_dim: 16,
             k_type: CacheType::F16,

@@ -18,6 +18,7 @@ use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, Wei
 use duet_runtime::cpu::{CpuBackend, CpuTensor};
 use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor};
 use duet_runtime::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
+use duet_runtime::kv_pages::{PAGE, SeqPages, pages_for};
 use duet_test_support::{Rng, no_gpu};
 
 fn gpu(test: &str, f16: bool, max_binding: Option<u64>) -> Option<GpuBackend> {
@@ -333,9 +334,12 @@ fn attention_case(
 ) -> (Vec<f32>, Vec<f32>) {
     let (h, hkv, hd) = (spec.n_heads, spec.n_kv_heads, spec.head_dim);
     let n_ctx = steps.iter().sum::<usize>() + 3;
-    let kv = KvCacheSpec { n_layers: 2, n_ctx, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
+    let kv = KvCacheSpec { n_layers: 2, n_ctx, n_seqs: 2, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
     let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
     let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
+    let pages = scattered(&kv);
+    let seq = SeqPages { pages: &pages, slot: 1 };
+    let rows_total = kv.n_pages() * PAGE;
     let mut pos0 = 0;
     // f32 and the absmax types (both backends quantize the same f32 rows into the same
     // bytes, checked below, so the dequantized K/V are bit-identical): only the order of
@@ -350,8 +354,8 @@ fn attention_case(
         let (kc, kg) = p.tensor(n, hkv * hd, &kvv);
         let (vc, vg) = p.tensor(n, hkv * hd, &vv);
         let (mut oc, mut og) = p.tensor(n, h * hd, &[]);
-        p.cpu.attention(&qc, &kc, &vc, &mut cc, 1, pos0, spec, &mut oc);
-        p.gpu.attention(&qg, &kg, &vg, &mut cg, 1, pos0, spec, &mut og);
+        p.cpu.attention(&qc, &kc, &vc, &mut cc, seq, 1, pos0, spec, &mut oc);
+        p.gpu.attention(&qg, &kg, &vg, &mut cg, seq, 1, pos0, spec, &mut og);
         let (g, c) = p.read(&oc, &og);
         let e = nmse(&g, &c);
         cpu_out.extend_from_slice(&c);
@@ -367,8 +371,8 @@ fn attention_case(
         };
         eprintln!("attention {kind} H={h} Hkv={hkv} hd={hd} K {kt} V {vt}{lq} rows {n} at {pos0}: nmse {e:.2e}");
         assert!(!check || e <= bound, "attention {kind} rows {n} at {pos0}: nmse {e:.3e} > {bound:.0e}");
-        // What the GPU stored is the CPU's bytes: block rows each padded to a word, a
-        // per-channel layer's groups and window as they are.
+        // What the GPU stored is the CPU's bytes, on the same pages: block rows each padded
+        // to a word, a per-channel layer's groups and windows as they are.
         for (ty, is_v) in [(kt, false), (vt, true)] {
             let cpu = if is_v { &cc.v[1] } else { &cc.k[1] }.stored_bytes();
             let got = p.gpu.read_kv_buffer(&cg, 1, is_v).unwrap();
@@ -380,9 +384,9 @@ fn attention_case(
                     assert_same_bytes(&got, &cpu, &format!("{ty} {which} cache after rows {pos0}..{}", pos0 + n))
                 }
                 CacheLayout::Absmax(_) | CacheLayout::Rotated(_) => {
-                    let (crb, grb) = (cpu.len() / n_ctx, got.len() / n_ctx);
+                    let (crb, grb) = (cpu.len() / rows_total, got.len() / rows_total);
                     assert_eq!(grb, crb.next_multiple_of(4));
-                    for r in 0..pos0 + n {
+                    for r in 0..rows_total {
                         let row = &got[r * grb..(r + 1) * grb];
                         assert_eq!(&row[..crb], &cpu[r * crb..(r + 1) * crb], "{ty} {which} cache row {r}: bytes");
                         assert!(row[crb..].iter().all(|&b| b == 0), "{ty} {which} cache row {r}: padding");
@@ -393,6 +397,12 @@ fn attention_case(
         pos0 += n;
     }
     (cpu_out, gpu_out)
+}
+
+/// The pages of a sequence in the last slot of `kv`: the cache's last pages in reverse
+/// order, so that each page is a run of its own and no position is at its own row.
+fn scattered(kv: &KvCacheSpec) -> Vec<u32> {
+    (0..kv.n_pages() as u32).rev().take(pages_for(kv.n_ctx)).collect()
 }
 
 /// `got == want`, else a failure naming the first differing byte and the counts.
@@ -484,7 +494,15 @@ fn attention_quantized_caches() {
             ..std.clone()
         };
         for (kt, vt) in pairs {
-            let kv = KvCacheSpec { n_layers: 1, n_ctx: 1, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
+            let kv = KvCacheSpec {
+                n_layers: 1,
+                n_ctx: 1,
+                n_seqs: 1,
+                kv_dim: hkv * hd,
+                head_dim: hd,
+                k_type: kt,
+                v_type: vt,
+            };
             if kv.check().is_err() {
                 continue;
             }
@@ -580,14 +598,15 @@ fn absmax_cache_write_edge_rows() {
         rows.push(scaled(&mut rng, 1.0));
         let n = rows.len();
         let kvv: Vec<f32> = rows.concat();
-        let kv = KvCacheSpec { n_layers: 1, n_ctx: n, kv_dim, head_dim: hd, k_type: ty, v_type: ty };
+        let kv = KvCacheSpec { n_layers: 1, n_ctx: n, n_seqs: 1, kv_dim, head_dim: hd, k_type: ty, v_type: ty };
         let mut cache = g.new_kv_cache(&kv).unwrap();
+        let pages: Vec<u32> = (0..pages_for(n) as u32).collect();
         let qt = g.new_tensor(n, h * hd);
         g.upload(&qt, &vec![0.0; n * h * hd]);
         let kt = g.new_tensor(n, kv_dim);
         g.upload(&kt, &kvv);
         let mut out = g.new_tensor(n, h * hd);
-        g.attention(&qt, &kt, &kt, &mut cache, 0, 0, &spec, &mut out);
+        g.attention(&qt, &kt, &kt, &mut cache, SeqPages { pages: &pages, slot: 0 }, 0, 0, &spec, &mut out);
         for is_v in [false, true] {
             let got = g.read_kv_rows(&cache, 0, is_v, 0..n).unwrap();
             let rb = got.len() / n;
@@ -630,17 +649,20 @@ fn rotated_and_channel_cache_write_edge_rows() {
         row[9] = if r == 17 { 900.0 } else { 0.125 * (r % 3) as f32 };
     }
     for ty in [Q8r, Q6r, Q4r, Q8c, Q6c, Q4c] {
-        let kv = KvCacheSpec { n_layers: 1, n_ctx: n, kv_dim, head_dim: hd, k_type: ty, v_type: ty };
+        let kv = KvCacheSpec { n_layers: 1, n_ctx: n, n_seqs: 1, kv_dim, head_dim: hd, k_type: ty, v_type: ty };
         let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
         let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
+        // Two pages, the second position's first.
+        let pages = [1, 0];
+        let seq = SeqPages { pages: &pages, slot: 0 };
         let mut pos0 = 0;
         for batch in [41].into_iter().chain(std::iter::repeat_n(1, n - 41)) {
             let vals = rows[pos0..pos0 + batch].concat();
             let (qc, qg) = p.tensor(batch, h * hd, &vec![0.5; batch * h * hd]);
             let (kc, kg) = p.tensor(batch, kv_dim, &vals);
             let (mut oc, mut og) = p.tensor(batch, h * hd, &[]);
-            p.cpu.attention(&qc, &kc, &kc, &mut cc, 0, pos0, &spec, &mut oc);
-            p.gpu.attention(&qg, &kg, &kg, &mut cg, 0, pos0, &spec, &mut og);
+            p.cpu.attention(&qc, &kc, &kc, &mut cc, seq, 0, pos0, &spec, &mut oc);
+            p.gpu.attention(&qg, &kg, &kg, &mut cg, seq, 0, pos0, &spec, &mut og);
             pos0 += batch;
             if batch > 1 || pos0 == n {
                 for is_v in [false, true] {
@@ -650,7 +672,7 @@ fn rotated_and_channel_cache_write_edge_rows() {
                         assert_same_bytes(&got, &cpu, &format!("{ty} after {pos0} rows"));
                     } else {
                         let (crb, grb) = (cpu.len() / n, got.len() / n);
-                        for r in 0..pos0 {
+                        for r in 0..n {
                             assert_eq!(&got[r * grb..r * grb + crb], &cpu[r * crb..(r + 1) * crb], "{ty} row {r}");
                         }
                     }

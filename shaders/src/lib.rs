@@ -202,11 +202,12 @@ impl CacheElem {
         4 * kv_dim + 32 * kv_dim * self.bits() as usize / 8
     }
 
-    /// Bytes of one layer's cache for `n_ctx` positions: rows, or groups then the window.
-    pub fn buffer_bytes(self, n_ctx: usize, kv_dim: usize) -> usize {
+    /// Bytes of one layer's cache of `n_pages` pages of 32 positions for `n_seqs`
+    /// sequences: rows, or a group per page then each sequence's window.
+    pub fn buffer_bytes(self, n_pages: usize, n_seqs: usize, kv_dim: usize) -> usize {
         match self.kind() {
-            CacheKind::Channel { .. } => n_ctx / 32 * self.group_bytes(kv_dim) + 32.min(n_ctx) * 2 * kv_dim,
-            _ => n_ctx * self.row_bytes(kv_dim),
+            CacheKind::Channel { .. } => n_pages * self.group_bytes(kv_dim) + n_seqs * 32 * 2 * kv_dim,
+            _ => n_pages * 32 * self.row_bytes(kv_dim),
         }
     }
 }
@@ -382,6 +383,12 @@ const KSCALE: &str = include_str!("wgsl/weights/kscale.wgsl");
 const WORKGROUP_MAX: &str = include_str!("wgsl/workgroup_max.wgsl");
 const QUANT_COMMON: &str = include_str!("wgsl/cache/quant_common.wgsl");
 
+/// The page table binding (`PT`, at `binding`) and `cache_row`/`cache_page`, which map a
+/// sequence's positions to cache rows and pages.
+fn page_table(binding: u32) -> String {
+    include_str!("wgsl/cache/pages.wgsl").replace("$PT_BINDING", &binding.to_string())
+}
+
 /// The reader of the K (`which` = 'k': binding 2, `k_at`) or V ('v': binding 3, `v_at`)
 /// cache: `{k,v}_at(row, col)` is the value at column `col` of cache row `row`.
 fn cache_reader(which: char, e: CacheElem) -> String {
@@ -447,6 +454,7 @@ pub fn source(v: &Variant) -> String {
         Op::PairCombine => s.push_str(include_str!("wgsl/pair_combine.wgsl")),
         Op::KvWrite(e) => match e.kind() {
             CacheKind::Plain => {
+                s.push_str(&page_table(3));
                 s.push_str(if e == CacheElem::F32 {
                     include_str!("wgsl/cache/store_f32.wgsl")
                 } else {
@@ -467,6 +475,7 @@ pub fn source(v: &Variant) -> String {
                     _ => (include_str!("wgsl/kv_write_channel.wgsl"), e.bits()),
                 };
                 let _ = writeln!(s, "const QBITS: u32 = {}u;\nconst WBUF_WORDS: u32 = {words}u;", e.bits());
+                s.push_str(&page_table(3));
                 s.push_str(QUANT_COMMON);
                 s.push_str(include_str!("wgsl/cache/pack.wgsl"));
                 s.push_str(file);
@@ -484,6 +493,7 @@ pub fn source(v: &Variant) -> String {
             s.push_str(include_str!("wgsl/rotate.wgsl"));
         }
         Op::LogitAbsmax(k) => {
+            s.push_str(&page_table(4));
             s.push_str(&cache_reader('k', k));
             s.push_str(WORKGROUP_MAX);
             s.push_str(include_str!("wgsl/logit_absmax.wgsl"));
@@ -500,6 +510,7 @@ pub fn source(v: &Variant) -> String {
                 s,
                 "const ATT_NS: u32 = {ns}u;\nconst ATT_BR: u32 = {br}u;\nconst ATT_BC: u32 = {bc}u;\nconst ATT_WG: u32 = {ATT_WG}u;\nconst ATT_ACC: u32 = {acc}u;"
             );
+            s.push_str(&page_table(7));
             s.push_str(&cache_reader('k', k));
             s.push_str(&cache_reader('v', ve));
             s.push_str(include_str!("wgsl/attention.wgsl"));

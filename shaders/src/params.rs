@@ -152,6 +152,8 @@ params! {
         kv_dim: u32,
         pos0: u32,
         grid_x: u32,
+        /// The sequence's page table: its first entry in the page-table buffer.
+        pt_base: u32,
     }
 
     /// kv_write_channel.wgsl: the groups of 32 positions a batch completes.
@@ -162,8 +164,10 @@ params! {
         grid_x: u32,
         first_group: u32,
         n_groups: u32,
-        /// Groups the buffer holds (the window follows them).
-        cache_groups: u32,
+        /// The sequence's page table: its first entry in the page-table buffer.
+        pt_base: u32,
+        /// The sequence's f16 window: its first word in the cache buffer.
+        window_word: u32,
     }
 
     /// kv_window.wgsl: a per-channel cache's f16 window.
@@ -210,6 +214,9 @@ params! {
         lq_qmax: f32,
         lq_stride: u32,
         cache_groups: u32,
+        /// The sequence's page table (first entry) and its per-channel window.
+        pt_base: u32,
+        window: u32,
     }
 
     LogitAbsmaxParams {
@@ -223,6 +230,8 @@ params! {
         grid_x: u32,
         scale: f32,
         cache_groups: u32,
+        pt_base: u32,
+        window: u32,
     }
 
     LogitReduceParams {

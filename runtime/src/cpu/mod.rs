@@ -17,13 +17,14 @@ use duet_quant::GgmlType;
 use duet_quant::dot::{Kernels, kernels};
 use duet_quant::gemm::{GemmKernels, gemm_kernels};
 
-pub use attention::CpuKvCache;
+pub use attention::{CpuKvCache, Placement};
 pub use matmul::ActPrecision;
 pub use tensor::{CpuTensor, CpuWeight, Storage};
 
 use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
+use crate::kv_pages::SeqPages;
 use matmul::ActCache;
 use pool::ThreadPool;
 
@@ -180,11 +181,6 @@ impl Backend for CpuBackend {
         CpuKvCache::new(spec)
     }
 
-    fn copy_kv_cache(&mut self, src: &CpuKvCache, dst: &mut CpuKvCache) {
-        assert_eq!(src.spec, dst.spec, "copy_kv_cache between caches of different specs");
-        dst.copy_from(src);
-    }
-
     fn embed(&mut self, table: &CpuWeight, tokens: &[u32], out: &mut CpuTensor) {
         let row_bytes = table.row_bytes();
         let cols = table.cols;
@@ -243,17 +239,18 @@ impl Backend for CpuBackend {
         k: &CpuTensor,
         v: &CpuTensor,
         cache: &mut CpuKvCache,
+        seq: SeqPages,
         layer: usize,
         pos0: usize,
         spec: &AttentionSpec,
         out: &mut CpuTensor,
     ) {
-        cache.store(layer, pos0, k.view(), v.view());
+        cache.store(&seq, layer, pos0, k.view(), v.view());
         let capture = matches!(spec.kind, crate::backend::AttentionKind::Differential { .. })
             && self.observer.as_ref().is_some_and(|o| o.wants(crate::backend::Probe::AttnBranches, layer));
         let mut branches = if capture { vec![0f32; q.rows * 2 * q.cols] } else { Vec::new() };
         let b = capture.then_some(branches.as_mut_slice());
-        attention::attention(&self.pool, cache, layer, q.view(), q.rows, pos0, spec, out.view_mut(), b);
+        attention::attention(&self.pool, cache, seq, layer, q.view(), q.rows, pos0, spec, out.view_mut(), b);
         if let Some(o) = self.observer.as_mut().filter(|_| capture) {
             o.observe(crate::backend::Probe::AttnBranches, layer, pos0, &branches, q.rows, 2 * q.cols);
         }

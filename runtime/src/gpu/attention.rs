@@ -24,6 +24,7 @@ use super::{GpuBackend, grid};
 use crate::backend::{AttentionKind, AttentionSpec, LogitScale};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
+use crate::kv_pages::SeqPages;
 
 pub fn new_kv_cache(b: &mut GpuBackend, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
     if spec.head_dim > ATT_MAX_HEAD_DIM as usize {
@@ -123,7 +124,35 @@ fn rotate(
     b.run(Op::Rotate, &params, &[x, &w, out], g);
 }
 
-/// Writes `rows` rows of `src` (kv_dim values each) at positions pos0.. of a cache layer.
+/// Makes the page-table row of `seq`'s slot hold its pages (a queued write, which lands
+/// before the next submission; the work recorded before it that read this row belongs to
+/// earlier forward passes, which were submitted when their results were read). Returns the
+/// row's first entry.
+fn sync_page_table(b: &mut GpuBackend, cache: &mut GpuKvCache, seq: &SeqPages) -> u32 {
+    let base = seq.slot * cache.pages_per_seq;
+    assert!(seq.pages.len() <= cache.pages_per_seq && seq.slot < cache.n_seqs, "page table out of range");
+    let have = &mut cache.uploaded[seq.slot];
+    if have.as_slice() != seq.pages {
+        // Only the entries that changed (usually the one page just taken).
+        let first = have.iter().zip(seq.pages).take_while(|(a, b)| a == b).count();
+        if first < seq.pages.len() {
+            let bytes: &[u8] = bytemuck::cast_slice(&seq.pages[first..]);
+            b.ctx.queue.write_buffer(&cache.page_tables.buffer, (4 * (base + first)) as u64, bytes);
+        }
+        have.clear();
+        have.extend_from_slice(seq.pages);
+    }
+    base as u32
+}
+
+/// The first word of slot `slot`'s window in a per-channel layer buffer.
+fn window_word(cache: &GpuKvCache, elem: CacheElem, slot: usize) -> u32 {
+    ((cache.n_pages * elem.group_bytes(cache.kv_dim) + slot * 32 * 2 * cache.kv_dim) / 4) as u32
+}
+
+/// Writes `rows` rows of `src` (kv_dim values each) at positions pos0.. of the sequence in
+/// `slot` (page table at `pt_base`) in a cache layer.
+#[allow(clippy::too_many_arguments)]
 fn write_rows(
     b: &mut GpuBackend,
     src: &Arc<Buf>,
@@ -131,9 +160,11 @@ fn write_rows(
     elem: CacheElem,
     rows: usize,
     cache: &GpuKvCache,
+    (pt_base, slot): (u32, usize),
     pos0: usize,
 ) {
     let kv_dim = cache.kv_dim;
+    let pt = Arc::clone(&cache.page_tables);
     match elem.kind() {
         CacheKind::Plain | CacheKind::Blocks { .. } => {
             // Plain: one invocation per pair of values; blocks: per pair of blocks.
@@ -142,12 +173,13 @@ fn write_rows(
                 _ => rows * kv_dim / 2,
             };
             let g = grid(items, EW_WG as usize);
-            let params = KvWriteParams { rows: rows as u32, kv_dim: kv_dim as u32, pos0: pos0 as u32, grid_x: g.0 };
-            b.run(Op::KvWrite(elem), &params, &[src, dst], g);
+            let params =
+                KvWriteParams { rows: rows as u32, kv_dim: kv_dim as u32, pos0: pos0 as u32, grid_x: g.0, pt_base };
+            b.run(Op::KvWrite(elem), &params, &[src, dst, &pt], g);
         }
         CacheKind::Channel { .. } => {
-            let groups = cache.n_ctx / 32;
-            let (first, end) = (pos0 / 32, ((pos0 + rows) / 32).min(groups));
+            let (first, end) = (pos0 / 32, (pos0 + rows) / 32);
+            let window_word = window_word(cache, elem, slot);
             if end > first {
                 let g = grid((end - first) * (kv_dim / 32), 1);
                 let params = KvWriteChannelParams {
@@ -157,23 +189,23 @@ fn write_rows(
                     grid_x: g.0,
                     first_group: first as u32,
                     n_groups: (end - first) as u32,
-                    cache_groups: groups as u32,
+                    pt_base,
+                    window_word,
                 };
-                b.run(Op::KvWrite(elem), &params, &[src, dst], g);
+                b.run(Op::KvWrite(elem), &params, &[src, dst, &pt], g);
             }
             // The window ends up as the CPU's, which passes every row through it: each slot
             // holds the last position that maps to it, so the batch's last 32 rows.
             let from_row = rows.saturating_sub(32);
             if from_row < rows {
                 let g = grid((rows - from_row) * kv_dim / 2, EW_WG as usize);
-                let window_word = groups * elem.group_bytes(kv_dim) / 4;
                 let params = KvWindowParams {
                     rows: rows as u32,
                     kv_dim: kv_dim as u32,
                     pos0: pos0 as u32,
                     grid_x: g.0,
                     from_row: from_row as u32,
-                    window_word: window_word as u32,
+                    window_word,
                 };
                 b.run(Op::KvWindow, &params, &[src, dst], g);
             }
@@ -181,10 +213,11 @@ fn write_rows(
     }
 }
 
-/// Groups of 32 positions a per-channel cache holds (what its readers need), else 0.
+/// Groups of 32 positions a per-channel cache holds, one per page (what its readers need),
+/// else 0.
 fn cache_groups(cache: &GpuKvCache) -> u32 {
     let channel = [cache.k_elem, cache.v_elem].iter().any(|e| matches!(e.kind(), CacheKind::Channel { .. }));
-    if channel { (cache.n_ctx / 32) as u32 } else { 0 }
+    if channel { cache.n_pages as u32 } else { 0 }
 }
 
 /// The absmax table of `spec`'s logit quantization for `rows` query rows at `pos0` and its
@@ -196,6 +229,7 @@ fn logit_absmax(
     kc: &Arc<Buf>,
     k_elem: CacheElem,
     cache_groups: u32,
+    (pt, pt_base, window): (&Arc<Buf>, u32, u32),
     rows: usize,
     pos0: usize,
     spec: &AttentionSpec,
@@ -219,8 +253,10 @@ fn logit_absmax(
         grid_x: g.0,
         scale: spec.scale,
         cache_groups,
+        pt_base,
+        window,
     };
-    b.run(Op::LogitAbsmax(k_elem), &params, &[q, kc, &per_row], g);
+    b.run(Op::LogitAbsmax(k_elem), &params, &[q, kc, &per_row, pt], g);
     match lq.scale {
         LogitScale::Row => (per_row, nh as u32),
         _ => {
@@ -239,6 +275,7 @@ pub fn attention(
     k: &GpuTensor,
     v: &GpuTensor,
     cache: &mut GpuKvCache,
+    seq: SeqPages,
     layer: usize,
     pos0: usize,
     spec: &AttentionSpec,
@@ -248,6 +285,9 @@ pub fn attention(
     let kv_dim = spec.n_kv_heads * spec.head_dim;
     assert_eq!(kv_dim, cache.kv_dim);
     assert!(pos0 + rows <= cache.n_ctx, "attention past the cache's {} positions", cache.n_ctx);
+    assert!(seq.pages.len() * 32 >= pos0 + rows, "positions up to {} stored in {} pages", pos0 + rows, seq.pages.len());
+    let pt_base = sync_page_table(b, cache, &seq);
+    let pt = Arc::clone(&cache.page_tables);
     // Rotated copies where the cache types ask for them: K with Q, V alone.
     let (hd, rot) = (spec.head_dim, hadamard::block_size(spec.head_dim));
     let q_dim = spec.n_heads * hd;
@@ -264,8 +304,8 @@ pub fn attention(
     }
     // Store the new K and V rows.
     let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
-    write_rows(b, &kb, &kc, cache.k_elem, rows, cache, pos0);
-    write_rows(b, &vb, &vc, cache.v_elem, rows, cache, pos0);
+    write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot), pos0);
+    write_rows(b, &vb, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
     let (diff, lambda, out_scale, sub) = match &spec.kind {
         AttentionKind::Standard | AttentionKind::PairedHeads => (false, 0.0, 1.0, None),
         AttentionKind::Differential { lambda, lambda_init, sub_norm } => {
@@ -277,7 +317,8 @@ pub fn attention(
     let (br, _) = attn_tile(shape);
     let g = grid(rows.div_ceil(br as usize) * units, 1);
     let groups = cache_groups(cache);
-    let (la, la_stride) = logit_absmax(b, &qb, &kc, cache.k_elem, groups, rows, pos0, spec);
+    let slot = seq.slot as u32;
+    let (la, la_stride) = logit_absmax(b, &qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot), rows, pos0, spec);
     let sub_buf = match sub {
         Some(w) => constant_buf(b, w, "sub-norm weight"),
         None => Arc::clone(&b.dummy),
@@ -303,9 +344,11 @@ pub fn attention(
         lq_qmax: spec.logit_quant.as_ref().map_or(0.0, |l| l.qmax()),
         lq_stride: la_stride,
         cache_groups: groups,
+        pt_base,
+        window: slot,
     };
     let op = Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem };
-    b.run(op, &params, &[&qb, &kc, &vc, &ob, &sub_buf, &la], g);
+    b.run(op, &params, &[&qb, &kc, &vc, &ob, &sub_buf, &la, &pt], g);
     if v_rot {
         let w = sub.map(|_| &sub_buf);
         rotate(b, &ob, &out.buf, rows, q_dim, rot, w, 2 * hd);

@@ -158,15 +158,23 @@ pub fn upload_rows(
     Ok(chunks)
 }
 
-/// Per layer, K and V for `n_ctx` positions.
+/// Per layer, K and V for `n_pages` pages of 32 positions (and a per-channel cache's
+/// windows), and the sequences' page tables: row `slot` of `page_tables` (`pages_per_seq`
+/// entries) is the pages of the sequence in that slot, uploaded when they change.
 pub struct GpuKvCache {
     pub k: Vec<Arc<Buf>>,
     pub v: Vec<Arc<Buf>>,
     pub k_elem: CacheElem,
     pub v_elem: CacheElem,
     pub n_ctx: usize,
+    pub n_pages: usize,
+    pub n_seqs: usize,
     pub kv_dim: usize,
     pub head_dim: usize,
+    pub page_tables: Arc<Buf>,
+    pub pages_per_seq: usize,
+    /// What `page_tables` holds (or will hold once the writes queued so far land), per slot.
+    pub uploaded: Vec<Vec<u32>>,
 }
 
 pub fn cache_elem(t: CacheType) -> CacheElem {
@@ -192,19 +200,23 @@ impl GpuKvCache {
     pub fn new(ctx: &GpuContext, alloc: &Allocator, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
         spec.check()?;
         let (k_elem, v_elem) = (cache_elem(spec.k_type), cache_elem(spec.v_type));
-        let k_bytes = k_elem.buffer_bytes(spec.n_ctx, spec.kv_dim) as u64;
-        let v_bytes = v_elem.buffer_bytes(spec.n_ctx, spec.kv_dim) as u64;
+        let (n_pages, n_seqs) = (spec.n_pages(), spec.n_seqs);
+        let k_bytes = k_elem.buffer_bytes(n_pages, n_seqs, spec.kv_dim) as u64;
+        let v_bytes = v_elem.buffer_bytes(n_pages, n_seqs, spec.kv_dim) as u64;
         let limit = ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size);
         if k_bytes.max(v_bytes) > limit {
             // The largest context whose layers fit, by bisection (bytes grow with positions).
-            let fits = |n: usize| [k_elem, v_elem].iter().all(|e| e.buffer_bytes(n, spec.kv_dim) as u64 <= limit);
+            let fits = |n: usize| {
+                let pages = n_seqs * crate::kv_pages::pages_for(n);
+                [k_elem, v_elem].iter().all(|e| e.buffer_bytes(pages, n_seqs, spec.kv_dim) as u64 <= limit)
+            };
             let (mut lo, mut hi) = (0usize, spec.n_ctx);
             while lo + 1 < hi {
                 let mid = lo + (hi - lo) / 2;
                 if fits(mid) { lo = mid } else { hi = mid }
             }
             return Err(RuntimeError::Device(format!(
-                "one layer's K/V cache ({} bytes for {} positions) exceeds what the GPU binds at once ({limit} bytes): the largest context that fits is {lo} tokens (lower --ctx-size)",
+                "one layer's K/V cache ({} bytes for {n_seqs} × {} positions) exceeds what the GPU binds at once ({limit} bytes): the largest context that fits is {lo} tokens (lower --ctx-size)",
                 k_bytes.max(v_bytes),
                 spec.n_ctx
             )));
@@ -221,6 +233,23 @@ impl GpuKvCache {
             k.push(ctx.checked("the K/V cache", || alloc.storage(ctx, k_bytes, &format!("K cache {il}")))?);
             v.push(ctx.checked("the K/V cache", || alloc.storage(ctx, v_bytes, &format!("V cache {il}")))?);
         }
-        Ok(GpuKvCache { k, v, k_elem, v_elem, n_ctx: spec.n_ctx, kv_dim: spec.kv_dim, head_dim: spec.head_dim })
+        let pages_per_seq = crate::kv_pages::pages_for(spec.n_ctx);
+        let page_tables = ctx.checked("the K/V cache's page tables", || {
+            alloc.storage(ctx, (4 * n_seqs * pages_per_seq).max(4) as u64, "K/V page tables")
+        })?;
+        Ok(GpuKvCache {
+            k,
+            v,
+            k_elem,
+            v_elem,
+            n_ctx: spec.n_ctx,
+            n_pages,
+            n_seqs,
+            kv_dim: spec.kv_dim,
+            head_dim: spec.head_dim,
+            page_tables,
+            pages_per_seq,
+            uploaded: vec![Vec::new(); n_seqs],
+        })
     }
 }

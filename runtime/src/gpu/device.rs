@@ -100,9 +100,9 @@ pub fn describe(info: &wgpu::AdapterInfo) -> String {
 /// The limits the kernels need (everything else stays at the downlevel defaults).
 fn required_limits(adapter: &wgpu::Limits) -> wgpu::Limits {
     wgpu::Limits {
-        // Attention binds Q, K, V, the output, the sub-norm weight and the logit absmax
-        // table (WebGPU guarantees 8).
-        max_storage_buffers_per_shader_stage: 6,
+        // Attention binds Q, K, V, the output, the sub-norm weight, the logit absmax table
+        // and the K/V page tables (WebGPU guarantees 8).
+        max_storage_buffers_per_shader_stage: 7,
         max_dynamic_uniform_buffers_per_pipeline_layout: 1,
         max_uniform_buffer_binding_size: 256,
         max_compute_workgroup_storage_size: 8192,

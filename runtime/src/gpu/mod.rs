@@ -32,6 +32,7 @@ pub use wgpu::{AdapterInfo, Backend as WgpuBackend, DeviceType};
 use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
+use crate::kv_pages::SeqPages;
 use buffers::{Allocator, Buf};
 use device::GpuContext;
 use pipelines::{LayoutKind, Pipelines};
@@ -188,10 +189,10 @@ impl GpuBackend {
     }
 
     /// The whole buffer of K (`v` false) or V of `layer` as stored: rows, or a per-channel
-    /// cache's groups then its window (tests and tools). Recorded work runs first.
+    /// cache's groups then its windows (tests and tools). Recorded work runs first.
     pub fn read_kv_buffer(&mut self, cache: &GpuKvCache, layer: usize, v: bool) -> Result<Vec<u8>, RuntimeError> {
         let (buf, elem) = if v { (&cache.v[layer], cache.v_elem) } else { (&cache.k[layer], cache.k_elem) };
-        let size = elem.buffer_bytes(cache.n_ctx, cache.kv_dim) as u64;
+        let size = elem.buffer_bytes(cache.n_pages, cache.n_seqs, cache.kv_dim) as u64;
         self.submit(Some((buf, 0, size)));
         Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
     }
@@ -279,22 +280,6 @@ impl Backend for GpuBackend {
         attention::new_kv_cache(self, spec)
     }
 
-    /// Submits the work recorded so far, then copies every layer's buffers in a submission
-    /// of its own (buffer copies cannot go inside the compute pass).
-    fn copy_kv_cache(&mut self, src: &GpuKvCache, dst: &mut GpuKvCache) {
-        assert!(
-            src.n_ctx == dst.n_ctx && src.kv_dim == dst.kv_dim && src.k_elem == dst.k_elem && src.v_elem == dst.v_elem,
-            "copy_kv_cache between caches of different specs"
-        );
-        self.submit(None);
-        let mut enc =
-            self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("duet cache copy") });
-        for (s, d) in src.k.iter().zip(&dst.k).chain(src.v.iter().zip(&dst.v)) {
-            enc.copy_buffer_to_buffer(&s.buffer, 0, &d.buffer, 0, s.size.min(d.size));
-        }
-        self.ctx.queue.submit([enc.finish()]);
-    }
-
     fn embed(&mut self, table: &GpuWeight, tokens: &[u32], out: &mut GpuTensor) {
         matmul::embed(self, table, tokens, out)
     }
@@ -321,12 +306,13 @@ impl Backend for GpuBackend {
         k: &GpuTensor,
         v: &GpuTensor,
         cache: &mut GpuKvCache,
+        seq: SeqPages,
         layer: usize,
         pos0: usize,
         spec: &AttentionSpec,
         out: &mut GpuTensor,
     ) {
-        attention::attention(self, q, k, v, cache, layer, pos0, spec, out)
+        attention::attention(self, q, k, v, cache, seq, layer, pos0, spec, out)
     }
 
     fn dex(&mut self, x: &mut GpuTensor, w_d: &GpuWeight, lambda: f32, heads: &[usize], head_dim: usize) {

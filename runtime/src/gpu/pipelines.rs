@@ -11,32 +11,30 @@ use duet_shaders::{Op, Variant};
 /// with a dynamic offset), then storage buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LayoutKind {
-    /// read, read, read_write (matvec, matmul, embed, rms_norm, logit_absmax, rotate).
+    /// read, read, read_write (matvec, matmul, embed, rms_norm, rotate).
     In2Out1,
-    /// read, read_write (rope, swiglu, add, copy_row, kv_write, kv_window, dex, logit_reduce).
+    /// read, read_write (rope, swiglu, add, copy_row, kv_window, dex, logit_reduce).
     In1Out1,
-    /// read Q, K, V, read_write O, read sub-norm, read logit absmax (attention).
+    /// read rows, read_write cache, read page tables (kv_write).
+    CacheWrite,
+    /// read Q, read K cache, read_write absmax, read page tables (logit_absmax).
+    LogitAbsmax,
+    /// read Q, K, V, read_write O, read sub-norm, read logit absmax, read page tables
+    /// (attention).
     Attention,
 }
 
 impl LayoutKind {
     pub fn of(op: Op) -> LayoutKind {
         match op {
-            Op::MatVec(_)
-            | Op::MatMul(_)
-            | Op::Embed(_)
-            | Op::RmsNorm
-            | Op::LogitAbsmax(_)
-            | Op::Rotate
-            | Op::PairCombine => LayoutKind::In2Out1,
-            Op::Rope
-            | Op::SwiGlu
-            | Op::Add
-            | Op::CopyRow
-            | Op::KvWrite(_)
-            | Op::KvWindow
-            | Op::Dex
-            | Op::LogitReduce => LayoutKind::In1Out1,
+            Op::MatVec(_) | Op::MatMul(_) | Op::Embed(_) | Op::RmsNorm | Op::Rotate | Op::PairCombine => {
+                LayoutKind::In2Out1
+            }
+            Op::Rope | Op::SwiGlu | Op::Add | Op::CopyRow | Op::KvWindow | Op::Dex | Op::LogitReduce => {
+                LayoutKind::In1Out1
+            }
+            Op::KvWrite(_) => LayoutKind::CacheWrite,
+            Op::LogitAbsmax(_) => LayoutKind::LogitAbsmax,
             Op::Attention { .. } => LayoutKind::Attention,
         }
     }
@@ -46,7 +44,9 @@ impl LayoutKind {
         match self {
             LayoutKind::In2Out1 => &[true, true, false],
             LayoutKind::In1Out1 => &[true, false],
-            LayoutKind::Attention => &[true, true, true, false, true, true],
+            LayoutKind::CacheWrite => &[true, false, true],
+            LayoutKind::LogitAbsmax => &[true, true, false, true],
+            LayoutKind::Attention => &[true, true, true, false, true, true, true],
         }
     }
 
@@ -54,7 +54,13 @@ impl LayoutKind {
         self.storage().len()
     }
 
-    const ALL: [LayoutKind; 3] = [LayoutKind::In2Out1, LayoutKind::In1Out1, LayoutKind::Attention];
+    const ALL: [LayoutKind; 5] = [
+        LayoutKind::In2Out1,
+        LayoutKind::In1Out1,
+        LayoutKind::CacheWrite,
+        LayoutKind::LogitAbsmax,
+        LayoutKind::Attention,
+    ];
 }
 
 /// Bytes of one dispatch's parameter slot (every Params struct fits).

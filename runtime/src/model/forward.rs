@@ -11,7 +11,8 @@
 
 use crate::backend::{Backend, Probe};
 use crate::error::RuntimeError;
-use crate::model::{Logits, Model, ModelConfig, Session};
+use crate::kv_pages::SeqPages;
+use crate::model::{Logits, Model, ModelConfig, Session, locked};
 
 /// The activations a batch of rows flows through (allocated for `cap` rows).
 pub(crate) struct Acts<B: Backend> {
@@ -140,7 +141,10 @@ impl<B: Backend> Model<B> {
         let c = &self.config;
         let n = tokens.len();
         let pos0 = s.n_past;
-        let (a, cache, specs) = (&mut s.acts, &mut s.cache, &s.attention);
+        s.reserve(n)?;
+        let seq = SeqPages { pages: &s.pages, slot: s.slot };
+        let (a, specs) = (&mut s.acts, &s.attention);
+        let mut cache = locked(&s.cache);
         a.set_rows(b, n);
         let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>| {
             b.rope(&mut a.q, c.n_heads, c.head_dim, pos0, &self.rope);
@@ -149,9 +153,10 @@ impl<B: Backend> Model<B> {
             b.observe(Probe::K, il, pos0, &a.k);
             b.observe(Probe::V, il, pos0, &a.v);
             b.observe(Probe::Q, il, pos0, &a.q);
-            b.attention(&a.q, &a.k, &a.v, cache, il, pos0, &specs[il], &mut a.att);
+            b.attention(&a.q, &a.k, &a.v, &mut cache.kv, seq, il, pos0, &specs[il], &mut a.att);
         };
         self.run_layers(b, a, tokens, pos0, &mut attend);
+        drop(cache);
         s.n_past += n;
         let a = &mut s.acts;
         let output = self.output.as_ref().unwrap_or(&self.token_embd);
@@ -242,6 +247,9 @@ impl<B: Backend> Model<B> {
         let tokens: Vec<u32> = chunks.concat();
         self.check_tokens(&tokens)?;
         for (s, t) in sessions.iter_mut().zip(chunks) {
+            s.reserve(t.len())?;
+        }
+        for (s, t) in sessions.iter_mut().zip(chunks) {
             s.acts.set_rows(b, t.len());
         }
         let a = &mut batch.acts;
@@ -258,7 +266,10 @@ impl<B: Backend> Model<B> {
                 b.copy_rows(&a.v, first, &mut own.v, 0, t.len());
                 b.rope(&mut own.q, c.n_heads, c.head_dim, pos, &self.rope);
                 b.rope(&mut own.k, c.n_kv_heads, c.head_dim, pos, &self.rope);
-                b.attention(&own.q, &own.k, &own.v, &mut s.cache, il, pos, &s.attention[il], &mut own.att);
+                let seq = SeqPages { pages: &s.pages, slot: s.slot };
+                let mut cache = locked(&s.cache);
+                b.attention(&own.q, &own.k, &own.v, &mut cache.kv, seq, il, pos, &s.attention[il], &mut own.att);
+                drop(cache);
                 b.copy_rows(&own.att, 0, &mut a.att, first, t.len());
                 first += t.len();
             }

@@ -7,7 +7,7 @@ pub mod config;
 mod forward;
 mod load;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use duet_quant::gguf::GgufFile;
 
@@ -18,6 +18,7 @@ pub use forward::DecodeBatch;
 use crate::backend::{AttentionSpec, Backend, LogitQuant, LogitScale, RopeSpec};
 use crate::error::RuntimeError;
 use crate::kv_cache::{CacheType, KvCacheSpec};
+use crate::kv_pages::{PAGE, PagePool, SeqPages};
 
 /// Where the absmax of a logit quantization comes from (see [`LogitScale`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -94,15 +95,32 @@ pub enum Logits {
     All,
 }
 
-/// Per-conversation state: the K/V cache, the number of cached positions, and scratch
-/// activations sized for the largest batch.
+/// A K/V cache and which of its pages and sequence slots are in use: shared by the
+/// sessions made together ([`Model::new_sessions`]).
+pub struct SharedCache<C> {
+    pub kv: C,
+    pub pool: PagePool,
+}
+
+/// `cache`, locked (a panic elsewhere while it was held does not leave its bookkeeping
+/// wrong: every change to it is one whole step).
+pub(crate) fn locked<C>(cache: &Mutex<SharedCache<C>>) -> MutexGuard<'_, SharedCache<C>> {
+    cache.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Per-conversation state: its pages of a (possibly shared) K/V cache, the number of cached
+/// positions, and scratch activations sized for the largest batch.
 pub struct Session<B: Backend> {
     /// Each layer's attention as this session runs it: the model's (`Layer::attention`,
     /// never with logit quantization) plus the session's run settings
     /// ([`Model::set_logit_quant`]).
     pub attention: Vec<AttentionSpec>,
-    pub cache: B::KvCache,
-    /// What the cache holds and how.
+    pub cache: Arc<Mutex<SharedCache<B::KvCache>>>,
+    /// This session's slot in the cache and its pages (covering positions 0..n_past at
+    /// least), given back when it is truncated or dropped.
+    slot: usize,
+    pages: Vec<u32>,
+    /// What the cache holds and how (`n_ctx`: the most positions one session holds).
     pub cache_spec: KvCacheSpec,
     pub n_past: usize,
     pub n_ctx: usize,
@@ -177,10 +195,10 @@ impl<B: Backend> Model<B> {
     /// The K/V cache of this model for `n_ctx` positions in the given types.
     pub fn cache_spec(&self, n_ctx: usize, k_type: CacheType, v_type: CacheType) -> KvCacheSpec {
         let c = &self.config;
-        KvCacheSpec { n_layers: c.n_layers, n_ctx, kv_dim: c.kv_dim(), head_dim: c.head_dim, k_type, v_type }
+        KvCacheSpec { n_layers: c.n_layers, n_ctx, n_seqs: 1, kv_dim: c.kv_dim(), head_dim: c.head_dim, k_type, v_type }
     }
 
-    /// A new session with a K/V cache for `n_ctx` positions.
+    /// A new session with a K/V cache of its own for `n_ctx` positions.
     pub fn new_session(
         &self,
         b: &mut B,
@@ -189,8 +207,24 @@ impl<B: Backend> Model<B> {
         k_type: CacheType,
         v_type: CacheType,
     ) -> Result<Session<B>, RuntimeError> {
+        let mut one = self.new_sessions(b, 1, n_ctx, max_batch, k_type, v_type)?;
+        Ok(one.pop().expect("one session made"))
+    }
+
+    /// `n` sessions sharing one paged K/V cache with room for `n_ctx` positions each: a
+    /// page is taken when a session writes into it and given back when it truncates or
+    /// ends, and full pages of a common prefix are held once ([`Session::share_prefix`]).
+    pub fn new_sessions(
+        &self,
+        b: &mut B,
+        n: usize,
+        n_ctx: usize,
+        max_batch: usize,
+        k_type: CacheType,
+        v_type: CacheType,
+    ) -> Result<Vec<Session<B>>, RuntimeError> {
         let c = &self.config;
-        let spec = self.cache_spec(n_ctx, k_type, v_type);
+        let spec = KvCacheSpec { n_seqs: n.max(1), ..self.cache_spec(n_ctx, k_type, v_type) };
         spec.check()?;
         let mb = max_batch.max(1);
         if let Some(limit) = b.max_tensor_bytes() {
@@ -211,29 +245,88 @@ impl<B: Backend> Model<B> {
                 )));
             }
         }
-        Ok(Session {
-            attention: self.layers.iter().map(|l| l.attention.clone()).collect(),
-            cache: b.new_kv_cache(&spec)?,
-            cache_spec: spec,
-            n_past: 0,
-            n_ctx,
-            max_batch: mb,
-            acts: Acts::new(b, c, mb),
-        })
+        let kv = b.new_kv_cache(&spec)?;
+        let mut pool = PagePool::new(spec.n_pages(), spec.n_seqs);
+        let slots: Vec<usize> = (0..spec.n_seqs).map(|_| pool.take_slot().expect("a slot per session")).collect();
+        let cache = Arc::new(Mutex::new(SharedCache { kv, pool }));
+        Ok(slots
+            .into_iter()
+            .map(|slot| Session {
+                attention: self.layers.iter().map(|l| l.attention.clone()).collect(),
+                cache: Arc::clone(&cache),
+                slot,
+                pages: Vec::new(),
+                cache_spec: spec.clone(),
+                n_past: 0,
+                n_ctx,
+                max_batch: mb,
+                acts: Acts::new(b, c, mb),
+            })
+            .collect())
     }
 }
 
 impl<B: Backend> Session<B> {
+    /// The shared cache, locked.
+    pub fn lock_cache(&self) -> MutexGuard<'_, SharedCache<B::KvCache>> {
+        locked(&self.cache)
+    }
+
+    /// Where this session's positions are in the cache.
+    pub fn pages(&self) -> SeqPages<'_> {
+        SeqPages { pages: &self.pages, slot: self.slot }
+    }
+
     /// Forgets everything: the next forward starts at position 0.
     pub fn reset(&mut self) {
-        self.n_past = 0;
+        self.truncate(0);
     }
 
     /// Drops cached positions from `n` on (they will be overwritten) and returns how many
     /// stay: `n`, or fewer where the cache keeps only whole groups
-    /// ([`KvCacheSpec::keepable`]).
+    /// ([`KvCacheSpec::keepable`]) or the position would be written into a page another
+    /// session holds too (then the page is left to it).
     pub fn truncate(&mut self, n: usize) -> usize {
-        self.n_past = self.cache_spec.keepable(self.n_past, n);
-        self.n_past
+        let mut keep = self.cache_spec.keepable(self.n_past, n);
+        let mut c = locked(&self.cache);
+        if !keep.is_multiple_of(PAGE) && c.pool.shared(self.pages[keep / PAGE]) {
+            keep -= keep % PAGE;
+        }
+        c.pool.shrink(&mut self.pages, keep);
+        self.n_past = keep;
+        keep
+    }
+
+    /// Makes this session hold the first `n` positions of `other` (a session of the same
+    /// cache), as far as they fill whole pages: those pages are then held by both and not
+    /// evaluated again. Returns the positions now cached (`n` rounded down to a page).
+    pub fn share_prefix(&mut self, other: &Session<B>, n: usize) -> Result<usize, RuntimeError> {
+        if !Arc::ptr_eq(&self.cache, &other.cache) {
+            return Err(RuntimeError::Usage("share_prefix: the sessions do not share a K/V cache".into()));
+        }
+        let full = n.min(other.n_past) / PAGE;
+        let mut c = locked(&self.cache);
+        c.pool.shrink(&mut self.pages, 0);
+        self.pages = c.pool.share(&other.pages, full);
+        self.n_past = full * PAGE;
+        Ok(self.n_past)
+    }
+
+    /// Takes the pages positions `n_past..n_past + n` need (before they are written).
+    pub(crate) fn reserve(&mut self, n: usize) -> Result<(), RuntimeError> {
+        let mut c = locked(&self.cache);
+        debug_assert!(
+            self.n_past.is_multiple_of(PAGE) || !c.pool.shared(self.pages[self.n_past / PAGE]),
+            "a shared page would be written"
+        );
+        c.pool.grow(&mut self.pages, self.n_past + n)
+    }
+}
+
+impl<B: Backend> Drop for Session<B> {
+    /// Gives the session's pages and slot back to the shared cache.
+    fn drop(&mut self) {
+        let mut c = locked(&self.cache);
+        c.pool.release(self.slot, &mut self.pages);
     }
 }

@@ -21,8 +21,11 @@ pub struct Metrics {
     pub prompt_tokens_total: u64,
     /// Prompt tokens found in a slot's cache and not evaluated again.
     pub prompt_tokens_reused: u64,
-    /// Of those, tokens whose cache was copied from another slot.
-    pub prompt_tokens_copied: u64,
+    /// Of those, tokens whose cache pages another slot held and now shares.
+    pub prompt_tokens_shared: u64,
+    /// Pages of the K/V cache held by some slot, and all of them.
+    pub kv_pages_used: usize,
+    pub kv_pages_total: usize,
     pub generated_tokens_total: u64,
     /// Seconds spent in decode steps, and the tokens they produced.
     pub decode_seconds_total: f64,
@@ -81,11 +84,18 @@ impl Metrics {
             self.prompt_tokens_reused.to_string(),
         );
         metric(
-            "prompt_tokens_copied_total",
+            "prompt_tokens_shared_total",
             "counter",
-            "Cached prompt tokens copied from another slot's cache for a new request.",
-            self.prompt_tokens_copied.to_string(),
+            "Cached prompt tokens whose K/V cache pages another slot held, shared with a new request.",
+            self.prompt_tokens_shared.to_string(),
         );
+        metric(
+            "kv_cache_pages_used",
+            "gauge",
+            "Pages of the K/V cache held by a slot (finished requests keep theirs for prefix reuse).",
+            self.kv_pages_used.to_string(),
+        );
+        metric("kv_cache_pages", "gauge", "Pages of the K/V cache in all.", self.kv_pages_total.to_string());
         metric("generated_tokens_total", "counter", "Tokens generated.", self.generated_tokens_total.to_string());
         metric(
             "decode_seconds_total",

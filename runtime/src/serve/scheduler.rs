@@ -7,17 +7,13 @@ use std::time::Instant;
 use crate::backend::Backend;
 use crate::engine::Engine;
 use crate::error::RuntimeError;
+use crate::kv_pages::PAGE;
 use crate::model::{DecodeBatch, Model, Session};
 use crate::sampler::Sampler;
 use crate::serve::metrics::Metrics;
 use crate::serve::stop::StopText;
 use crate::serve::{FinishReason, GenEvent, GenRequest, Prompt, Sink, SubmitError};
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
-
-/// A prefix cached in another slot is copied when it is at least this many tokens longer
-/// than the chosen slot's own: copying a whole cache costs about as much as evaluating a
-/// few tokens.
-const MIN_COPIED_PREFIX: usize = 16;
 
 /// `(&v[src], &mut v[dst])` for `src != dst`.
 fn two<T>(v: &mut [T], src: usize, dst: usize) -> (&T, &mut T) {
@@ -84,25 +80,27 @@ pub struct Scheduler<B: Backend> {
 
 impl<B: Backend> Scheduler<B> {
     /// `slots` sequences of `engine`'s context each (its session's cache types and run
-    /// settings), at most `max_queue` requests waiting while every slot is busy.
+    /// settings) sharing one paged K/V cache, at most `max_queue` requests waiting while
+    /// every slot is busy.
     pub fn new(engine: Engine<B>, slots: usize, max_queue: usize) -> Result<Scheduler<B>, RuntimeError> {
         let Engine { mut backend, model, tokenizer, template, session, .. } = engine;
         let slots = slots.max(1);
         let n_ctx = session.n_ctx;
         let chunk = session.max_batch;
         let spec = session.cache_spec.clone();
-        // Engine::load checked one session; refuse all of them together before allocating.
-        let all = crate::kv_cache::KvCacheSpec { n_ctx: n_ctx * slots, ..spec.clone() };
+        let attention = session.attention.clone();
+        // Engine::load checked one session; refuse all of them together before allocating
+        // (the engine's own cache is given back first).
+        drop(session);
+        let all = crate::kv_cache::KvCacheSpec { n_seqs: slots, ..spec.clone() };
         backend.check_session(&model.config, &all, chunk).map_err(|e| {
             RuntimeError::OutOfMemory(format!(
                 "{slots} slots of {n_ctx} tokens do not fit (the contexts of all slots together: {e}); lower --parallel or -c"
             ))
         })?;
-        let mut sessions = vec![session];
-        for _ in 1..slots {
-            let mut s = model.new_session(&mut backend, n_ctx, chunk, spec.k_type, spec.v_type)?;
-            s.attention.clone_from(&sessions[0].attention);
-            sessions.push(s);
+        let mut sessions = model.new_sessions(&mut backend, slots, n_ctx, chunk, spec.k_type, spec.v_type)?;
+        for s in &mut sessions {
+            s.attention.clone_from(&attention);
         }
         // A pass holds up to `chunk` prompt tokens, or every slot's next token.
         let batch = model.new_decode_batch(&mut backend, slots.max(chunk));
@@ -171,8 +169,9 @@ impl<B: Backend> Scheduler<B> {
 
     /// Moves waiting requests into free slots: each into the free slot whose cache already
     /// holds the longest prefix of its prompt (a shared system prompt, an earlier turn of the
-    /// conversation); when another slot, busy or not, holds a longer one, its cache is copied
-    /// over first. That prefix is kept and not evaluated again.
+    /// conversation); when another slot, busy or not, holds more whole pages of it, the slot
+    /// takes those pages (held by both, not copied). That prefix is kept and not evaluated
+    /// again.
     fn admit(&mut self) {
         let common = |c: &[u32], p: &[u32]| c.iter().zip(p).take_while(|(a, b)| a == b).count();
         while let Some(front) = self.queue.front() {
@@ -185,13 +184,12 @@ impl<B: Backend> Scheduler<B> {
                 .filter(|&j| j != i)
                 .map(|j| (j, common(&self.cached[j], &front.tokens)))
                 .max_by_key(|&(j, c)| (c, std::cmp::Reverse(j)));
-            if let Some((j, c)) = elsewhere.filter(|&(_, c)| c >= own + MIN_COPIED_PREFIX) {
+            if let Some((j, c)) = elsewhere.filter(|&(_, c)| c / PAGE * PAGE > own) {
                 let (src, dst) = two(&mut self.sessions, j, i);
-                self.backend.copy_kv_cache(&src.cache, &mut dst.cache);
-                dst.n_past = src.n_past;
-                let tokens = self.cached[j].clone();
-                self.cached[i] = tokens;
-                self.metrics.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_copied += c as u64;
+                // The same cache: this cannot fail.
+                let shared = dst.share_prefix(src, c).unwrap_or(0);
+                self.cached[i] = self.cached[j][..shared].to_vec();
+                self.metrics.lock().unwrap_or_else(|p| p.into_inner()).prompt_tokens_shared += shared as u64;
             }
             let w = self.queue.pop_front().expect("front exists");
             // At least the last prompt token is evaluated, for its logits.
@@ -230,8 +228,9 @@ impl<B: Backend> Scheduler<B> {
         if let Err(e) = self.run_batch(true, &mut worked).and_then(|_| self.run_batch(false, &mut worked)) {
             // A device error: every active request fails, the slots are freed, and no cache
             // is trusted for reuse.
-            for c in &mut self.cached {
+            for (c, s) in self.cached.iter_mut().zip(&mut self.sessions) {
                 c.clear();
+                s.reset();
             }
             for slot in &mut self.active {
                 if let Some(mut a) = slot.take() {
@@ -243,8 +242,16 @@ impl<B: Backend> Scheduler<B> {
         worked
     }
 
+    /// Pages of the shared K/V cache held by a slot, and all of them.
+    fn pages_in_use(&self) -> (usize, usize) {
+        let c = self.sessions[0].lock_cache();
+        (c.pool.pages_in_use(), c.pool.n_pages())
+    }
+
     fn update_gauges(&self) {
+        let (used, total) = self.pages_in_use();
         let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+        (m.kv_pages_used, m.kv_pages_total) = (used, total);
         m.queue_length = self.queue.len();
         m.active = self.active.iter().filter(|a| a.is_some()).count();
     }
@@ -342,8 +349,13 @@ impl<B: Backend> Scheduler<B> {
         match outcome {
             Outcome::Continue => {}
             Outcome::Gone => {
+                // Its pages go back at once (a finished request's stay for prefix reuse).
                 self.active[i] = None;
+                self.sessions[i].reset();
+                self.cached[i].clear();
+                let (used, _) = self.pages_in_use();
                 let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
+                m.kv_pages_used = used;
                 m.requests_cancelled += 1;
                 m.active = self.active.iter().filter(|a| a.is_some()).count();
             }

@@ -32,6 +32,8 @@ struct Params {
     lq_qmax: f32,    // 2^(bits−1) − 1 of the logit quantization, 0: off
     lq_stride: u32,  // LA's row stride (n_heads or 0)
     cache_groups: u32,  // groups a per-channel cache holds (its readers need it)
+    pt_base: u32,       // the sequence's page table in PT (binding 7)
+    window: u32,        // the sequence's window in a per-channel cache
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -40,6 +42,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
 @group(0) @binding(5) var<storage, read> SN: array<f32>;
 @group(0) @binding(6) var<storage, read> LA: array<f32>;
+// binding 7: PT, the page tables (pages.wgsl)
 
 const NSC: u32 = ATT_NS * ATT_BR * ATT_BC;
 

@@ -1,12 +1,13 @@
 // K/V cache write into a QBITS-bit per-channel cache (q8c/q6c/q4c): quantizes each group of
 // 32 positions that this batch completes (duet_quant::kv::channel, the CPU backend's recipe
-// bit for bit). The cache buffer holds `cache_groups` groups of GB bytes — lo[kv_dim] and
+// bit for bit). The cache buffer holds a group of GB bytes per page — lo[kv_dim] and
 // step[kv_dim] as f16, then 32 rows of packed codes, RB = kv_dim·QBITS/8 bytes each — then
-// the f16 window of the group not yet complete (position p in slot p mod 32). A group's
-// values are the f16 roundings of its rows: the window's for positions before pos0 (written
-// by earlier batches), S's rounded here for the batch's own rows (S row r is position
-// pos0 + r). The window is written afterwards by kv_window, so nothing read here is
-// overwritten first.
+// each sequence's f16 window of its group not yet complete (position p in slot p mod 32;
+// this sequence's at word window_word). The sequence's group g is page PT[pt_base + g]. A
+// group's values are the f16 roundings of its rows: the window's for positions before pos0
+// (written by earlier batches), S's rounded here for the batch's own rows (S row r is
+// position pos0 + r). The window is written afterwards by kv_window, so nothing read here
+// is overwritten first.
 //
 // One workgroup of 32 per (group, block of 32 channels): thread c finds channel c's lo (the
 // smallest value: exact, the values are f16) and step = f16 up((largest - lo) / top), then
@@ -20,7 +21,8 @@ struct Params {
     grid_x: u32,
     first_group: u32,   // the first group this batch completes
     n_groups: u32,      // how many it completes
-    cache_groups: u32,  // groups the buffer holds (the window follows them)
+    pt_base: u32,       // the sequence's page table in PT
+    window_word: u32,   // the sequence's window's first word in the buffer
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -42,7 +44,7 @@ fn value(p: u32, c: u32) -> f32 {
     if (p >= P.pos0) {
         return half_to_f32(f16_rne_signed(S[(p - P.pos0) * P.kv_dim + c]));
     }
-    let i = (P.cache_groups * group_bytes()) / 2u + (p % 32u) * P.kv_dim + c;
+    let i = 2u * P.window_word + (p % 32u) * P.kv_dim + c;
     return half_to_f32(C[i >> 1u] >> ((i & 1u) * 16u));
 }
 
@@ -56,7 +58,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let g = P.first_group + item / blocks;
     let c0 = (item % blocks) * 32u;
     let p0 = g * 32u;
-    let base = g * group_bytes();  // bytes, a multiple of 4
+    let base = PT[P.pt_base + g] * group_bytes();  // bytes, a multiple of 4
 
     // Thread lid: channel c0 + lid.
     var lo = 3.0e38;

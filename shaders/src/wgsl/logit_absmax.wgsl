@@ -15,12 +15,15 @@ struct Params {
     grid_x: u32,
     scale: f32,
     cache_groups: u32,  // groups a per-channel cache holds (its reader needs it)
+    pt_base: u32,       // the sequence's page table in PT (binding 4)
+    window: u32,        // the sequence's window in a per-channel cache
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> Q: array<f32>;
 // binding 2: KC (k_at), from the cache reader
 @group(0) @binding(3) var<storage, read_write> LA: array<f32>;   // rows × n_heads
+// binding 4: PT, the page tables (pages.wgsl)
 
 @compute @workgroup_size(LA_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

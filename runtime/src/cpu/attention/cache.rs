@@ -1,7 +1,8 @@
 //! The CPU backend's K/V cache: per layer, one [`CacheRows`] for K and one for V, in the
-//! layout of their [`CacheType`] ([`crate::kv_cache`]). Rows are written (quantized, and
-//! for the rotated types rotated per head first) when a layer stores them, and read in
-//! place by the attention loops.
+//! layout of their [`CacheType`] ([`crate::kv_cache`]), `n_pages · PAGE` rows shared by the
+//! sequences through their page tables ([`crate::kv_pages`]). Rows are written (quantized,
+//! and for the rotated types rotated per head first) when a layer stores them, and read in
+//! place by the attention loops, a run of adjacent rows at a time.
 
 use duet_quant::kv::hadamard;
 use half::f16;
@@ -11,9 +12,30 @@ use super::channel::ChannelRows;
 use super::plain;
 use crate::error::RuntimeError;
 use crate::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
+use crate::kv_pages::{PAGE, Run, SeqPages};
 use crate::memory::zeroed;
 
-/// One layer's K or V rows (`n_ctx × kv_dim`).
+/// Where one sequence's positions are, as the loops read them: its pages, the runs of
+/// adjacent rows covering positions `0..written`, and how many positions are written.
+pub struct Placement<'a> {
+    pub seq: SeqPages<'a>,
+    pub runs: Vec<Run>,
+    pub written: usize,
+}
+
+impl<'a> Placement<'a> {
+    /// A sequence whose positions `0..written` are stored.
+    pub fn new(seq: SeqPages<'a>, written: usize) -> Placement<'a> {
+        Placement { seq, runs: seq.runs(0, written), written }
+    }
+
+    /// The runs covering positions `0..n`.
+    fn runs_before(&self, n: usize) -> impl Iterator<Item = Run> + '_ {
+        self.runs.iter().map_while(move |r| r.before(n))
+    }
+}
+
+/// One layer's K or V rows (`n_pages · PAGE × kv_dim`).
 #[derive(Clone)]
 pub enum CacheRows {
     F32(Vec<f32>),
@@ -27,20 +49,27 @@ pub enum CacheRows {
         row_bytes: usize,
         rotate: usize,
     },
-    /// Per-channel groups and the f16 window.
+    /// Per-channel groups (one per page) and each sequence's f16 window.
     Channel(ChannelRows),
 }
 
 impl CacheRows {
-    /// A layer's rows for `n_ctx` positions, zeroed; an error (not an abort) when the memory
-    /// cannot be had.
-    fn new(ty: CacheType, n_ctx: usize, kv_dim: usize, head_dim: usize) -> Result<CacheRows, RuntimeError> {
-        let n = n_ctx * kv_dim;
+    /// A layer's rows for `n_pages` pages and `n_seqs` sequences, zeroed; an error (not an
+    /// abort) when the memory cannot be had.
+    fn new(
+        ty: CacheType,
+        n_pages: usize,
+        n_seqs: usize,
+        kv_dim: usize,
+        head_dim: usize,
+    ) -> Result<CacheRows, RuntimeError> {
+        let n_rows = n_pages * PAGE;
+        let n = n_rows * kv_dim;
         let layout = ty.layout();
         let what = "the K/V cache";
         let blocks = |fmt: RowBlocks, rotate: usize| -> Result<CacheRows, RuntimeError> {
             let row_bytes = kv_dim / fmt.per_scale * fmt.block_bytes();
-            Ok(CacheRows::Blocks { fmt, layout, bytes: zeroed(n_ctx * row_bytes, what)?, row_bytes, rotate })
+            Ok(CacheRows::Blocks { fmt, layout, bytes: zeroed(n_rows * row_bytes, what)?, row_bytes, rotate })
         };
         Ok(match layout {
             CacheLayout::F32 => CacheRows::F32(zeroed(n, what)?),
@@ -50,33 +79,41 @@ impl CacheRows {
                 RowBlocks { bits: f.bits(), per_scale: duet_quant::kv::signed_max::BLOCK },
                 hadamard::block_size(head_dim),
             )?,
-            CacheLayout::Channel(f) => CacheRows::Channel(ChannelRows::new(f, n_ctx, kv_dim)?),
+            CacheLayout::Channel(f) => CacheRows::Channel(ChannelRows::new(f, n_pages, n_seqs, kv_dim)?),
         })
     }
 
-    /// Stores whole rows (`kv_dim` values each) at positions pos0...
-    fn write(&mut self, pos0: usize, kv_dim: usize, values: &[f32]) {
-        let at = pos0 * kv_dim;
-        match self {
-            CacheRows::F32(v) => v[at..at + values.len()].copy_from_slice(values),
-            CacheRows::F16(v) => plain::f32_to_f16(values, &mut v[at..at + values.len()]),
-            CacheRows::Blocks { layout, bytes, row_bytes, rotate, .. } => {
-                let mut rotated = Vec::new();
-                let values = if *rotate > 1 {
-                    rotated.extend_from_slice(values);
-                    hadamard::rotate_blocks(&mut rotated, *rotate);
-                    &rotated[..]
-                } else {
-                    values
-                };
-                let dst = &mut bytes[pos0 * *row_bytes..(pos0 + values.len() / kv_dim) * *row_bytes];
-                match layout {
-                    CacheLayout::Absmax(f) => f.quantize_row(values, dst),
-                    CacheLayout::Rotated(f) => f.quantize_row(values, dst),
-                    _ => unreachable!("block rows are absmax or rotated"),
-                }
+    /// Stores whole rows (`kv_dim` values each) at positions pos0.. of sequence `seq`.
+    fn write(&mut self, seq: &SeqPages, pos0: usize, kv_dim: usize, values: &[f32]) {
+        if let CacheRows::Channel(c) = self {
+            return c.write(seq, pos0, values);
+        }
+        let rotated;
+        let values = match self {
+            CacheRows::Blocks { rotate, .. } if *rotate > 1 => {
+                let mut r = values.to_vec();
+                hadamard::rotate_blocks(&mut r, *rotate);
+                rotated = r;
+                &rotated[..]
             }
-            CacheRows::Channel(c) => c.write(pos0, values),
+            _ => values,
+        };
+        for run in seq.runs(pos0, pos0 + values.len() / kv_dim) {
+            let src = &values[(run.pos - pos0) * kv_dim..(run.pos - pos0 + run.len) * kv_dim];
+            let at = run.row * kv_dim;
+            match self {
+                CacheRows::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+                CacheRows::F16(v) => plain::f32_to_f16(src, &mut v[at..at + src.len()]),
+                CacheRows::Blocks { layout, bytes, row_bytes, .. } => {
+                    let dst = &mut bytes[run.row * *row_bytes..(run.row + run.len) * *row_bytes];
+                    match layout {
+                        CacheLayout::Absmax(f) => f.quantize_row(src, dst),
+                        CacheLayout::Rotated(f) => f.quantize_row(src, dst),
+                        _ => unreachable!("block rows are absmax or rotated"),
+                    }
+                }
+                CacheRows::Channel(_) => unreachable!("stored above"),
+            }
         }
     }
 
@@ -89,25 +126,37 @@ impl CacheRows {
     }
 
     /// The stored bytes: the block rows back to back, or a per-channel cache's groups then
-    /// its window (f16 little-endian) — what the GPU's cache holds too (tests).
+    /// its windows (f16 little-endian) — what the GPU's cache holds too (tests).
     pub fn stored_bytes(&self) -> Vec<u8> {
         match self {
             CacheRows::F32(v) => bytemuck::cast_slice(v).to_vec(),
             CacheRows::F16(v) => bytemuck::cast_slice(v).to_vec(),
             CacheRows::Blocks { bytes, .. } => bytes.clone(),
-            CacheRows::Channel(c) => [&c.groups[..], bytemuck::cast_slice(&c.window)].concat(),
+            CacheRows::Channel(c) => [&c.groups[..], bytemuck::cast_slice(&c.windows)].concat(),
         }
     }
 
-    /// The first `n` rows as the attention reads them, in the original basis (for tests and
-    /// tools; attention itself never dequantizes).
-    pub fn dequantized(&self, n: usize, kv_dim: usize) -> Vec<f32> {
+    /// Positions `0..at.written` of a sequence as the attention reads them, in the original
+    /// basis (for tests and tools; attention itself never dequantizes).
+    pub fn dequantized(&self, at: &Placement, kv_dim: usize) -> Vec<f32> {
+        let n = at.written;
         let mut out = vec![0f32; n * kv_dim];
         match self {
-            CacheRows::F32(v) => out.copy_from_slice(&v[..n * kv_dim]),
-            CacheRows::F16(v) => out.iter_mut().zip(v).for_each(|(o, h)| *o = h.to_f32()),
+            CacheRows::F32(v) => {
+                for (p, o) in out.chunks_exact_mut(kv_dim).enumerate() {
+                    let r = at.seq.row(p);
+                    o.copy_from_slice(&v[r * kv_dim..(r + 1) * kv_dim]);
+                }
+            }
+            CacheRows::F16(v) => {
+                for (p, o) in out.chunks_exact_mut(kv_dim).enumerate() {
+                    let r = at.seq.row(p);
+                    o.iter_mut().zip(&v[r * kv_dim..]).for_each(|(o, h)| *o = h.to_f32());
+                }
+            }
             CacheRows::Blocks { layout, bytes, row_bytes, rotate, .. } => {
-                for (r, o) in out.chunks_exact_mut(kv_dim).enumerate() {
+                for (p, o) in out.chunks_exact_mut(kv_dim).enumerate() {
+                    let r = at.seq.row(p);
                     let b = &bytes[r * row_bytes..(r + 1) * row_bytes];
                     match layout {
                         CacheLayout::Absmax(f) => f.dequantize_row(b, o),
@@ -117,32 +166,44 @@ impl CacheRows {
                     hadamard::rotate_blocks(o, *rotate);
                 }
             }
-            CacheRows::Channel(c) => c.dequantized(n, &mut out),
+            CacheRows::Channel(c) => c.dequantized(at, &mut out),
         }
         out
     }
 
     /// `scores[j] = scale · q · K_j[col0..col0 + q.len()]` for positions j < scores.len().
-    pub fn scores(&self, q: &[f32], kv_dim: usize, col0: usize, scale: f32, scores: &mut [f32]) {
-        match self {
-            CacheRows::F32(v) => plain::scores_f32(q, &v[col0..], kv_dim, scale, scores),
-            CacheRows::F16(v) => plain::scores_f16(q, &v[col0..], kv_dim, scale, scores),
-            CacheRows::Blocks { fmt, bytes, row_bytes, .. } => {
-                blocks::scores(*fmt, q, bytes, *row_bytes, col0, scale, scores)
+    pub fn scores(&self, at: &Placement, q: &[f32], kv_dim: usize, col0: usize, scale: f32, scores: &mut [f32]) {
+        if let CacheRows::Channel(c) = self {
+            return c.scores(at, q, col0, scale, scores);
+        }
+        for Run { pos, row, len } in at.runs_before(scores.len()) {
+            let s = &mut scores[pos..pos + len];
+            match self {
+                CacheRows::F32(v) => plain::scores_f32(q, &v[row * kv_dim + col0..], kv_dim, scale, s),
+                CacheRows::F16(v) => plain::scores_f16(q, &v[row * kv_dim + col0..], kv_dim, scale, s),
+                CacheRows::Blocks { fmt, bytes, row_bytes, .. } => {
+                    blocks::scores(*fmt, q, &bytes[row * row_bytes..], *row_bytes, col0, scale, s)
+                }
+                CacheRows::Channel(_) => unreachable!("read above"),
             }
-            CacheRows::Channel(c) => c.scores(q, col0, scale, scores),
         }
     }
 
     /// `out += Σ_j p_j · V_j[col0..col0 + out.len()]` over positions j < p.len().
-    pub fn weighted_sum(&self, p: &[f32], kv_dim: usize, col0: usize, out: &mut [f32]) {
-        match self {
-            CacheRows::F32(rows) => plain::weighted_sum_f32(p, &rows[col0..], kv_dim, out),
-            CacheRows::F16(rows) => plain::weighted_sum_f16(p, &rows[col0..], kv_dim, out),
-            CacheRows::Blocks { fmt, bytes, row_bytes, .. } => {
-                blocks::weighted_sum(*fmt, p, bytes, *row_bytes, col0, out)
+    pub fn weighted_sum(&self, at: &Placement, p: &[f32], kv_dim: usize, col0: usize, out: &mut [f32]) {
+        if let CacheRows::Channel(c) = self {
+            return c.weighted_sum(at, p, col0, out);
+        }
+        for Run { pos, row, len } in at.runs_before(p.len()) {
+            let p = &p[pos..pos + len];
+            match self {
+                CacheRows::F32(v) => plain::weighted_sum_f32(p, &v[row * kv_dim + col0..], kv_dim, out),
+                CacheRows::F16(v) => plain::weighted_sum_f16(p, &v[row * kv_dim + col0..], kv_dim, out),
+                CacheRows::Blocks { fmt, bytes, row_bytes, .. } => {
+                    blocks::weighted_sum(*fmt, p, &bytes[row * row_bytes..], *row_bytes, col0, out)
+                }
+                CacheRows::Channel(_) => unreachable!("read above"),
             }
-            CacheRows::Channel(c) => c.weighted_sum(p, col0, out),
         }
     }
 }
@@ -153,14 +214,6 @@ pub struct CpuKvCache {
     pub v: Vec<CacheRows>,
     /// [`JITTER_VAR`]'s relative perturbation of every stored value (0: off).
     jitter: f32,
-}
-
-impl CpuKvCache {
-    /// Makes this cache hold what `src` holds (the same spec), reusing its memory.
-    pub fn copy_from(&mut self, src: &CpuKvCache) {
-        self.k.clone_from(&src.k);
-        self.v.clone_from(&src.v);
-    }
 }
 
 /// `DUET_KV_JITTER=REL` multiplies every K and V value the CPU backend stores by 1 + REL·u,
@@ -195,27 +248,30 @@ fn jittered(x: &[f32], rel: f32, seed: u64, first: usize) -> Vec<f32> {
 
 impl CpuKvCache {
     pub fn new(spec: &KvCacheSpec) -> Result<CpuKvCache, RuntimeError> {
-        let (n, d, hd) = (spec.n_ctx, spec.kv_dim, spec.head_dim);
+        let (p, s, d, hd) = (spec.n_pages(), spec.n_seqs, spec.kv_dim, spec.head_dim);
         Ok(CpuKvCache {
             spec: spec.clone(),
-            k: (0..spec.n_layers).map(|_| CacheRows::new(spec.k_type, n, d, hd)).collect::<Result<_, _>>()?,
-            v: (0..spec.n_layers).map(|_| CacheRows::new(spec.v_type, n, d, hd)).collect::<Result<_, _>>()?,
+            k: (0..spec.n_layers).map(|_| CacheRows::new(spec.k_type, p, s, d, hd)).collect::<Result<_, _>>()?,
+            v: (0..spec.n_layers).map(|_| CacheRows::new(spec.v_type, p, s, d, hd)).collect::<Result<_, _>>()?,
             jitter: jitter_from_env()?,
         })
     }
 
-    /// Stores rows of k and v (`rows × kv_dim`) at positions pos0.. of `layer`.
-    pub fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
+    /// Stores rows of k and v (`rows × kv_dim`) at positions pos0.. of sequence `seq` in
+    /// `layer`.
+    pub fn store(&mut self, seq: &SeqPages, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
         let d = self.spec.kv_dim;
-        assert!(pos0 + k.len() / d <= self.spec.n_ctx, "KV cache overflow: context is {} tokens", self.spec.n_ctx);
+        let end = pos0 + k.len() / d;
+        assert!(end <= self.spec.n_ctx, "KV cache overflow: context is {} tokens", self.spec.n_ctx);
+        assert!(seq.pages.len() * PAGE >= end, "positions up to {end} stored in {} pages", seq.pages.len());
         if self.jitter > 0.0 {
             let seed = |which: u64| ((2 * layer as u64 + which) << 40).wrapping_mul(0x2545_f491_4f6c_dd1d);
-            self.k[layer].write(pos0, d, &jittered(k, self.jitter, seed(0), pos0 * d));
-            self.v[layer].write(pos0, d, &jittered(v, self.jitter, seed(1), pos0 * d));
+            self.k[layer].write(seq, pos0, d, &jittered(k, self.jitter, seed(0), pos0 * d));
+            self.v[layer].write(seq, pos0, d, &jittered(v, self.jitter, seed(1), pos0 * d));
             return;
         }
-        self.k[layer].write(pos0, d, k);
-        self.v[layer].write(pos0, d, v);
+        self.k[layer].write(seq, pos0, d, k);
+        self.v[layer].write(seq, pos0, d, v);
     }
 }
 

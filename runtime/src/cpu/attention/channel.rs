@@ -1,10 +1,11 @@
 //! A cache in per-channel groups (`q8c`/`q6c`/`q4c`, [`duet_quant::kv::channel`]): its
 //! storage and attention's inner loops over it, reading the groups in place.
 //!
-//! Positions fill an f16 window of [`GROUP`] slots (position p in slot p mod GROUP); when a
-//! group's last position arrives the window is quantized into the group's bytes. So the
-//! positions `0..GROUP·⌊len/GROUP⌋` are read from groups and the rest, at most GROUP − 1,
-//! from the window's first slots.
+//! A sequence's positions fill its f16 window of [`GROUP`] slots (position p in slot p mod
+//! GROUP); when a group's last position arrives the window is quantized into the group's
+//! bytes, which are the page holding those positions (a page is one group, see
+//! [`crate::kv_pages`]). So of `written` positions, `0..GROUP·⌊written/GROUP⌋` are read from
+//! groups and the rest, at most GROUP − 1, from the window's first slots.
 //!
 //! With `value = lo_c + step_c·u`, one head's scores over a group are
 //! `Σ_c q_c·lo_c + Σ_c (q_c·step_c)·u_c`: the first sum and the scaled query `q·step` once
@@ -17,70 +18,66 @@ use duet_quant::kv::channel::{ChannelFormat, GROUP};
 use duet_quant::kv::pack::{self, N};
 use half::f16;
 
+use super::cache::Placement;
 use super::plain;
 use crate::error::RuntimeError;
+use crate::kv_pages::SeqPages;
 use crate::memory::zeroed;
 
 #[derive(Clone)]
 pub struct ChannelRows {
     pub fmt: ChannelFormat,
     pub kv_dim: usize,
-    /// Complete groups, `group_bytes(kv_dim)` each: `n_ctx / GROUP` of them.
+    /// One group per page, `group_bytes(kv_dim)` each.
     pub groups: Vec<u8>,
-    /// `min(GROUP, n_ctx)` rows of `kv_dim` f16 values.
-    pub window: Vec<f16>,
-    /// Positions written so far (the last store's end).
-    pub len: usize,
+    /// Each sequence slot's window: GROUP rows of `kv_dim` f16 values.
+    pub windows: Vec<f16>,
 }
 
 impl ChannelRows {
-    pub fn new(fmt: ChannelFormat, n_ctx: usize, kv_dim: usize) -> Result<ChannelRows, RuntimeError> {
+    pub fn new(fmt: ChannelFormat, n_pages: usize, n_seqs: usize, kv_dim: usize) -> Result<ChannelRows, RuntimeError> {
         Ok(ChannelRows {
             fmt,
             kv_dim,
-            groups: zeroed(n_ctx / GROUP * fmt.group_bytes(kv_dim), "the K/V cache")?,
-            window: zeroed(GROUP.min(n_ctx) * kv_dim, "the K/V cache")?,
-            len: 0,
+            groups: zeroed(n_pages * fmt.group_bytes(kv_dim), "the K/V cache")?,
+            windows: zeroed(n_seqs * GROUP * kv_dim, "the K/V cache")?,
         })
     }
 
-    fn n_groups(&self) -> usize {
-        self.groups.len() / self.fmt.group_bytes(self.kv_dim)
+    /// The window of sequence slot `slot`.
+    fn window(&self, slot: usize) -> &[f16] {
+        &self.windows[slot * GROUP * self.kv_dim..(slot + 1) * GROUP * self.kv_dim]
     }
 
-    /// Stores `rows` (whole rows of kv_dim values) at positions pos0.., quantizing every
-    /// group they complete.
-    pub fn write(&mut self, pos0: usize, rows: &[f32]) {
+    /// Stores `rows` (whole rows of kv_dim values) at positions pos0.. of sequence `seq`,
+    /// quantizing every group they complete into its page.
+    pub fn write(&mut self, seq: &SeqPages, pos0: usize, rows: &[f32]) {
         let (d, gb) = (self.kv_dim, self.fmt.group_bytes(self.kv_dim));
+        let w0 = seq.slot * GROUP * d;
         for (i, row) in rows.chunks_exact(d).enumerate() {
             let p = pos0 + i;
             let slot = p % GROUP;
-            plain::f32_to_f16(row, &mut self.window[slot * d..(slot + 1) * d]);
-            let g = p / GROUP;
-            if slot == GROUP - 1 && g < self.n_groups() {
-                self.fmt.quantize_group(&self.window, d, &mut self.groups[g * gb..(g + 1) * gb]);
+            let window = &mut self.windows[w0..w0 + GROUP * d];
+            plain::f32_to_f16(row, &mut window[slot * d..(slot + 1) * d]);
+            if slot == GROUP - 1 {
+                let g = seq.pages[p / GROUP] as usize;
+                self.fmt.quantize_group(window, d, &mut self.groups[g * gb..(g + 1) * gb]);
             }
         }
-        self.len = pos0 + rows.len() / d;
-    }
-
-    /// Positions before this one are read from groups.
-    fn grouped(&self) -> usize {
-        (self.len / GROUP).min(self.n_groups()) * GROUP
     }
 
     /// `out[j] = scale · q · K_j[col0..col0 + q.len()]` for positions j < out.len().
-    pub fn scores(&self, q: &[f32], col0: usize, scale: f32, out: &mut [f32]) {
+    pub fn scores(&self, at: &Placement, q: &[f32], col0: usize, scale: f32, out: &mut [f32]) {
         let n = out.len();
-        assert!(n <= self.len, "attention past the {} written positions", self.len);
+        assert!(n <= at.written, "attention past the {} written positions", at.written);
         let hd = q.len();
-        let grouped = self.grouped().min(n);
+        let grouped = grouped(at.written).min(n);
         let (mut lo, mut step, mut qs) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
         #[cfg(target_arch = "x86_64")]
         let simd =
             col0.is_multiple_of(N) && hd.is_multiple_of(N) && (N..=4 * N).contains(&hd) && crate::cpu::simd::avx2();
         for (g, o) in out[..grouped].chunks_mut(GROUP).enumerate() {
-            let group = self.group(g);
+            let group = self.group(at.seq.pages[g]);
             #[cfg(target_arch = "x86_64")]
             if simd {
                 let (hb, at) = (self.fmt.header_bytes(self.kv_dim), col0 / N * pack::packed_bytes(self.fmt.bits()));
@@ -116,18 +113,18 @@ impl ChannelRows {
                 *o = s * scale;
             }
         }
-        plain::scores_f16(q, &self.window[col0..], self.kv_dim, scale, &mut out[grouped..]);
+        plain::scores_f16(q, &self.window(at.seq.slot)[col0..], self.kv_dim, scale, &mut out[grouped..]);
     }
 
     /// `out += Σ_j p[j] · V_j[col0..col0 + out.len()]` over positions j < p.len().
-    pub fn weighted_sum(&self, p: &[f32], col0: usize, out: &mut [f32]) {
+    pub fn weighted_sum(&self, at: &Placement, p: &[f32], col0: usize, out: &mut [f32]) {
         let n = p.len();
-        assert!(n <= self.len, "attention past the {} written positions", self.len);
+        assert!(n <= at.written, "attention past the {} written positions", at.written);
         let hd = out.len();
-        let grouped = self.grouped().min(n);
+        let grouped = grouped(at.written).min(n);
         let (mut lo, mut step, mut acc) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
         for (g, pg) in p[..grouped].chunks(GROUP).enumerate() {
-            let group = self.group(g);
+            let group = self.group(at.seq.pages[g]);
             self.head_header(group, col0, &mut lo, &mut step);
             let codes = &group[self.fmt.header_bytes(self.kv_dim)..];
             acc.fill(0.0);
@@ -172,24 +169,25 @@ impl ChannelRows {
                 *o += l * sum_p + s * a;
             }
         }
-        plain::weighted_sum_f16(&p[grouped..], &self.window[col0..], self.kv_dim, out);
+        plain::weighted_sum_f16(&p[grouped..], &self.window(at.seq.slot)[col0..], self.kv_dim, out);
     }
 
-    /// Positions 0..n as the loops read them (n·kv_dim values into `out`).
-    pub fn dequantized(&self, n: usize, out: &mut [f32]) {
-        let (d, grouped) = (self.kv_dim, self.grouped().min(n));
+    /// Positions `0..at.written` as the loops read them (written·kv_dim values into `out`).
+    pub fn dequantized(&self, at: &Placement, out: &mut [f32]) {
+        let (d, n, grouped) = (self.kv_dim, at.written, grouped(at.written));
         let mut tmp = vec![0f32; GROUP * d];
         for g in 0..grouped / GROUP {
-            self.fmt.dequantize_group(self.group(g), d, &mut tmp);
+            self.fmt.dequantize_group(self.group(at.seq.pages[g]), d, &mut tmp);
             out[g * GROUP * d..(g + 1) * GROUP * d].copy_from_slice(&tmp);
         }
-        for (o, h) in out[grouped * d..n * d].iter_mut().zip(&self.window) {
+        for (o, h) in out[grouped * d..n * d].iter_mut().zip(self.window(at.seq.slot)) {
             *o = h.to_f32();
         }
     }
 
-    fn group(&self, g: usize) -> &[u8] {
-        let gb = self.fmt.group_bytes(self.kv_dim);
+    /// The group of page `page`.
+    fn group(&self, page: u32) -> &[u8] {
+        let (gb, g) = (self.fmt.group_bytes(self.kv_dim), page as usize);
         &self.groups[g * gb..(g + 1) * gb]
     }
 
@@ -224,6 +222,11 @@ impl ChannelRows {
             c += len;
         }
     }
+}
+
+/// Of `written` positions, those before this one are in quantized groups.
+fn grouped(written: usize) -> usize {
+    written / GROUP * GROUP
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -363,11 +366,14 @@ mod tests {
     use super::*;
 
     /// Scores and value sums over groups and window against the dequantized rows, for
-    /// every width, aligned and unaligned heads, with a partial group in the window and
-    /// rows stored in uneven batches.
+    /// every width, aligned and unaligned heads, with a partial group in the window, rows
+    /// stored in uneven batches, and the groups on pages out of order in the second of two
+    /// sequence slots.
     #[test]
     fn loops_match_the_dequantized_cache() {
-        let (n_ctx, kv_dim) = (80, 128);
+        let (n_pages, kv_dim) = (4, 128);
+        let pages = [2, 0, 3];
+        let seq = SeqPages { pages: &pages, slot: 1 };
         let len = 75; // two groups of 32 and 11 window rows
         // Offset channel 5 (as keys have), and an outlier row in channel 9 of group 0.
         let vals: Vec<f32> = (0..len * kv_dim)
@@ -378,21 +384,28 @@ mod tests {
             })
             .collect();
         for fmt in ChannelFormat::ALL {
-            let mut c = ChannelRows::new(fmt, n_ctx, kv_dim).unwrap();
+            let mut c = ChannelRows::new(fmt, n_pages, 2, kv_dim).unwrap();
             for (a, b) in [(0, 7), (7, 40), (40, 41), (41, len)] {
-                c.write(a, &vals[a * kv_dim..b * kv_dim]);
+                c.write(&seq, a, &vals[a * kv_dim..b * kv_dim]);
             }
-            assert_eq!(c.len, len);
+            let at = Placement::new(seq, len);
             // What the cache holds: groups dequantized, the window as f16.
             let mut deq = vec![0f32; len * kv_dim];
             for g in 0..2 {
-                fmt.dequantize_group(c.group(g), kv_dim, &mut deq[g * GROUP * kv_dim..(g + 1) * GROUP * kv_dim]);
+                let group = c.group(pages[g]);
+                fmt.dequantize_group(group, kv_dim, &mut deq[g * GROUP * kv_dim..(g + 1) * GROUP * kv_dim]);
             }
             for p in 64..len {
                 for i in 0..kv_dim {
                     deq[p * kv_dim + i] = f16::from_f32(vals[p * kv_dim + i]).to_f32();
                 }
             }
+            let mut read_back = vec![0f32; len * kv_dim];
+            c.dequantized(&at, &mut read_back);
+            assert_eq!(read_back, deq);
+            // The other slot's window and the unused page were not touched.
+            assert!(c.window(0).iter().all(|h| h.to_bits() == 0));
+            assert!(c.group(1).iter().all(|&b| b == 0));
             for (col0, hd) in [(0, 64), (64, 64), (0, 128), (32, 96), (16, 16), (8, 40)] {
                 let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
                 // The scaled query q·step is rounded to i16 per 32 channels at two levels: each
@@ -403,7 +416,7 @@ mod tests {
                 let q_rounding: Vec<f32> = (0..2)
                     .map(|g| {
                         let (mut lo, mut step) = (vec![0f32; kv_dim], vec![0f32; kv_dim]);
-                        fmt.header(c.group(g), kv_dim, &mut lo, &mut step);
+                        fmt.header(c.group(pages[g]), kv_dim, &mut lo, &mut step);
                         let qs: Vec<f32> = q.iter().zip(&step[col0..]).map(|(a, b)| a * b).collect();
                         let top = fmt.top() as f32;
                         let amax = |ch: &[f32]| ch.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -412,7 +425,7 @@ mod tests {
                     .collect();
                 for n in [1, 31, 32, 33, 64, len] {
                     let mut got = vec![0f32; n];
-                    c.scores(&q, col0, 0.5, &mut got);
+                    c.scores(&at, &q, col0, 0.5, &mut got);
                     for (j, g) in got.iter().enumerate() {
                         let k = &deq[j * kv_dim + col0..j * kv_dim + col0 + hd];
                         let want: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * 0.5;
@@ -424,7 +437,7 @@ mod tests {
                     }
                     let p: Vec<f32> = (0..n).map(|j| 1.0 / (j + 2) as f32).collect();
                     let mut out = vec![0.25f32; hd];
-                    c.weighted_sum(&p, col0, &mut out);
+                    c.weighted_sum(&at, &p, col0, &mut out);
                     for (i, o) in out.iter().enumerate() {
                         let want: f32 = 0.25 + (0..n).map(|j| p[j] * deq[j * kv_dim + col0 + i]).sum::<f32>();
                         assert!(

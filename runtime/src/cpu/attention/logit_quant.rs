@@ -3,7 +3,7 @@
 //! against, and the pass that finds the per-head and per-tensor maxima.
 
 use super::SharedMut;
-use super::cache::CacheRows;
+use super::cache::{CacheRows, Placement};
 use crate::backend::{AttentionSpec, LogitQuant, LogitScale};
 use crate::cpu::pool::ThreadPool;
 
@@ -42,6 +42,7 @@ pub fn absmax(s: &[f32]) -> f32 {
 pub fn per_head(
     pool: &ThreadPool,
     k: &CacheRows,
+    at: &Placement,
     q: &[f32],
     rows: usize,
     pos0: usize,
@@ -52,16 +53,18 @@ pub fn per_head(
     let fixed = match &l.scale {
         LogitScale::Row => return vec![Lq::Row { qmax }; spec.n_heads],
         LogitScale::Static(v) => v.clone(),
-        LogitScale::Tensor => head_absmax(pool, k, q, rows, pos0, spec, true),
-        LogitScale::Head => head_absmax(pool, k, q, rows, pos0, spec, false),
+        LogitScale::Tensor => head_absmax(pool, k, at, q, rows, pos0, spec, true),
+        LogitScale::Head => head_absmax(pool, k, at, q, rows, pos0, spec, false),
     };
     fixed.into_iter().map(|absmax| Lq::Fixed { qmax, absmax }).collect()
 }
 
 /// Per query head, the absmax of its logits over all `rows` (or of the whole tensor).
+#[allow(clippy::too_many_arguments)]
 fn head_absmax(
     pool: &ThreadPool,
     k: &CacheRows,
+    at: &Placement,
     q: &[f32],
     rows: usize,
     pos0: usize,
@@ -79,7 +82,7 @@ fn head_absmax(
             let qh = &q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd];
             scores.clear();
             scores.resize(pos0 + r + 1, 0.0);
-            k.scores(qh, kv_dim, (h / gqa) * hd, spec.scale, &mut scores);
+            k.scores(at, qh, kv_dim, (h / gqa) * hd, spec.scale, &mut scores);
             // SAFETY: each item writes its own slot.
             unsafe { *outp.get().add(item) = absmax(&scores) };
         }

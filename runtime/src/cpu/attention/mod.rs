@@ -20,17 +20,19 @@ mod plain;
 
 use duet_quant::kv::hadamard;
 
-pub use cache::{CacheRows, CpuKvCache};
+pub use cache::{CacheRows, CpuKvCache, Placement};
 
 use super::SharedMut;
 use super::pool::ThreadPool;
 use crate::backend::{AttentionKind, AttentionSpec};
+use crate::kv_pages::SeqPages;
 use logit_quant::Lq;
 
 /// Softmax attention probabilities of one query head over cache positions 0..=pos of one
 /// KV head (its K columns at `k_off`) into `scores`, the logits quantized as `lq` says.
 #[allow(clippy::too_many_arguments)]
 fn attend(
+    at: &Placement,
     q: &[f32],
     k: &CacheRows,
     kv_dim: usize,
@@ -42,26 +44,28 @@ fn attend(
 ) {
     scores.clear();
     scores.resize(pos + 1, 0.0);
-    k.scores(q, kv_dim, k_off, scale, scores);
+    k.scores(at, q, kv_dim, k_off, scale, scores);
     lq.apply(scores);
     plain::softmax(scores);
 }
 
 /// `out = Σ_j p_j · V[j][v_off..v_off + out.len()]`, in the original basis also when the V
 /// cache is rotated.
-fn weighted_values(p: &[f32], v: &CacheRows, kv_dim: usize, v_off: usize, out: &mut [f32]) {
+fn weighted_values(at: &Placement, p: &[f32], v: &CacheRows, kv_dim: usize, v_off: usize, out: &mut [f32]) {
     out.fill(0.0);
-    v.weighted_sum(p, kv_dim, v_off, out);
+    v.weighted_sum(at, p, kv_dim, v_off, out);
     hadamard::rotate_blocks(out, v.rotation());
 }
 
-/// Attention for `rows` query rows (row r at position pos0 + r) of layer `layer`.
+/// Attention for `rows` query rows (row r at position pos0 + r) of sequence `seq` in layer
+/// `layer` (its positions 0..pos0 + rows are stored).
 /// `q` is rows × (n_heads·head_dim); `out` the same shape. For DIFF, `branches` (rows ×
 /// 2·n_heads·head_dim) receives each head pair's `[A1·V | A2·V]` when given.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
     cache: &CpuKvCache,
+    seq: SeqPages,
     layer: usize,
     q: &[f32],
     rows: usize,
@@ -90,7 +94,8 @@ pub fn attention(
         assert_eq!(b.len(), 2 * rows * q_dim, "branch capture is rows × 2·n_heads·head_dim");
     }
     let branchp = branches.map(|b| SharedMut::new(b.as_mut_ptr()));
-    let lq = logit_quant::per_head(pool, k, q, rows, pos0, spec);
+    let at = &Placement::new(seq, pos0 + rows);
+    let lq = logit_quant::per_head(pool, k, at, q, rows, pos0, spec);
     match &spec.kind {
         AttentionKind::Standard | AttentionKind::PairedHeads => {
             let items = rows * spec.n_heads;
@@ -101,10 +106,10 @@ pub fn attention(
                     let pos = pos0 + r;
                     let qh = &q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd];
                     let kv_off = (h / gqa) * hd;
-                    attend(qh, k, kv_dim, kv_off, pos, spec.scale, lq[h], &mut scores);
+                    attend(at, qh, k, kv_dim, kv_off, pos, spec.scale, lq[h], &mut scores);
                     // SAFETY: item (r, h) owns out[r][h·hd..(h+1)·hd].
                     let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + h * hd), hd) };
-                    weighted_values(&scores, v, kv_dim, kv_off, o);
+                    weighted_values(at, &scores, v, kv_dim, kv_off, o);
                 }
             });
         }
@@ -122,17 +127,17 @@ pub fn attention(
                     let q1 = &q[r * q_dim + j * hd..r * q_dim + (j + 1) * hd];
                     let q2 = &q[r * q_dim + (j + half_heads) * hd..r * q_dim + (j + half_heads + 1) * hd];
                     let j2 = j + half_heads;
-                    attend(q1, k, kv_dim, (j / gqa) * hd, pos, spec.scale, lq[j], &mut p1);
-                    attend(q2, k, kv_dim, (j2 / gqa) * hd, pos, spec.scale, lq[j2], &mut p2);
+                    attend(at, q1, k, kv_dim, (j / gqa) * hd, pos, spec.scale, lq[j], &mut p1);
+                    attend(at, q2, k, kv_dim, (j2 / gqa) * hd, pos, spec.scale, lq[j2], &mut p2);
                     // Both softmaxes weight the same 2·hd-wide V: KV heads c and c + Hkv/2.
                     let c = j / gqa;
                     let (va, vb) = (c * hd, (c + half_kv) * hd);
                     // SAFETY: item (r, j) owns out[r][j·2hd..(j+1)·2hd].
                     let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + j * 2 * hd), 2 * hd) };
-                    weighted_values(&p1, v, kv_dim, va, &mut o[..hd]);
-                    weighted_values(&p1, v, kv_dim, vb, &mut o[hd..]);
-                    weighted_values(&p2, v, kv_dim, va, &mut tmp[..hd]);
-                    weighted_values(&p2, v, kv_dim, vb, &mut tmp[hd..]);
+                    weighted_values(at, &p1, v, kv_dim, va, &mut o[..hd]);
+                    weighted_values(at, &p1, v, kv_dim, vb, &mut o[hd..]);
+                    weighted_values(at, &p2, v, kv_dim, va, &mut tmp[..hd]);
+                    weighted_values(at, &p2, v, kv_dim, vb, &mut tmp[hd..]);
                     if let Some(bp) = branchp {
                         // SAFETY: item (r, j) owns branches[r][j·4hd..(j+1)·4hd].
                         let b =
@@ -203,14 +208,20 @@ mod tests {
         (data(ROWS * N_HEADS * HD, 1, 4.0), data(N_POS * KV_DIM, 2, 4.0), data(N_POS * KV_DIM, 3, 2.0))
     }
 
+    /// The sequence's pages, out of order in a cache of four pages shared by two sequences
+    /// (it is in the second slot).
+    const PAGES: [u32; 2] = [3, 1];
+    const SEQ: SeqPages = SeqPages { pages: &PAGES, slot: 1 };
+
     /// A cache of the given types holding k and v, stored in two batches (0..POS0, then the
     /// query rows).
     fn filled(ty_k: CacheType, ty_v: CacheType, k: &[f32], v: &[f32]) -> CpuKvCache {
-        let cs = KvCacheSpec { n_layers: 1, n_ctx: 64, kv_dim: KV_DIM, head_dim: HD, k_type: ty_k, v_type: ty_v };
+        let cs =
+            KvCacheSpec { n_layers: 1, n_ctx: 64, n_seqs: 2, kv_dim: KV_DIM, head_dim: HD, k_type: ty_k, v_type: ty_v };
         let mut cache = CpuKvCache::new(&cs).unwrap();
         let split = POS0 * KV_DIM;
-        cache.store(0, 0, &k[..split], &v[..split]);
-        cache.store(0, POS0, &k[split..], &v[split..]);
+        cache.store(&SEQ, 0, 0, &k[..split], &v[..split]);
+        cache.store(&SEQ, 0, POS0, &k[split..], &v[split..]);
         cache
     }
 
@@ -218,13 +229,13 @@ mod tests {
         let pool = ThreadPool::new(3);
         let cache = filled(ty_k, ty_v, k, v);
         let mut out = vec![0f32; ROWS * N_HEADS * HD];
-        attention(&pool, &cache, 0, q, ROWS, POS0, spec, &mut out, None);
+        attention(&pool, &cache, SEQ, 0, q, ROWS, POS0, spec, &mut out, None);
         out
     }
 
     /// What a cache of type `ty` holds for `x`, as attention reads it.
     fn stored(ty: CacheType, x: &[f32]) -> Vec<f32> {
-        filled(ty, CacheType::F32, x, x).k[0].dequantized(N_POS, KV_DIM)
+        filled(ty, CacheType::F32, x, x).k[0].dequantized(&Placement::new(SEQ, N_POS), KV_DIM)
     }
 
     /// Largest Euclidean norm of one head's slice of a row of `x` (`width`-wide rows).

@@ -1,6 +1,6 @@
 // The driver shared by the block-quantized cache writes (kv_write_absmax, kv_write_signed_max):
-// rows r < rows of S (kv_dim values each, a multiple of BLOCK) go to cache positions
-// pos0 + r. A row is kv_dim / BLOCK blocks of BB bytes, padded with zero bytes to a whole
+// rows r < rows of S (kv_dim values each, a multiple of BLOCK) go to the sequence's
+// positions pos0 + r (cache_row: its page table). A row is kv_dim / BLOCK blocks of BB bytes, padded with zero bytes to a whole
 // u32 word. Two blocks are 2·BB bytes, a multiple of 4, so each invocation quantizes a pair
 // of blocks with the kernel's quantize_block (the last of a row may be single, then it also
 // writes the row's padding) and owns every word it writes.
@@ -10,6 +10,7 @@ struct Params {
     kv_dim: u32,  // a multiple of BLOCK
     pos0: u32,
     grid_x: u32,
+    pt_base: u32,  // the sequence's page table in PT
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -35,7 +36,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         quantize_block(r * P.kv_dim + (b0 + k) * BLOCK, k * BB);
     }
     let row_words = (nb * BB + 3u) / 4u;
-    let base = (P.pos0 + r) * row_words + pair * (BB / 2u);
+    let base = cache_row(P.pos0 + r) * row_words + pair * (BB / 2u);
     let nw = (n * BB + 3u) / 4u;
     for (var w = 0u; w < nw; w++) {
         C[base + w] = wbuf[w];

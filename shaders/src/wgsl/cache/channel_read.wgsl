@@ -1,24 +1,25 @@
 // A $BITS-bit per-channel cache (q8c/q6c/q4c, duet_quant::kv::channel): P.cache_groups
-// groups of 32 positions — lo[kv_dim] and step[kv_dim] as f16, then 32 rows of codes, each
-// kv_dim·$BITS/8 bytes packed 32 at a time (value = lo + step·code) — then the f16 window
-// holding the positions past the last complete group (position p in slot p mod 32). After
-// this batch's write, the groups complete are those below min((pos0 + rows) / 32,
-// cache_groups). Values are decoded where they are read.
+// groups of 32 positions, one per page — lo[kv_dim] and step[kv_dim] as f16, then 32 rows
+// of codes, each kv_dim·$BITS/8 bytes packed 32 at a time (value = lo + step·code) — then
+// each sequence's f16 window holding its positions past its last complete group (position
+// p in slot p mod 32 of window P.window). After this batch's write, the sequence's groups
+// complete are those below (pos0 + rows) / 32, group g on page PT[pt_base + g]. Values are
+// decoded where they are read.
 @group(0) @binding($BINDING) var<storage, read> $BUF: array<u32>;
 
 fn $FN_half(i: u32) -> f32 {
     return half_to_f32($BUF[i >> 1u] >> ((i & 1u) * 16u));
 }
 
-// Column c of cache row `row`.
+// Column c of position `row` of the sequence.
 fn $FN(row: u32, c: u32) -> f32 {
     let rb = P.kv_dim * $BITSu / 8u;
     let gb = 4u * P.kv_dim + 32u * rb;
-    let grouped = min((P.pos0 + P.rows) / 32u, P.cache_groups) * 32u;
+    let grouped = (P.pos0 + P.rows) / 32u * 32u;
     if (row >= grouped) {
-        return $FN_half((P.cache_groups * gb) / 2u + (row % 32u) * P.kv_dim + c);
+        return $FN_half((P.cache_groups * gb) / 2u + (P.window * 32u + row % 32u) * P.kv_dim + c);
     }
-    let base = (row / 32u) * gb;
+    let base = cache_page(row) * gb;
     let lo = $FN_half(base / 2u + c);
     let step = $FN_half(base / 2u + P.kv_dim + c);
     let g = base + 4u * P.kv_dim + (row % 32u) * rb + (c / 32u) * 4u * $BITSu;

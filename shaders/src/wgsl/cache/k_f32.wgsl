@@ -1,6 +1,6 @@
 @group(0) @binding(2) var<storage, read> KC: array<f32>;
 
-// Column c of cache row `row`.
+// Column c of the cache row holding position `row` (cache_row: the page table).
 fn k_at(row: u32, c: u32) -> f32 {
-    return KC[row * P.kv_dim + c];
+    return KC[cache_row(row) * P.kv_dim + c];
 }

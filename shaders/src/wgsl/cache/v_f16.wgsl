@@ -1,7 +1,7 @@
 @group(0) @binding(3) var<storage, read> VC: array<u32>;
 
-// Column c of cache row `row`.
+// Column c of the cache row holding position `row` (cache_row: the page table).
 fn v_at(row: u32, c: u32) -> f32 {
-    let i = row * P.kv_dim + c;
+    let i = cache_row(row) * P.kv_dim + c;
     return unpack2x16float(VC[i >> 1u])[i & 1u];
 }
