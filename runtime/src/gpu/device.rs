@@ -307,6 +307,6 @@ mod tests {
         );
         // WebGL2-class adapters have no storage buffers in compute: say which limit.
         let l = lacking_limits(&wgpu::Limits::downlevel_webgl2_defaults());
-        assert!(l.iter().any(|m| m.starts_with("max_storage_buffers_per_shader_stage 6 (it has 0)")), "{l:?}");
+        assert!(l.iter().any(|m| m.starts_with("max_storage_buffers_per_shader_stage 7 (it has 0)")), "{l:?}");
     }
 }
