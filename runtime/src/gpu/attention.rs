@@ -24,7 +24,7 @@ use super::{GpuBackend, grid};
 use crate::backend::{AttentionKind, AttentionSpec, LogitScale};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
-use crate::kv_pages::SeqPages;
+use crate::kv_pages::{PAGE, SeqPages};
 
 pub fn new_kv_cache(b: &mut GpuBackend, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
     if spec.head_dim > ATT_MAX_HEAD_DIM as usize {
@@ -147,7 +147,7 @@ fn sync_page_table(b: &mut GpuBackend, cache: &mut GpuKvCache, seq: &SeqPages) -
 
 /// The first word of slot `slot`'s window in a per-channel layer buffer.
 fn window_word(cache: &GpuKvCache, elem: CacheElem, slot: usize) -> u32 {
-    ((cache.n_pages * elem.group_bytes(cache.kv_dim) + slot * 32 * 2 * cache.kv_dim) / 4) as u32
+    ((cache.n_pages * elem.group_bytes(cache.kv_dim) + slot * PAGE * 2 * cache.kv_dim) / 4) as u32
 }
 
 /// Writes `rows` rows of `src` (kv_dim values each) at positions pos0.. of the sequence in
@@ -285,7 +285,12 @@ pub fn attention(
     let kv_dim = spec.n_kv_heads * spec.head_dim;
     assert_eq!(kv_dim, cache.kv_dim);
     assert!(pos0 + rows <= cache.n_ctx, "attention past the cache's {} positions", cache.n_ctx);
-    assert!(seq.pages.len() * 32 >= pos0 + rows, "positions up to {} stored in {} pages", pos0 + rows, seq.pages.len());
+    assert!(
+        seq.pages.len() * PAGE >= pos0 + rows,
+        "positions up to {} stored in {} pages",
+        pos0 + rows,
+        seq.pages.len()
+    );
     let pt_base = sync_page_table(b, cache, &seq);
     let pt = Arc::clone(&cache.page_tables);
     // Rotated copies where the cache types ask for them: K with Q, V alone.

@@ -248,8 +248,6 @@ impl<B: Backend> Model<B> {
         self.check_tokens(&tokens)?;
         for (s, t) in sessions.iter_mut().zip(chunks) {
             s.reserve(t.len())?;
-        }
-        for (s, t) in sessions.iter_mut().zip(chunks) {
             s.acts.set_rows(b, t.len());
         }
         let a = &mut batch.acts;

@@ -36,7 +36,6 @@ impl<'a> Placement<'a> {
 }
 
 /// One layer's K or V rows (`n_pages · PAGE × kv_dim`).
-#[derive(Clone)]
 pub enum CacheRows {
     F32(Vec<f32>),
     F16(Vec<f16>),
@@ -139,24 +138,17 @@ impl CacheRows {
     /// Positions `0..at.written` of a sequence as the attention reads them, in the original
     /// basis (for tests and tools; attention itself never dequantizes).
     pub fn dequantized(&self, at: &Placement, kv_dim: usize) -> Vec<f32> {
-        let n = at.written;
-        let mut out = vec![0f32; n * kv_dim];
-        match self {
-            CacheRows::F32(v) => {
-                for (p, o) in out.chunks_exact_mut(kv_dim).enumerate() {
-                    let r = at.seq.row(p);
-                    o.copy_from_slice(&v[r * kv_dim..(r + 1) * kv_dim]);
-                }
-            }
-            CacheRows::F16(v) => {
-                for (p, o) in out.chunks_exact_mut(kv_dim).enumerate() {
-                    let r = at.seq.row(p);
-                    o.iter_mut().zip(&v[r * kv_dim..]).for_each(|(o, h)| *o = h.to_f32());
-                }
-            }
-            CacheRows::Blocks { layout, bytes, row_bytes, rotate, .. } => {
-                for (p, o) in out.chunks_exact_mut(kv_dim).enumerate() {
-                    let r = at.seq.row(p);
+        let mut out = vec![0f32; at.written * kv_dim];
+        if let CacheRows::Channel(c) = self {
+            c.dequantized(at, &mut out);
+            return out;
+        }
+        for (p, o) in out.chunks_exact_mut(kv_dim).enumerate() {
+            let r = at.seq.row(p);
+            match self {
+                CacheRows::F32(v) => o.copy_from_slice(&v[r * kv_dim..(r + 1) * kv_dim]),
+                CacheRows::F16(v) => o.iter_mut().zip(&v[r * kv_dim..]).for_each(|(o, h)| *o = h.to_f32()),
+                CacheRows::Blocks { layout, bytes, row_bytes, rotate, .. } => {
                     let b = &bytes[r * row_bytes..(r + 1) * row_bytes];
                     match layout {
                         CacheLayout::Absmax(f) => f.dequantize_row(b, o),
@@ -165,8 +157,8 @@ impl CacheRows {
                     }
                     hadamard::rotate_blocks(o, *rotate);
                 }
+                CacheRows::Channel(_) => unreachable!("read above"),
             }
-            CacheRows::Channel(c) => c.dequantized(at, &mut out),
         }
         out
     }

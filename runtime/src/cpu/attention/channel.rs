@@ -24,7 +24,6 @@ use crate::error::RuntimeError;
 use crate::kv_pages::SeqPages;
 use crate::memory::zeroed;
 
-#[derive(Clone)]
 pub struct ChannelRows {
     pub fmt: ChannelFormat,
     pub kv_dim: usize,
