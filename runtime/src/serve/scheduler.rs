@@ -248,10 +248,15 @@ impl<B: Backend> Scheduler<B> {
         (c.pool.pages_in_use(), c.pool.n_pages())
     }
 
-    fn update_gauges(&self) {
+    fn update_page_gauges(&self) {
         let (used, total) = self.pages_in_use();
         let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
         (m.kv_pages_used, m.kv_pages_total) = (used, total);
+    }
+
+    fn update_gauges(&self) {
+        self.update_page_gauges();
+        let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
         m.queue_length = self.queue.len();
         m.active = self.active.iter().filter(|a| a.is_some()).count();
     }
@@ -297,6 +302,9 @@ impl<B: Backend> Scheduler<B> {
         }
         let chunks: Vec<&[u32]> = rows.iter().map(|(_, t)| t.as_slice()).collect();
         let logits = self.model.forward_many(&mut self.backend, &mut self.batch, &mut sessions, &chunks)?;
+        // The pages this pass took are counted before its tokens reach a client (a client
+        // that reads /metrics after its first token sees its request's pages).
+        self.update_page_gauges();
         let mut decoded = 0;
         for ((i, toks), mut l) in rows.into_iter().zip(logits) {
             self.cached[i].extend_from_slice(&toks);
