@@ -243,13 +243,11 @@ impl<B: Backend> Scheduler<B> {
     }
 
     /// Pages of the shared K/V cache held by a slot, and all of them.
-    fn pages_in_use(&self) -> (usize, usize) {
-        let c = self.sessions[0].lock_cache();
-        (c.pool.pages_in_use(), c.pool.n_pages())
-    }
-
     fn update_page_gauges(&self) {
-        let (used, total) = self.pages_in_use();
+        let (used, total) = {
+            let c = self.sessions[0].lock_cache();
+            (c.pool.pages_in_use(), c.pool.n_pages())
+        };
         let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
         (m.kv_pages_used, m.kv_pages_total) = (used, total);
     }
@@ -361,9 +359,8 @@ impl<B: Backend> Scheduler<B> {
                 self.active[i] = None;
                 self.sessions[i].reset();
                 self.cached[i].clear();
-                let (used, _) = self.pages_in_use();
+                self.update_page_gauges();
                 let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
-                m.kv_pages_used = used;
                 m.requests_cancelled += 1;
                 m.active = self.active.iter().filter(|a| a.is_some()).count();
             }
