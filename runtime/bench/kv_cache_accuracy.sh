@@ -10,6 +10,9 @@
 #                                                       # tokens against the CPU on the same,
 #                                                       # every model's weights in F32 so that
 #                                                       # both backends compute in f32
+#   PARTS=gpu GPU_TOKENS=all GPU_MODELS=smollm2 GPU_CACHES="q6c/q6r q4c/q4r" ...
+#                                                       # the whole text (lavapipe: ~40 min
+#                                                       # per row on 2 cores), chosen rows
 #
 # Models: SmolLM2-135M-Instruct (llama.cpp's Q4_1 file, a Transformer) and the reference
 # pair (models/diff-ref, models/llama-ref, converted to F16; llama.cpp runs the Llama).
@@ -71,6 +74,13 @@ fi
 if has_part gpu; then
   part gpu
   GPU_TOKENS=${GPU_TOKENS:-512}
+  gpu_models=${GPU_MODELS:-smollm2 diff-ref llama-ref}
+  gpu_caches=${GPU_CACHES:-q8c/q8r q6c/q6r q4c/q4r}
+  # --max-tokens N, or nothing for the whole text
+  limit=()
+  [ "$GPU_TOKENS" = all ] || limit=(--max-tokens "$GPU_TOKENS")
+  span="over the first $GPU_TOKENS tokens"
+  [ "$GPU_TOKENS" = all ] && span="over the whole text"
   # F32 weights: the CPU backend's quantized-weight arithmetic (two-level Q8 activations)
   # differs from the GPU's on purpose; in f32 both compute the same, so what differs is
   # the attention and its cache.
@@ -79,7 +89,7 @@ if has_part gpu; then
     [ -s "$BENCH/$m-ref.f32.gguf" ] || "$duet" convert "models/$m-ref" -t f32 -o "$BENCH/$m-ref.f32.gguf" -q
   done
   emit ""
-  emit "GPU backend (\`--device gpu\`) against the CPU backend over the first $GPU_TOKENS tokens, weights in F32:"
+  emit "GPU backend (\`--device gpu\`) against the CPU backend $span, weights in F32:"
   emit ""
   emit "(CPU jitter: the largest relative change of the CPU's own perplexity when every K and V"
   emit "value it caches is first moved by a relative 1e-7, 3e-7 or 1e-6, \`DUET_KV_JITTER\`: how"
@@ -88,14 +98,15 @@ if has_part gpu; then
   emit "| model | K / V cache | CPU PPL | GPU PPL | relative difference | CPU jitter |"
   emit "|---|---|---|---|---|---|"
   reldiff() { awk -v a="$1" -v b="$2" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; printf "%.1e", d }'; }
-  for model in "$BENCH/smollm2.f32.gguf" "$BENCH/diff-ref.f32.gguf" "$BENCH/llama-ref.f32.gguf"; do
-    for c in "q8c q8r" "q6c q6r" "q4c q4r"; do
-      set -- $c
-      cpu=$(duet_ppl "$model" "$1" "$2" --device cpu --max-tokens "$GPU_TOKENS")
-      gpu=$(duet_ppl "$model" "$1" "$2" --device gpu --max-tokens "$GPU_TOKENS")
+  for name in $gpu_models; do
+    model=$BENCH/$name.f32.gguf
+    for c in $gpu_caches; do
+      set -- ${c/\// }
+      cpu=$(duet_ppl "$model" "$1" "$2" --device cpu "${limit[@]}")
+      gpu=$(duet_ppl "$model" "$1" "$2" --device gpu "${limit[@]}")
       spread=0
       for j in 1e-7 3e-7 1e-6; do
-        d=$(reldiff "$(DUET_KV_JITTER=$j duet_ppl "$model" "$1" "$2" --device cpu --max-tokens "$GPU_TOKENS")" "$cpu")
+        d=$(reldiff "$(DUET_KV_JITTER=$j duet_ppl "$model" "$1" "$2" --device cpu "${limit[@]}")" "$cpu")
         spread=$(awk -v a="$d" -v b="$spread" 'BEGIN { print (a > b) ? a : b }')
       done
       emit "| $(basename "$model" .gguf) | $1 / $2 | $cpu | $gpu | $(reldiff "$gpu" "$cpu") | $spread |"
