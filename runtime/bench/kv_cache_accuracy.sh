@@ -11,8 +11,8 @@
 #                                                       # every model's weights in F32 so that
 #                                                       # both backends compute in f32
 #   PARTS=gpu GPU_TOKENS=all GPU_MODELS=smollm2 GPU_CACHES="q6c/q6r q4c/q4r" ...
-#                                                       # the whole text (lavapipe: ~40 min
-#                                                       # per row on 2 cores), chosen rows
+#                                                       # the whole text (lavapipe: ~2 h per
+#                                                       # SmolLM2 row on 2 cores), chosen rows
 #
 # Models: SmolLM2-135M-Instruct (llama.cpp's Q4_1 file, a Transformer) and the reference
 # pair (models/diff-ref, models/llama-ref, converted to F16; llama.cpp runs the Llama).

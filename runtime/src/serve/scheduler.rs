@@ -242,7 +242,7 @@ impl<B: Backend> Scheduler<B> {
         worked
     }
 
-    /// Pages of the shared K/V cache held by a slot, and all of them.
+    /// Sets the /metrics gauges of the shared K/V cache: pages in use and all of them.
     fn update_page_gauges(&self) {
         let (used, total) = {
             let c = self.sessions[0].lock_cache();
@@ -359,10 +359,8 @@ impl<B: Backend> Scheduler<B> {
                 self.active[i] = None;
                 self.sessions[i].reset();
                 self.cached[i].clear();
-                self.update_page_gauges();
-                let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
-                m.requests_cancelled += 1;
-                m.active = self.active.iter().filter(|a| a.is_some()).count();
+                self.update_gauges();
+                self.metrics.lock().unwrap_or_else(|p| p.into_inner()).requests_cancelled += 1;
             }
             Outcome::Finish(finish, by_stop_string) => {
                 let mut a = self.active[i].take().expect("active slot");
