@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# What the attention of the reference pair does, the README's "Seeing the attention" section:
-#   * `duet attn-map` of both models over the first sentences of a held-out Moby-Dick chapter
+# What the attention of the reference pair (and of the DIFF V2 model, once models/diffv2-ref
+# exists) does, the README's "Seeing the attention" section:
+#   * `duet attn-map` of each model over the first sentences of a held-out Moby-Dick chapter
 #     (models/reference_prompt.txt), layers 4 and 9, every head / head pair, with the HTML
-#     report -> models/results/attn-map/{diff-ref,llama-ref}/
-#   * `duet needle` (the DIFF paper's Table 3 metric) on both models and on SmolLM2-135M
+#     report -> models/results/attn-map/{diff-ref,diffv2-ref,llama-ref}/
+#   * `duet needle` (the DIFF paper's Table 3 metric) on each model and on SmolLM2-135M
 #     (a model that can retrieve), depths 0/25/50/75/100 %, 512-token prompts, duet's
 #     shipped haystack -> models/results/needle/
 #
 #   models/attention_pair.sh
 #
-# Both models are converted to F16 GGUFs under models/.cache/insight (git-ignored); SmolLM2
+# The models are converted to F16 GGUFs under models/.cache/insight (git-ignored); SmolLM2
 # comes from runtime/bench/common.sh's pinned download. CPU, deterministic (greedy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,9 @@ WORK=models/.cache/insight
 OUT=models/results
 mkdir -p "$WORK" "$OUT"
 duet=$(bench_duet insight)
-for m in diff llama; do
+models=(diff llama)
+[ -f models/diffv2-ref/config.json ] && models=(diff diffv2 llama)
+for m in "${models[@]}"; do
   "$duet" convert "models/$m-ref" -t f16 -q -o "$WORK/$m-ref.f16.gguf"
 done
 
@@ -30,7 +33,9 @@ text = open("models/reference_prompt.txt").read().split("\n\n", 1)[1]
 print(text[: text.index("deck,") + len("deck,")])
 PY
 )
-for m in diff llama; do
+needle_models=()
+for m in "${models[@]}"; do
+  needle_models+=(-m "$WORK/$m-ref.f16.gguf")
   rm -rf "$OUT/attn-map/$m-ref"
   "$duet" attn-map -q --device cpu -m "$WORK/$m-ref.f16.gguf" -p "$prompt" --layers 4,9 \
     -o "$OUT/attn-map/$m-ref" --html
@@ -38,5 +43,5 @@ done
 
 smol=$(bench_smollm2)
 mkdir -p "$OUT/needle"
-"$duet" needle -q --device cpu -m "$WORK/diff-ref.f16.gguf" -m "$WORK/llama-ref.f16.gguf" -m "$smol" \
+"$duet" needle -q --device cpu "${needle_models[@]}" -m "$smol" \
   --ctx 512 -o "$OUT/needle" --html | tee "$OUT/needle/table.txt"

@@ -837,8 +837,17 @@ def stage_export(args):
     for name, data in deb_data_members(os.path.join(args.cache, "downloads", DEBS[0]["file"])):
         if name == "./usr/share/doc/fortunes/copyright":
             write_atomic(os.path.join(args.out, "fortunes-copyright.txt"), data)
-    if args.preset == "ref" and set(results) == set(MODELS):
-        update_readme(os.path.join(args.out, "README.md"), results, curves)
+    if args.preset == "ref":
+        # Models not exported by this run (their checkpoints may be long gone) join the
+        # table from what their own export left: eval.json and training_log.csv.
+        for name in MODELS:
+            done_dir = os.path.join(args.out, EXPORT_NAME[name])
+            if name not in results and os.path.exists(os.path.join(done_dir, "eval.json")):
+                results[name] = json.load(open(os.path.join(done_dir, "eval.json")))
+                with open(os.path.join(done_dir, "training_log.csv")) as f:
+                    curves[name] = {int(r["step"]): float(r["eval_ppl"]) for r in csv.DictReader(f) if r["eval_ppl"]}
+        if "llama" in results:
+            update_readme(os.path.join(args.out, "README.md"), results, curves)
 
 
 def update_readme(path, res, curves):
