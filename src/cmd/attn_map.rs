@@ -24,8 +24,9 @@ pub struct Args {
     #[arg(long, value_delimiter = ',')]
     pub layers: Option<Vec<usize>>,
     /// Heads to show, comma-separated, counting from 0; for DIFF models these are head
-    /// pairs (pair j: query heads j and j + H/2), each shown as A1, A2 and A1 − λ·A2
-    /// [default: all]
+    /// pairs (pair j: query heads j and j + H/2), each shown as A1, A2 and A1 − λ·A2; for
+    /// DIFF V2, pairs j of query heads 2j and 2j + 1, shown as A₂ⱼ, A₂ⱼ₊₁ and A₂ⱼ − λₜ·A₂ⱼ₊₁
+    /// (a gate λₜ per query row) [default: all]
     #[arg(long, value_delimiter = ',')]
     pub heads: Option<Vec<usize>>,
     /// Output directory (created if missing): layerNN-headH.svg/.png (DIFF: -pairP),

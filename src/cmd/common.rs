@@ -16,7 +16,7 @@ use duet_runtime::sampler::SamplerConfig;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF model file (llama or diffllama)
+    /// GGUF model file (llama, diffllama or diffllama_v2)
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// CPU threads (0: all cores)
