@@ -7,6 +7,9 @@
 #   * `duet needle` (the DIFF paper's Table 3 metric) on each model and on SmolLM2-135M
 #     (a model that can retrieve), depths 0/25/50/75/100 %, 512-token prompts, duet's
 #     shipped haystack -> models/results/needle/
+#   * attention sinks: `duet attn-map` of every layer of each model and of SmolLM2 over the
+#     whole held-out prompt, and models/attention_sinks.py's share of attention on the first
+#     token -> models/results/attention-sinks.md
 #
 #   models/attention_pair.sh
 #
@@ -45,3 +48,14 @@ smol=$(bench_smollm2)
 mkdir -p "$OUT/needle"
 "$duet" needle -q --device cpu "${needle_models[@]}" -m "$smol" \
   --ctx 512 -o "$OUT/needle" --html | tee "$OUT/needle/table.txt"
+
+# Attention sinks (the DIFF V2 blog says V2 removes them): every layer over the whole prompt.
+sink_dirs=()
+for m in "${models[@]}"; do
+  rm -rf "$WORK/sinks/$m-ref"
+  "$duet" attn-map -q --device cpu -m "$WORK/$m-ref.f16.gguf" -f models/reference_prompt.txt -o "$WORK/sinks/$m-ref"
+  sink_dirs+=("$WORK/sinks/$m-ref")
+done
+rm -rf "$WORK/sinks/SmolLM2-135M-Instruct"
+"$duet" attn-map -q --device cpu -m "$smol" -f models/reference_prompt.txt -o "$WORK/sinks/SmolLM2-135M-Instruct"
+python3 models/attention_sinks.py "${sink_dirs[@]}" "$WORK/sinks/SmolLM2-135M-Instruct" | tee "$OUT/attention-sinks.md"

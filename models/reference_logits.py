@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Writes transformers' reference logits for the bundled models (acceptance check 3).
 
-For each exported checkpoint directory (default: models/llama-ref and models/diff-ref) this
-loads the model with transformers — the bf16 weights as stored, computed in float32 — runs
+For each exported checkpoint directory (default: models/llama-ref and models/diff-ref, and
+models/diffv2-ref once it exists) this loads the model with transformers (DIFF V2, which
+transformers does not have: models/diff_v2.py) — the bf16 weights as stored, computed in
+float32 — runs
 the first N tokens (default 64) of models/reference_prompt.txt (the start of a held-out
 evaluation document; the tokenizer prepends <|endoftext|>) and writes every position's
 logits to <dir>/reference.logits in duet's logits file format, all little-endian:
@@ -17,13 +19,26 @@ duet itself.
 """
 
 import argparse
+import json
 import os
 import struct
+import sys
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_DIRS = [os.path.join(HERE, n) for n in ("llama-ref", "diff-ref", "diffv2-ref")]
+
+
+def load_model(d):
+    with open(os.path.join(d, "config.json")) as f:
+        if json.load(f).get("model_type") == "diffllama_v2":
+            sys.path.insert(0, HERE)
+            import diff_v2
+
+            return diff_v2.load(d)
+    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
 
 
 def write_logits(path, ids, logits):
@@ -40,7 +55,7 @@ def write_logits(path, ids, logits):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("dirs", nargs="*", default=[os.path.join(HERE, "llama-ref"), os.path.join(HERE, "diff-ref")])
+    ap.add_argument("dirs", nargs="*", default=[d for d in DEFAULT_DIRS if os.path.exists(os.path.join(d, "config.json"))])
     ap.add_argument("--prompt", default=os.path.join(HERE, "reference_prompt.txt"))
     ap.add_argument("--tokens", type=int, default=64)
     args = ap.parse_args()
@@ -50,7 +65,7 @@ def main():
         tok = AutoTokenizer.from_pretrained(d)
         ids = tok(text, truncation=True, max_length=args.tokens).input_ids
         assert len(ids) == args.tokens, f"{args.prompt} is shorter than {args.tokens} tokens"
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        model = load_model(d)
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([ids])).logits[0]
         out = os.path.join(d, "reference.logits")

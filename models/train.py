@@ -14,8 +14,9 @@ Stages (each skips work already done; run `all` for everything):
     train      train Llama, then DiffLlama, then DIFF V2 (each resumes from
                <work>/ckpt/<name>/state.pt; --models picks a subset)
     export     bf16 safetensors HF directories + tokenizer files + logs + final evaluation
-               (float32) -> <out>/llama-ref, <out>/diff-ref, <out>/diffv2-ref; results
-               table in README.md once all three are exported
+               (float32) -> <out>/llama-ref, <out>/diff-ref, <out>/diffv2-ref; rewrites
+               the results table in README.md (models exported earlier join it from
+               their eval.json and training_log.csv)
 
     python models/train.py all                     # what models/make_models.sh runs
     python models/train.py train --threads 2       # resume training with 2 threads
