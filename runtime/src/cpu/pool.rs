@@ -31,6 +31,11 @@ struct Shared {
     /// Workers inside the current job.
     active: AtomicUsize,
     stop: AtomicBool,
+    /// Workers asleep on `wake` (or about to be: counted under `sleep_lock` before they
+    /// re-check the state). A new job takes the lock and notifies only when this is non-zero:
+    /// a notify is a futex syscall even with nobody waiting, and a decoded token starts a few
+    /// hundred jobs while the workers are still spinning.
+    sleepers: AtomicUsize,
     sleep_lock: Mutex<()>,
     wake: Condvar,
 }
@@ -57,6 +62,7 @@ impl ThreadPool {
             done: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
         });
@@ -103,8 +109,10 @@ impl ThreadPool {
         s.done.store(0, Ordering::SeqCst);
         let epoch = s.state.load(Ordering::SeqCst) / 2 + 1;
         s.state.store(2 * epoch, Ordering::SeqCst);
-        {
-            // Wake sleepers; the lock orders this after a worker's check-then-wait.
+        // Wake sleepers; the lock orders this after a worker's check-then-wait. A worker that
+        // counts itself as a sleeper after this load comes later in the SeqCst order than the
+        // store above, so its re-check sees the new epoch and it does not wait.
+        if s.sleepers.load(Ordering::SeqCst) != 0 {
             let _l = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
@@ -177,10 +185,12 @@ fn worker(s: Arc<Shared>, tid: usize) {
             }
             if spins % 64 == 63 && start.elapsed() > SPIN {
                 let guard = s.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+                s.sleepers.fetch_add(1, Ordering::SeqCst);
                 let st = s.state.load(Ordering::SeqCst);
                 if !s.stop.load(Ordering::SeqCst) && (st / 2 == seen_epoch || st % 2 == 1) {
                     let _g = s.wake.wait_timeout(guard, Duration::from_millis(100)).unwrap_or_else(|e| e.into_inner());
                 }
+                s.sleepers.fetch_sub(1, Ordering::SeqCst);
             }
             backoff(&mut spins);
         };
@@ -225,7 +235,12 @@ mod tests {
     #[test]
     fn sleeping_workers_wake_up_and_help() {
         let pool = ThreadPool::new(2);
-        std::thread::sleep(SPIN * 20);
+        // The worker goes to sleep (counted as a sleeper), so the jobs below must wake it.
+        let asleep = Instant::now();
+        while pool.shared.sleepers.load(Ordering::SeqCst) != 1 {
+            assert!(asleep.elapsed() < Duration::from_secs(10), "the idle worker never went to sleep");
+            std::thread::sleep(SPIN);
+        }
         let threads_used: Vec<AtomicUsize> = (0..2).map(|_| AtomicUsize::new(0)).collect();
         for _ in 0..50 {
             pool.for_chunks_tid(64, 1, &|tid, _| {
