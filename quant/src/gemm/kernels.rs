@@ -99,6 +99,9 @@ pub(super) trait Arch {
     unsafe fn load_i8f(p: *const u8) -> Self::F;
     /// Stores LANES f32.
     unsafe fn store(a: Self::F, p: *mut f32);
+    /// Hints that the 64-byte line at `p` will be read soon. Any address: never faults.
+    #[inline(always)]
+    unsafe fn prefetch(_p: *const u8) {}
 }
 
 /// One weight type's tile kernel.
@@ -305,6 +308,32 @@ impl<A: Arch, const N: usize> FAcc<A, N> {
     }
 }
 
+/// How far ahead of the block being multiplied the weights are prefetched. Decoding streams
+/// every weight from DRAM once per token, and the hardware prefetchers alone left each core
+/// stalling on its misses: one thread decoding 1 GiB of Q4_0 / Q4_K ran at 22 / 18 GB/s,
+/// 28 / 28 with 16-64 KiB of software prefetch (`cargo bench -p duet-quant --bench gemm --
+/// --stream`, AVX-512 EPYC; plain AVX2 19 / 15 -> 27 / 26), and whole-model decode of the
+/// random 1.1B Llama gained 13-20% (Q4_0, Q4_K_M, Q6_K). The distance is in bytes of the
+/// packed matrix, whose groups lie one after another, so the hint runs on into the next
+/// groups; past the matrix's end it is a harmless hint about other memory.
+const PREFETCH_BYTES: usize = 32 << 10;
+
+/// Prefetches the lines that lie [`PREFETCH_BYTES`] past block `b`'s bulk (`bb` bytes per
+/// block). Only the first token tile's first slice of a group reads its weights from memory;
+/// later tiles and slices find them in cache and skip the hints.
+#[inline(always)]
+unsafe fn prefetch_ahead<A: Arch>(bulk: *const u8, b: usize, bb: usize, t0: usize, r0: usize) {
+    if t0 != 0 || r0 != 0 {
+        return;
+    }
+    let mut line = 0;
+    while line < bb {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { A::prefetch(at(bulk, b * bb + PREFETCH_BYTES + line)) };
+        line += 64;
+    }
+}
+
 // --- 32-element formats -----------------------------------------------------------------------
 
 /// Q4_0, Q4_1, Q5_0, Q5_1: `FIVE` adds the fifth bit; `MIN` uses d·q + m (Q8_1 activations)
@@ -331,6 +360,7 @@ unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: boo
             let mask = A::splat8(0x0f);
             let mut acc = [A::zero_f(); N];
             for b in 0..nb {
+                prefetch_ahead::<A>(bulk, b, bb, t0, r0);
                 let wb = at(bulk, b * bb);
                 let mut is = IAcc::<A, N, false, PER>::new(std::array::from_fn(|t| {
                     if MIN { A::zero() } else { A::bcast_i32(at(tk[t], off_off + 4 * b)) }
@@ -452,6 +482,7 @@ impl Kern for Q8_0 {
             slices::<A, N>(w, g, t0, out, ld, |r0| {
                 let mut acc = [A::zero_f(); N];
                 for b in 0..nb {
+                    prefetch_ahead::<A>(bulk, b, 512, t0, r0);
                     let wb = at(bulk, b * 512 + 4 * r0);
                     let mut is = IAcc::<A, N, false, 1>::new(std::array::from_fn(|t| {
                         if A::Q8_BIASED { A::bcast_i32(at(tk[t], off_off + 4 * b)) } else { A::zero() }
@@ -498,6 +529,7 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
             let m0f = A::splat8(0x0f);
             let mut acc = [A::zero_f(); N];
             for sb in 0..nb {
+                prefetch_ahead::<A>(bulk, sb, bb, t0, r0);
                 let mt = at(meta, sb * 256);
                 let bk = at(bulk, sb * bb);
                 // get_scale_min_k4 for 8 sub-blocks of LANES rows: each lane holds the bytes
@@ -661,6 +693,7 @@ impl Kern for Q6K {
             slices::<A, N>(w, g, t0, out, ld, |r0| {
                 let mut acc = [A::zero_f(); N];
                 for sb in 0..nb {
+                    prefetch_ahead::<A>(bulk, sb, 3072, t0, r0);
                     let mt = at(meta, sb * 288);
                     let bk = at(bulk, sb * 3072 + 4 * r0);
                     let qoff = 256 * sb;
@@ -829,6 +862,7 @@ impl<A: Arch, const NMAX: usize, const CHAINS: usize, const CHAINS_K: usize> Arc
         fn load_bf16(p: *const u8) -> A::F;
         fn load_i8f(p: *const u8) -> A::F;
         fn store(a: A::F, p: *mut f32) -> ();
+        fn prefetch(p: *const u8) -> ();
     }
 }
 

@@ -177,6 +177,10 @@ impl Arch for Avx512 {
     unsafe fn store(a: __m512, p: *mut f32) {
         unsafe { _mm512_storeu_ps(p, a) }
     }
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+    }
 }
 
 /// AVX2 + FMA + F16C, with AVX-VNNI's `vpdpbusd`/`vpdpwssd` when `VNNI`.
@@ -373,6 +377,10 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
     #[inline(always)]
     unsafe fn store(a: __m256, p: *mut f32) {
         unsafe { _mm256_storeu_ps(p, a) }
+    }
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
     }
 }
 
