@@ -159,6 +159,17 @@ pub enum Probe {
     OutputIn,
 }
 
+/// One sequence's rows in a batch of several: batch rows `first..first + rows` are its
+/// positions `pos0..`, attended as `spec` says (the session's run settings).
+#[derive(Clone, Copy)]
+pub struct SeqSpan<'a> {
+    pub seq: SeqPages<'a>,
+    pub first: usize,
+    pub rows: usize,
+    pub pos0: usize,
+    pub spec: &'a AttentionSpec,
+}
+
 pub trait Backend {
     /// Activations, `rows × cols` f32.
     type Tensor;
@@ -219,6 +230,26 @@ pub trait Backend {
         spec: &AttentionSpec,
         out: &mut Self::Tensor,
     );
+    /// RoPE, K/V store and attention for several sequences' rows of one batch at once, all
+    /// in `cache` (`q`, `k`, `v` before RoPE; `spans` in batch-row order, covering all rows):
+    /// the result of [`Backend::rope`] and [`Backend::attention`] on each span alone, in one
+    /// pass whose work is spread over all sequences' heads together. Returns false, having
+    /// done nothing, where the backend has no such pass (the caller then runs each span on
+    /// its own). No activation probes.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_spans(
+        &mut self,
+        _q: &mut Self::Tensor,
+        _k: &mut Self::Tensor,
+        _v: &Self::Tensor,
+        _cache: &mut Self::KvCache,
+        _layer: usize,
+        _spans: &[SeqSpan<'_>],
+        _rope: &RopeSpec,
+        _out: &mut Self::Tensor,
+    ) -> bool {
+        false
+    }
     /// DEX: for each adapted head h, `o_h ← o_h − λ·o_h·W_D` (`w_d` is head_dim × head_dim).
     fn dex(&mut self, x: &mut Self::Tensor, w_d: &Self::Weight, lambda: f32, heads: &[usize], head_dim: usize);
     /// DIFF V2's combine step: for each row and pair i (head_dim values each),

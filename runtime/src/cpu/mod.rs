@@ -21,7 +21,7 @@ pub use attention::{CpuKvCache, Placement};
 pub use matmul::ActPrecision;
 pub use tensor::{CpuTensor, CpuWeight, Storage};
 
-use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
+use crate::backend::{AttentionSpec, Backend, RopeSpec, SeqSpan, WeightView};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
 use crate::kv_pages::SeqPages;
@@ -254,6 +254,36 @@ impl Backend for CpuBackend {
         if let Some(o) = self.observer.as_mut().filter(|_| capture) {
             o.observe(crate::backend::Probe::AttnBranches, layer, pos0, &branches, q.rows, 2 * q.cols);
         }
+    }
+
+    fn attention_spans(
+        &mut self,
+        q: &mut CpuTensor,
+        k: &mut CpuTensor,
+        v: &CpuTensor,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        spans: &[SeqSpan<'_>],
+        rope: &RopeSpec,
+        out: &mut CpuTensor,
+    ) -> bool {
+        let thetas = self.thetas(rope).to_vec();
+        let Some(hd) = spans.first().map(|s| s.spec.head_dim) else { return true };
+        let (q_cols, kv_cols) = (q.cols, k.cols);
+        for s in spans {
+            let rows = s.first..s.first + s.rows;
+            for (i, row) in q.view_mut()[rows.start * q_cols..rows.end * q_cols].chunks_exact_mut(q_cols).enumerate() {
+                ops::rope_row(row, q_cols / hd, hd, s.pos0 + i, &thetas, rope.freq_scale);
+            }
+            let kr = &mut k.view_mut()[rows.start * kv_cols..rows.end * kv_cols];
+            for (i, row) in kr.chunks_exact_mut(kv_cols).enumerate() {
+                ops::rope_row(row, kv_cols / hd, hd, s.pos0 + i, &thetas, rope.freq_scale);
+            }
+            let vr = &v.view()[rows.start * kv_cols..rows.end * kv_cols];
+            cache.store(&s.seq, layer, s.pos0, kr, vr);
+        }
+        attention::attention_spans(&self.pool, cache, layer, q.view(), spans, out.view_mut(), None);
+        true
     }
 
     fn dex(&mut self, x: &mut CpuTensor, w_d: &CpuWeight, lambda: f32, heads: &[usize], head_dim: usize) {

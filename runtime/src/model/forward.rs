@@ -9,7 +9,9 @@
 //!
 //! Only the attention step differs between the two ("attend" below).
 
-use crate::backend::{Backend, Probe};
+use std::sync::Arc;
+
+use crate::backend::{Backend, Probe, SeqSpan};
 use crate::error::RuntimeError;
 use crate::kv_pages::SeqPages;
 use crate::model::{Logits, Model, ModelConfig, Session, locked};
@@ -252,9 +254,28 @@ impl<B: Backend> Model<B> {
         }
         let a = &mut batch.acts;
         a.set_rows(b, rows);
-        // Sequence i's rows move into its own scratch for RoPE at its positions and attention
-        // over its cache, and its output rows move back.
+        // Sessions of one cache (a server's slots) attend in one pass where the backend has
+        // it; otherwise sequence i's rows move into its own scratch for RoPE at its
+        // positions and attention over its cache, and its output rows move back.
+        let one_cache = sessions.windows(2).all(|w| Arc::ptr_eq(&w[0].cache, &w[1].cache));
         let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>| {
+            if one_cache {
+                let mut first = 0;
+                let spans: Vec<SeqSpan> = sessions
+                    .iter()
+                    .zip(chunks)
+                    .map(|(s, t)| {
+                        let seq = SeqPages { pages: &s.pages, slot: s.slot };
+                        let span = SeqSpan { seq, first, rows: t.len(), pos0: s.n_past, spec: &s.attention[il] };
+                        first += t.len();
+                        span
+                    })
+                    .collect();
+                let mut cache = locked(&sessions[0].cache);
+                if b.attention_spans(&mut a.q, &mut a.k, &a.v, &mut cache.kv, il, &spans, &self.rope, &mut a.att) {
+                    return;
+                }
+            }
             let mut first = 0;
             for (s, t) in sessions.iter_mut().zip(chunks) {
                 let pos = s.n_past;

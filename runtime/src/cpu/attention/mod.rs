@@ -24,7 +24,7 @@ pub use cache::{CacheRows, CpuKvCache, Placement};
 
 use super::SharedMut;
 use super::pool::ThreadPool;
-use crate::backend::{AttentionKind, AttentionSpec};
+use crate::backend::{AttentionKind, AttentionSpec, SeqSpan};
 use crate::kv_pages::SeqPages;
 use logit_quant::Lq;
 
@@ -74,10 +74,43 @@ pub fn attention(
     out: &mut [f32],
     branches: Option<&mut [f32]>,
 ) {
-    let hd = spec.head_dim;
-    let kv_dim = spec.n_kv_heads * hd;
-    let q_dim = spec.n_heads * hd;
-    let gqa = spec.n_heads / spec.n_kv_heads;
+    let span = SeqSpan { seq, first: 0, rows, pos0, spec };
+    attention_spans(pool, cache, layer, q, &[span], out, branches);
+}
+
+/// What every query row of one span needs: where its positions are and how its logits are
+/// quantized, per head.
+struct SpanPlan<'a> {
+    span: SeqSpan<'a>,
+    at: Placement<'a>,
+    lq: Vec<Lq>,
+    /// Work items before this span's (rows × heads, or × head pairs for DIFF).
+    first_item: usize,
+}
+
+/// Attention for several sequences' query rows of one batch (`spans`, in row order; their
+/// positions up to pos0 + rows are stored) as one pool job over every (row, head) of all of
+/// them, so that decoding many sequences costs one dispatch per layer and keeps every
+/// thread busy. `q` and `out` are batch rows × (n_heads·head_dim); `branches` as
+/// [`attention`]'s. The model's shape is the first span's (every span's spec differs at
+/// most in its run settings).
+pub fn attention_spans(
+    pool: &ThreadPool,
+    cache: &CpuKvCache,
+    layer: usize,
+    q: &[f32],
+    spans: &[SeqSpan],
+    out: &mut [f32],
+    branches: Option<&mut [f32]>,
+) {
+    let Some(first) = spans.first() else { return };
+    let shape = first.spec;
+    let hd = shape.head_dim;
+    let kv_dim = shape.n_kv_heads * hd;
+    let q_dim = shape.n_heads * hd;
+    let gqa = shape.n_heads / shape.n_kv_heads;
+    let rows: usize = spans.iter().map(|s| s.rows).sum();
+    assert!(out.len() >= rows * q_dim && q.len() >= rows * q_dim, "attention: q/out hold fewer than {rows} rows");
     let (k, v) = (&cache.k[layer], &cache.v[layer]);
     // Queries in the K cache's basis (every head is rotated in the same blocks).
     let rotated_q;
@@ -89,46 +122,64 @@ pub fn attention(
     } else {
         q
     };
+    let diff = matches!(shape.kind, AttentionKind::Differential { .. });
+    let units = if diff { shape.n_heads / 2 } else { shape.n_heads };
+    let mut items = 0;
+    let plans: Vec<SpanPlan> = spans
+        .iter()
+        .map(|&span| {
+            let at = Placement::new(span.seq, span.pos0 + span.rows);
+            let span_q = &q[span.first * q_dim..(span.first + span.rows) * q_dim];
+            let lq = logit_quant::per_head(pool, k, &at, span_q, span.rows, span.pos0, span.spec);
+            let plan = SpanPlan { span, at, lq, first_item: items };
+            items += span.rows * units;
+            plan
+        })
+        .collect();
+    // The span holding work item `item`, and the item's index within it.
+    let locate = |item: usize| {
+        let i = plans.partition_point(|p| p.first_item <= item) - 1;
+        (&plans[i], item - plans[i].first_item)
+    };
     let outp = SharedMut::new(out.as_mut_ptr());
     if let Some(b) = &branches {
         assert_eq!(b.len(), 2 * rows * q_dim, "branch capture is rows × 2·n_heads·head_dim");
     }
     let branchp = branches.map(|b| SharedMut::new(b.as_mut_ptr()));
-    let at = &Placement::new(seq, pos0 + rows);
-    let lq = logit_quant::per_head(pool, k, at, q, rows, pos0, spec);
-    match &spec.kind {
+    match &shape.kind {
         AttentionKind::Standard | AttentionKind::PairedHeads => {
-            let items = rows * spec.n_heads;
             pool.for_chunks_tid(items, 1, &|_, range| {
                 let mut scores = Vec::new();
                 for item in range {
-                    let (r, h) = (item / spec.n_heads, item % spec.n_heads);
-                    let pos = pos0 + r;
+                    let (p, i) = locate(item);
+                    let (r, h) = (p.span.first + i / units, i % units);
+                    let pos = p.span.pos0 + i / units;
                     let qh = &q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd];
                     let kv_off = (h / gqa) * hd;
-                    attend(at, qh, k, kv_dim, kv_off, pos, spec.scale, lq[h], &mut scores);
+                    attend(&p.at, qh, k, kv_dim, kv_off, pos, p.span.spec.scale, p.lq[h], &mut scores);
                     // SAFETY: item (r, h) owns out[r][h·hd..(h+1)·hd].
                     let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + h * hd), hd) };
-                    weighted_values(at, &scores, v, kv_dim, kv_off, o);
+                    weighted_values(&p.at, &scores, v, kv_dim, kv_off, o);
                 }
             });
         }
         AttentionKind::Differential { lambda, lambda_init, sub_norm } => {
-            let half_heads = spec.n_heads / 2;
-            let half_kv = spec.n_kv_heads / 2;
-            let items = rows * half_heads;
+            let half_heads = shape.n_heads / 2;
+            let half_kv = shape.n_kv_heads / 2;
             pool.for_chunks_tid(items, 1, &|_, range| {
                 let mut p1 = Vec::new();
                 let mut p2 = Vec::new();
                 let mut tmp = vec![0f32; 2 * hd];
                 for item in range {
-                    let (r, j) = (item / half_heads, item % half_heads);
-                    let pos = pos0 + r;
+                    let (p, i) = locate(item);
+                    let (r, j) = (p.span.first + i / units, i % units);
+                    let pos = p.span.pos0 + i / units;
+                    let (at, scale) = (&p.at, p.span.spec.scale);
                     let q1 = &q[r * q_dim + j * hd..r * q_dim + (j + 1) * hd];
                     let q2 = &q[r * q_dim + (j + half_heads) * hd..r * q_dim + (j + half_heads + 1) * hd];
                     let j2 = j + half_heads;
-                    attend(at, q1, k, kv_dim, (j / gqa) * hd, pos, spec.scale, lq[j], &mut p1);
-                    attend(at, q2, k, kv_dim, (j2 / gqa) * hd, pos, spec.scale, lq[j2], &mut p2);
+                    attend(at, q1, k, kv_dim, (j / gqa) * hd, pos, scale, p.lq[j], &mut p1);
+                    attend(at, q2, k, kv_dim, (j2 / gqa) * hd, pos, scale, p.lq[j2], &mut p2);
                     // Both softmaxes weight the same 2·hd-wide V: KV heads c and c + Hkv/2.
                     let c = j / gqa;
                     let (va, vb) = (c * hd, (c + half_kv) * hd);
@@ -149,7 +200,7 @@ pub fn attention(
                         *a -= lambda * b;
                     }
                     tmp.copy_from_slice(o);
-                    super::ops::rms_norm_row(&tmp, sub_norm.as_deref(), spec.rms_eps, o);
+                    super::ops::rms_norm_row(&tmp, sub_norm.as_deref(), shape.rms_eps, o);
                     let s = 1.0 - lambda_init;
                     for a in o.iter_mut() {
                         *a *= s;
@@ -431,6 +482,58 @@ mod tests {
                         "{bits} bits {scale:?} had no effect"
                     );
                 }
+            }
+        }
+    }
+
+    /// Several sequences' rows attended in one pass (`attention_spans`) give exactly what
+    /// each sequence's rows give alone: every cache type, both kinds, and each span with its
+    /// own logit quantization (run settings travel with the sequence).
+    #[test]
+    fn spans_of_several_sequences_equal_each_alone() {
+        // Sequence B: pages 0 and 2 of slot 0, 20 positions stored, then 5 query rows.
+        const B_PAGES: [u32; 2] = [0, 2];
+        const B: SeqPages = SeqPages { pages: &B_PAGES, slot: 0 };
+        const B_POS0: usize = 20;
+        const B_ROWS: usize = 5;
+        let (qa, ka, va) = inputs();
+        let (qb, kb, vb) = (
+            data(B_ROWS * N_HEADS * HD, 4, 4.0),
+            data((B_POS0 + B_ROWS) * KV_DIM, 5, 4.0),
+            data((B_POS0 + B_ROWS) * KV_DIM, 6, 2.0),
+        );
+        let pool = ThreadPool::new(3);
+        let q_dim = N_HEADS * HD;
+        for ty in CacheType::ALL {
+            for diff in [false, true] {
+                let mut cache = filled(ty, ty, &ka, &va);
+                let split = B_POS0 * KV_DIM;
+                cache.store(&B, 0, 0, &kb[..split], &vb[..split]);
+                cache.store(&B, 0, B_POS0, &kb[split..], &vb[split..]);
+                let spec_a = spec(diff, None);
+                let spec_b = spec(diff, Some(LogitQuant { bits: 4, scale: LogitScale::Head }));
+                let alone = |seq, q: &[f32], rows, pos0, s: &AttentionSpec| {
+                    let mut out = vec![0f32; rows * q_dim];
+                    attention(&pool, &cache, seq, 0, q, rows, pos0, s, &mut out, None);
+                    out
+                };
+                let want = [alone(B, &qb, B_ROWS, B_POS0, &spec_b), alone(SEQ, &qa, ROWS, POS0, &spec_a)].concat();
+                let spans = [
+                    SeqSpan { seq: B, first: 0, rows: B_ROWS, pos0: B_POS0, spec: &spec_b },
+                    SeqSpan { seq: SEQ, first: B_ROWS, rows: ROWS, pos0: POS0, spec: &spec_a },
+                ];
+                let mut got = vec![f32::NAN; want.len()];
+                attention_spans(&pool, &cache, 0, &[qb.clone(), qa.clone()].concat(), &spans, &mut got, None);
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?} diff={diff}: spans differ from each sequence alone"
+                );
+                // The 4-bit logits of B changed its rows (the per-span setting was applied).
+                let plain_b = alone(B, &qb, B_ROWS, B_POS0, &spec_a);
+                assert!(
+                    plain_b.iter().zip(&got).any(|(a, b)| (a - b).abs() > 1e-4),
+                    "{ty:?}: B's setting had no effect"
+                );
             }
         }
     }
