@@ -625,7 +625,11 @@ def train_one(name, args, dev):
             diff = {k: (ck["hparams"].get(k), v) for k, v in hparams.items() if ck["hparams"].get(k) != v}
             sys.exit(f"error: {ckpt_path} was made with other settings {diff}; move it away to start over")
         model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
+        if "optim" in ck:
+            opt.load_state_dict(ck["optim"])
+        elif ck["step"] < total_steps:
+            sys.exit(f"error: {ckpt_path} has no optimizer state (a finished run's, from train_on_device.sh) "
+                     f"but stopped at step {ck['step']} of {total_steps}")
         torch.set_rng_state(ck["rng"]["torch"])
         random.setstate(ck["rng"]["python"])
         np.random.set_state(ck["rng"]["numpy"])
