@@ -6,6 +6,7 @@
 # rounds); the table shows the medians over all of them.
 #
 #   runtime/bench/serve_speed.sh                      # STREAMS=8 TOKENS=128 THREADS=2
+#   DUET_ARGS='--cpu-acts q8' runtime/bench/serve_speed.sh   # extra flags for duet serve
 #
 # Columns: one stream alone; STREAMS concurrent streams (aggregate tokens/s) and their ratio
 # to one stream; time to first token on an idle server and while STREAMS-1 others stream.
@@ -21,6 +22,7 @@ PAIRS=${PAIRS:-2}
 THREADS=${THREADS:-2}
 CTX=${CTX:-1024}
 PORT=${PORT:-18190}
+DUET_ARGS=${DUET_ARGS:-}
 smol=$(bench_smollm2)
 duet=$(bench_duet serve)
 bin=$(bench_llama_cpp llama-server)
@@ -50,12 +52,13 @@ measure() { # NAME COMMAND...
 
 for _ in $(seq 1 "$PAIRS"); do
   measure duet "$duet" serve -m "$smol" --device cpu -t "$THREADS" -c "$CTX" --parallel "$STREAMS" \
-    --max-queue 64 --port "$PORT" -q
+    --max-queue 64 --port "$PORT" -q $DUET_ARGS
   measure llama.cpp "$bin/llama-server" -m "$smol" -t "$THREADS" -np "$STREAMS" -c $((CTX * STREAMS)) \
     --host 127.0.0.1 --port "$PORT"
 done
 
 echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098."
+echo "duet serve flags: ${DUET_ARGS:-(defaults)}."
 echo "SmolLM2-135M-Instruct Q4_1, CPU, $THREADS threads, $STREAMS slots × $CTX tokens, $TOKENS tokens per reply, greedy; medians of $PAIRS × $ROUNDS rounds."
 echo
 python3 - "$results" "$STREAMS" <<'PY'
