@@ -3,9 +3,11 @@
 //! sequences, as `duet serve` runs them) against each sequence decoded alone with
 //! `Model::forward`, on the CPU and on the GPU: three sequences of different prompt lengths,
 //! each with its own cache types and run settings (f16; 4-bit K per channel + rotated V with
-//! 4-bit attention logits; 8-bit blocks), greedy-decoded for 12 steps. The tokens must be
-//! the same; the logits may differ only by the order in which batched products sum (bound
-//! below).
+//! 4-bit attention logits; 8-bit blocks), greedy-decoded for 12 steps; then the same three
+//! as slots of one shared cache (f16, and 4-bit K per channel + rotated V), as a server runs
+//! them, where the CPU attends to all of them in one pass (`Backend::attention_spans`),
+//! each still with its own logit setting. The tokens must be the same; the logits may differ
+//! only by the order in which batched products sum (bound below).
 
 mod common;
 
@@ -47,6 +49,16 @@ fn prompts(n_vocab: u32) -> Vec<Vec<u32>> {
 
 fn session<B: Backend>(b: &mut B, m: &Model<B>, i: usize) -> Session<B> {
     let (kt, vt, lq) = SETTINGS[i];
+    session_of(b, m, kt, vt, lq)
+}
+
+fn session_of<B: Backend>(
+    b: &mut B,
+    m: &Model<B>,
+    kt: CacheType,
+    vt: CacheType,
+    lq: Option<(u32, LogitGranularity)>,
+) -> Session<B> {
     // A format the model's head size cannot use becomes the nearest one that it can.
     let mut spec = m.cache_spec(128, kt, vt);
     spec.resolve();
@@ -55,13 +67,47 @@ fn session<B: Backend>(b: &mut B, m: &Model<B>, i: usize) -> Session<B> {
     s
 }
 
+/// Where each sequence keeps its K/V: a cache of its own with its SETTINGS, or slots of one
+/// cache of the given types (with SETTINGS' logit quantization).
+#[derive(Clone, Copy, Debug)]
+enum Caches {
+    Own,
+    One(CacheType, CacheType),
+}
+
+impl Caches {
+    /// One session per sequence, each for running alone: always a cache of its own.
+    fn alone<B: Backend>(self, b: &mut B, m: &Model<B>, i: usize) -> Session<B> {
+        match self {
+            Caches::Own => session(b, m, i),
+            Caches::One(kt, vt) => session_of(b, m, kt, vt, SETTINGS[i].2),
+        }
+    }
+
+    /// The sessions that run together.
+    fn together<B: Backend>(self, b: &mut B, m: &Model<B>, n: usize) -> Vec<Session<B>> {
+        match self {
+            Caches::Own => (0..n).map(|i| session(b, m, i)).collect(),
+            Caches::One(kt, vt) => {
+                let mut spec = m.cache_spec(128, kt, vt);
+                spec.resolve();
+                let mut all = m.new_sessions(b, n, 128, 64, spec.k_type, spec.v_type).unwrap();
+                for (s, set) in all.iter_mut().zip(SETTINGS) {
+                    m.set_logit_quant(s, set.2).unwrap();
+                }
+                all
+            }
+        }
+    }
+}
+
 /// Greedy continuations and their logits, each sequence alone.
-fn alone<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+fn alone<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>], caches: Caches) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
     prompts
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            let mut s = session(b, m, i);
+            let mut s = caches.alone(b, m, i);
             let mut logits = m.forward(b, &mut s, p, Logits::Last).unwrap();
             let (mut toks, mut all) = (Vec::new(), Vec::new());
             for _ in 0..STEPS {
@@ -76,8 +122,13 @@ fn alone<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<(Vec<
 }
 
 /// The same, the decode steps of all sequences together.
-fn together<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
-    let mut sessions: Vec<Session<B>> = (0..prompts.len()).map(|i| session(b, m, i)).collect();
+fn together<B: Backend>(
+    b: &mut B,
+    m: &Model<B>,
+    prompts: &[Vec<u32>],
+    caches: Caches,
+) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    let mut sessions = caches.together(b, m, prompts.len());
     let mut last: Vec<Vec<f32>> =
         sessions.iter_mut().zip(prompts).map(|(s, p)| m.forward(b, s, p, Logits::Last).unwrap()).collect();
     let mut batch = m.new_decode_batch(b, prompts.len());
@@ -98,10 +149,10 @@ fn together<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<(V
 /// piece of its prompt (4, 7 and 40 tokens at a time: the 40-token prompt goes in one piece
 /// beside the others' pieces, the 17-token one in three) or, once its prompt is in, its
 /// next greedy token, so that prompt pieces share steps with decoding sequences.
-fn mixed<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+fn mixed<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>], caches: Caches) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
     const PIECE: [usize; 3] = [4, 7, 40];
     let n = prompts.len();
-    let mut sessions: Vec<Session<B>> = (0..n).map(|i| session(b, m, i)).collect();
+    let mut sessions = caches.together(b, m, n);
     let mut batch = m.new_decode_batch(b, PIECE.iter().sum());
     let (mut fed, mut next) = (vec![0usize; n], vec![0u32; n]);
     let mut out = vec![(Vec::new(), Vec::new()); n];
@@ -139,14 +190,18 @@ fn mixed<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>]) -> Vec<(Vec<
 fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
     let m = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
     let p = prompts(m.config.n_vocab as u32);
-    let a = alone(b, &m, &p);
-    for (how, t) in [("decode_many", together(b, &m, &p)), ("forward_many", mixed(b, &m, &p))] {
-        for (i, ((ta, la), (tt, lt))) in a.iter().zip(&t).enumerate() {
-            assert_eq!(ta, tt, "{what}, {how}: sequence {i} ({:?}) decodes other tokens when batched", SETTINGS[i]);
-            assert_eq!(la.len(), lt.len(), "{what}, {how}: sequence {i}: logits of every step");
-            let worst = la.iter().flatten().zip(lt.iter().flatten()).fold(0f32, |w, (x, y)| w.max((x - y).abs()));
-            eprintln!("{what}, {how}: sequence {i}: max |Δlogit| {worst:.2e}");
-            assert!(worst <= BOUND, "{what}, {how}: sequence {i}: batched logits differ by {worst}");
+    let all = [Caches::Own, Caches::One(CacheType::F16, CacheType::F16), Caches::One(CacheType::Q4c, CacheType::Q4r)];
+    for caches in all {
+        let a = alone(b, &m, &p, caches);
+        for (how, t) in [("decode_many", together(b, &m, &p, caches)), ("forward_many", mixed(b, &m, &p, caches))] {
+            let how = format!("{how}, {caches:?} caches");
+            for (i, ((ta, la), (tt, lt))) in a.iter().zip(&t).enumerate() {
+                assert_eq!(ta, tt, "{what}, {how}: sequence {i} ({:?}) decodes other tokens when batched", SETTINGS[i]);
+                assert_eq!(la.len(), lt.len(), "{what}, {how}: sequence {i}: logits of every step");
+                let worst = la.iter().flatten().zip(lt.iter().flatten()).fold(0f32, |w, (x, y)| w.max((x - y).abs()));
+                eprintln!("{what}, {how}: sequence {i}: max |Δlogit| {worst:.2e}");
+                assert!(worst <= BOUND, "{what}, {how}: sequence {i}: batched logits differ by {worst}");
+            }
         }
     }
 }
