@@ -1,10 +1,15 @@
-//! Attention's inner loops over cache rows (row j of a head at `j·stride`): AVX2 + FMA + F16C
-//! on x86-64 when the CPU has them (one dispatch per head and query row, 8 lanes, the output
-//! kept in registers, a vectorised exp), plain loops otherwise. The SIMD forms round
+//! Attention's inner loops over cache rows (row j of a head at `j·stride`): AVX-512 (16
+//! lanes, [`avx512`]) or AVX2 + FMA + F16C on x86-64 when the CPU has them (one dispatch per
+//! head and query row, 8 lanes, the output kept in registers, a vectorised exp), plain loops
+//! otherwise. The SIMD forms round
 //! differently (summation order; exp within 2 ulp); f32 → f16 rounds to nearest even either
 //! way.
 
 use half::f16;
+
+#[cfg(target_arch = "x86_64")]
+#[path = "plain_avx512.rs"]
+mod avx512;
 
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -33,6 +38,11 @@ fn check(len: usize, n: usize, stride: usize, hd: usize) {
 pub fn scores_f32(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
     check(k.len(), out.len(), stride, q.len());
     #[cfg(target_arch = "x86_64")]
+    if avx512::usable(q.len()) {
+        // SAFETY: the CPU has AVX-512F and the head size fits (usable); rows checked.
+        return unsafe { avx512::scores::<false>(q, k.as_ptr() as *const u8, stride, scale, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if simd() {
         // SAFETY: features checked; rows checked in bounds.
         return unsafe { x86::scores::<false>(q, k.as_ptr() as *const u8, stride, scale, out) };
@@ -44,6 +54,11 @@ pub fn scores_f32(q: &[f32], k: &[f32], stride: usize, scale: f32, out: &mut [f3
 
 pub fn scores_f16(q: &[f32], k: &[f16], stride: usize, scale: f32, out: &mut [f32]) {
     check(k.len(), out.len(), stride, q.len());
+    #[cfg(target_arch = "x86_64")]
+    if avx512::usable(q.len()) {
+        // SAFETY: the CPU has AVX-512F and the head size fits (usable); rows checked.
+        return unsafe { avx512::scores::<true>(q, k.as_ptr() as *const u8, stride, scale, out) };
+    }
     #[cfg(target_arch = "x86_64")]
     if simd() {
         // SAFETY: as above.
@@ -77,6 +92,11 @@ pub fn softmax(s: &mut [f32]) {
 pub fn weighted_sum_f32(p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
     check(v.len(), p.len(), stride, out.len());
     #[cfg(target_arch = "x86_64")]
+    if avx512::usable(out.len()) {
+        // SAFETY: the CPU has AVX-512F and the head size fits (usable); rows checked.
+        return unsafe { avx512::weighted_sum::<false>(p, v.as_ptr() as *const u8, stride, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if simd() {
         // SAFETY: as above.
         return unsafe { x86::weighted_sum::<false>(p, v.as_ptr() as *const u8, stride, out) };
@@ -90,6 +110,11 @@ pub fn weighted_sum_f32(p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
 
 pub fn weighted_sum_f16(p: &[f32], v: &[f16], stride: usize, out: &mut [f32]) {
     check(v.len(), p.len(), stride, out.len());
+    #[cfg(target_arch = "x86_64")]
+    if avx512::usable(out.len()) {
+        // SAFETY: the CPU has AVX-512F and the head size fits (usable); rows checked.
+        return unsafe { avx512::weighted_sum::<true>(p, v.as_ptr() as *const u8, stride, out) };
+    }
     #[cfg(target_arch = "x86_64")]
     if simd() {
         // SAFETY: as above.
@@ -316,6 +341,48 @@ mod tests {
         for t in 0..hd {
             let want = 0.5 + (0..n).map(|j| p[j] * kf[j * stride + t]).sum::<f32>();
             assert!((out[t] - want).abs() < 1e-5, "out {t}: {} vs {want}", out[t]);
+        }
+    }
+
+    /// The 16-lane forms against plain loops: every head size they take (16 to 128), row
+    /// counts around their groups of four and two (0 to 9, 37), f16 and f32 rows.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_forms_match_plain_loops() {
+        if !avx512::usable(64) {
+            duet_test_support::skip("avx512_forms_match_plain_loops", "this CPU has no AVX-512F");
+            return;
+        }
+        for hd in (16..=128).step_by(16) {
+            let stride = hd + 8;
+            for n in (0..10).chain([37]) {
+                let q: Vec<f32> = (0..hd).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+                let kf: Vec<f32> = (0..n * stride).map(|i| ((i * 11 % 17) as f32 - 8.0) * 0.05).collect();
+                let kh: Vec<f16> = kf.iter().map(|&v| f16::from_f32(v)).collect();
+                let p: Vec<f32> = (0..n).map(|j| 0.01 + (j % 5) as f32 * 0.02).collect();
+                let (mut s16, mut s32) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                let (mut o16, mut o32) = (vec![0.5f32; hd], vec![0.5f32; hd]);
+                // SAFETY: usable(hd) checked above for this CPU; all rows are in bounds.
+                unsafe {
+                    avx512::scores::<true>(&q, kh.as_ptr() as *const u8, stride, 0.125, &mut s16);
+                    avx512::scores::<false>(&q, kf.as_ptr() as *const u8, stride, 0.125, &mut s32);
+                    avx512::weighted_sum::<true>(&p, kh.as_ptr() as *const u8, stride, &mut o16);
+                    avx512::weighted_sum::<false>(&p, kf.as_ptr() as *const u8, stride, &mut o32);
+                }
+                for j in 0..n {
+                    let row = |i: usize| kh[j * stride + i].to_f32();
+                    let want16: f32 = (0..hd).map(|i| row(i) * q[i]).sum::<f32>() * 0.125;
+                    let want32: f32 = (0..hd).map(|i| kf[j * stride + i] * q[i]).sum::<f32>() * 0.125;
+                    assert!((s16[j] - want16).abs() < 1e-5, "hd {hd} n {n} f16 score {j}: {} vs {want16}", s16[j]);
+                    assert!((s32[j] - want32).abs() < 1e-5, "hd {hd} n {n} f32 score {j}: {} vs {want32}", s32[j]);
+                }
+                for t in 0..hd {
+                    let want16 = 0.5 + (0..n).map(|j| p[j] * kh[j * stride + t].to_f32()).sum::<f32>();
+                    let want32 = 0.5 + (0..n).map(|j| p[j] * kf[j * stride + t]).sum::<f32>();
+                    assert!((o16[t] - want16).abs() < 1e-5, "hd {hd} n {n} f16 out {t}: {} vs {want16}", o16[t]);
+                    assert!((o32[t] - want32).abs() < 1e-5, "hd {hd} n {n} f32 out {t}: {} vs {want32}", o32[t]);
+                }
+            }
         }
     }
 }

@@ -1,0 +1,150 @@
+//! The f32/f16 attention loops of [`super`] in 16 lanes, for CPUs with AVX-512F.
+//!
+//! Decoding deep in a context spends most of its time here (SmolLM2 at 4,096 positions: two
+//! thirds of a token), and these loops are compute-bound, not memory-bound: a KV head's rows
+//! are read by every query head of its group while they are still in cache. Sixteen lanes
+//! halve the conversions and multiply-adds of the 8-lane forms; the logits also take four
+//! rows at a time, the query held in registers and the four dot products reduced together.
+//! Only head sizes that are multiples of 16 up to 128 come here (the callers fall back to the
+//! 8-lane forms otherwise). Rounding differs from the 8-lane forms in summation order only.
+
+use std::arch::x86_64::*;
+
+/// Whether this CPU has the instructions below and `hd` fits their register layout.
+#[inline]
+pub fn usable(hd: usize) -> bool {
+    hd.is_multiple_of(16) && hd <= 128 && is_x86_feature_detected!("avx512f")
+}
+
+/// 16 values at element `i` of a row of f16 (`F16`) or f32.
+///
+/// # Safety
+/// `p` + 16 elements at `i` must be readable.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn ld16<const F16: bool>(p: *const u8, i: usize) -> __m512 {
+    // SAFETY: forwarded.
+    unsafe {
+        if F16 {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i) as *const __m256i))
+        } else {
+            _mm512_loadu_ps((p as *const f32).add(i))
+        }
+    }
+}
+
+const fn esize(f16: bool) -> usize {
+    if f16 { 2 } else { 4 }
+}
+
+/// The sums of the lanes of a, b, c and d, in that order.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn sum4(a: __m512, b: __m512, c: __m512, d: __m512) -> [f32; 4] {
+    // 128-bit lanes: [a0+a2, a1+a3, b0+b2, b1+b3], then [a, b, c, d] one quarter each.
+    let ab = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xEE>(a, b));
+    let cd = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(c, d), _mm512_shuffle_f32x4::<0xEE>(c, d));
+    let q = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(ab, cd), _mm512_shuffle_f32x4::<0xDD>(ab, cd));
+    // Within each quarter: pairs, then the two halves.
+    let q = _mm512_add_ps(q, _mm512_permute_ps::<0x4E>(q));
+    let q = _mm512_add_ps(q, _mm512_permute_ps::<0xB1>(q));
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 f32 into a 16-element array.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), q) };
+    [lanes[0], lanes[4], lanes[8], lanes[12]]
+}
+
+/// `out[j] = scale · q · K[j]`, rows `stride` elements apart.
+///
+/// # Safety
+/// [`usable`]`(q.len())`, and every row j < out.len() has q.len() readable elements at
+/// `j·stride`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn scores<const F16: bool>(q: &[f32], k: *const u8, stride: usize, scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    let nc = hd / 16;
+    let row_bytes = stride * esize(F16);
+    // SAFETY: nc ≤ 8 chunks of 16 inside q.
+    let qv: [__m512; 8] = std::array::from_fn(|c| {
+        if c < nc { unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * c)) } } else { _mm512_setzero_ps() }
+    });
+    let n = out.len();
+    let mut j = 0;
+    // SAFETY: rows below n are readable (the caller's contract).
+    unsafe {
+        while j + 4 <= n {
+            let rows: [*const u8; 4] = std::array::from_fn(|r| k.wrapping_add((j + r) * row_bytes));
+            // Two chains per row (even and odd chunks): eight independent multiply-adds.
+            let mut even = [_mm512_setzero_ps(); 4];
+            let mut odd = [_mm512_setzero_ps(); 4];
+            let mut c = 0;
+            while c + 2 <= nc {
+                for r in 0..4 {
+                    even[r] = _mm512_fmadd_ps(ld16::<F16>(rows[r], 16 * c), qv[c], even[r]);
+                    odd[r] = _mm512_fmadd_ps(ld16::<F16>(rows[r], 16 * c + 16), qv[c + 1], odd[r]);
+                }
+                c += 2;
+            }
+            if c < nc {
+                for r in 0..4 {
+                    even[r] = _mm512_fmadd_ps(ld16::<F16>(rows[r], 16 * c), qv[c], even[r]);
+                }
+            }
+            let s: [__m512; 4] = std::array::from_fn(|r| _mm512_add_ps(even[r], odd[r]));
+            let sums = sum4(s[0], s[1], s[2], s[3]);
+            for r in 0..4 {
+                out[j + r] = sums[r] * scale;
+            }
+            j += 4;
+        }
+        while j < n {
+            let row = k.wrapping_add(j * row_bytes);
+            let mut acc = _mm512_setzero_ps();
+            for c in 0..nc {
+                acc = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c), qv[c], acc);
+            }
+            out[j] = _mm512_reduce_add_ps(acc) * scale;
+            j += 1;
+        }
+    }
+}
+
+/// `out += Σ_j p[j] · V[j][..out.len()]`, rows `stride` elements apart.
+///
+/// # Safety
+/// [`usable`]`(out.len())`, and every row j < p.len() has out.len() readable elements at
+/// `j·stride`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn weighted_sum<const F16: bool>(p: &[f32], v: *const u8, stride: usize, out: &mut [f32]) {
+    let nc = out.len() / 16;
+    let row_bytes = stride * esize(F16);
+    // The output in registers across all rows, two sets (even and odd rows) so that each
+    // register's chain of multiply-adds is half as long.
+    let mut even = [_mm512_setzero_ps(); 8];
+    let mut odd = [_mm512_setzero_ps(); 8];
+    let n = p.len();
+    let mut j = 0;
+    // SAFETY: rows below n are readable (the caller's contract); nc ≤ 8 chunks inside out.
+    unsafe {
+        while j + 2 <= n {
+            let (r0, r1) = (v.wrapping_add(j * row_bytes), v.wrapping_add((j + 1) * row_bytes));
+            let (w0, w1) = (_mm512_set1_ps(p[j]), _mm512_set1_ps(p[j + 1]));
+            for c in 0..nc {
+                even[c] = _mm512_fmadd_ps(w0, ld16::<F16>(r0, 16 * c), even[c]);
+                odd[c] = _mm512_fmadd_ps(w1, ld16::<F16>(r1, 16 * c), odd[c]);
+            }
+            j += 2;
+        }
+        if j < n {
+            let r0 = v.wrapping_add(j * row_bytes);
+            let w0 = _mm512_set1_ps(p[j]);
+            for c in 0..nc {
+                even[c] = _mm512_fmadd_ps(w0, ld16::<F16>(r0, 16 * c), even[c]);
+            }
+        }
+        for c in 0..nc {
+            let o = out.as_mut_ptr().add(16 * c);
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_add_ps(even[c], odd[c])));
+        }
+    }
+}
