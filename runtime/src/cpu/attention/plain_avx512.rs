@@ -8,6 +8,9 @@
 //! Only head sizes that are multiples of 16 up to 128 come here (the callers fall back to the
 //! 8-lane forms otherwise). Rounding differs from the 8-lane forms in summation order only.
 
+// Registers, rows and chunks are parallel arrays indexed by chunk or row.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 /// Whether this CPU has the instructions below and `hd` fits their register layout.
