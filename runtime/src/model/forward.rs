@@ -4,8 +4,9 @@
 //! * [`Model::forward_many`]: a chunk of tokens (one when decoding, a piece of a prompt
 //!   when prefilling) for each of several sessions at once, their matrix multiplications
 //!   over all rows together (the weights are read once for every sequence) and RoPE, the
-//!   K/V cache and attention per sequence, on its own session ([`Model::decode_many`]: one
-//!   token each).
+//!   K/V cache and attention per sequence, with its own settings (sessions of one shared
+//!   cache in one pass where the backend has it, [`Backend::attention_spans`])
+//!   ([`Model::decode_many`]: one token each).
 //!
 //! Only the attention step differs between the two ("attend" below).
 
@@ -213,8 +214,8 @@ impl<B: Backend> Model<B> {
     /// `sessions[i]` at its position `n_past`, and the logits of each chunk's last token come
     /// back (n_vocab each). The matrix products run over all rows together (the weights are
     /// read once per step, whatever mix of prompts and decoding sequences it holds); RoPE, the
-    /// K/V cache and attention run per sequence, on its own session, which keeps its own
-    /// cache type and run settings. The result is that of [`Model::forward`] on each session
+    /// K/V cache and attention run per sequence, each with its session's cache, positions
+    /// and run settings (slots of one shared cache in one pass on the CPU). The result is that of [`Model::forward`] on each session
     /// alone up to arithmetic order (batched matrix products round the same values in a
     /// different order). No activation probes.
     pub fn forward_many(

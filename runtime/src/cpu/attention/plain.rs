@@ -1,7 +1,9 @@
-//! Attention's inner loops over cache rows (row j of a head at `j·stride`): AVX-512 (16
-//! lanes, [`avx512`]) or AVX2 + FMA + F16C on x86-64 when the CPU has them (one dispatch per
-//! head and query row, 8 lanes, the output kept in registers, a vectorised exp), plain loops
-//! otherwise. The SIMD forms round
+//! Attention's inner loops over cache rows (row j of a head at `j·stride`): AVX2 + FMA + F16C
+//! on x86-64 when the CPU has them (one dispatch per head and query row, 8 lanes, the output
+//! kept in registers, a vectorised exp; the logits in 16 lanes with AVX-512, [`avx512`]),
+//! plain loops otherwise. A row's logit is summed in the same order wherever it sits in a
+//! run of rows, and the weighted sum runs through the rows in order, so the result does not
+//! depend on how the cache's pages split a sequence. The SIMD forms round
 //! differently (summation order; exp within 2 ulp); f32 → f16 rounds to nearest even either
 //! way.
 
@@ -92,11 +94,6 @@ pub fn softmax(s: &mut [f32]) {
 pub fn weighted_sum_f32(p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
     check(v.len(), p.len(), stride, out.len());
     #[cfg(target_arch = "x86_64")]
-    if avx512::usable(out.len()) {
-        // SAFETY: the CPU has AVX-512F and the head size fits (usable); rows checked.
-        return unsafe { avx512::weighted_sum::<false>(p, v.as_ptr() as *const u8, stride, out) };
-    }
-    #[cfg(target_arch = "x86_64")]
     if simd() {
         // SAFETY: as above.
         return unsafe { x86::weighted_sum::<false>(p, v.as_ptr() as *const u8, stride, out) };
@@ -110,11 +107,6 @@ pub fn weighted_sum_f32(p: &[f32], v: &[f32], stride: usize, out: &mut [f32]) {
 
 pub fn weighted_sum_f16(p: &[f32], v: &[f16], stride: usize, out: &mut [f32]) {
     check(v.len(), p.len(), stride, out.len());
-    #[cfg(target_arch = "x86_64")]
-    if avx512::usable(out.len()) {
-        // SAFETY: the CPU has AVX-512F and the head size fits (usable); rows checked.
-        return unsafe { avx512::weighted_sum::<true>(p, v.as_ptr() as *const u8, stride, out) };
-    }
     #[cfg(target_arch = "x86_64")]
     if simd() {
         // SAFETY: as above.
@@ -196,27 +188,90 @@ mod x86 {
     pub unsafe fn scores<const F16: bool>(q: &[f32], k: *const u8, stride: usize, scale: f32, out: &mut [f32]) {
         let hd = q.len();
         let row_bytes = stride * esize(F16);
-        for (j, o) in out.iter_mut().enumerate() {
-            let row = k.wrapping_add(j * row_bytes);
-            let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut i = 0;
-            unsafe {
-                while i + 16 <= hd {
-                    s0 = _mm256_fmadd_ps(ld8::<F16>(row, i), _mm256_loadu_ps(q.as_ptr().add(i)), s0);
-                    s1 = _mm256_fmadd_ps(ld8::<F16>(row, i + 8), _mm256_loadu_ps(q.as_ptr().add(i + 8)), s1);
-                    i += 16;
-                }
-                if i + 8 <= hd {
-                    s0 = _mm256_fmadd_ps(ld8::<F16>(row, i), _mm256_loadu_ps(q.as_ptr().add(i)), s0);
-                    i += 8;
-                }
-                let mut s = hsum(_mm256_add_ps(s0, s1));
+        if !hd.is_multiple_of(8) {
+            // A scalar tail per row: rows one at a time.
+            for (j, o) in out.iter_mut().enumerate() {
+                let row = k.wrapping_add(j * row_bytes);
+                let (s, i) = unsafe { chains::<F16>(q, row) };
+                let mut s = hsum(s);
                 for t in i..hd {
-                    s += ld1::<F16>(row, t) * q[t];
+                    s += unsafe { ld1::<F16>(row, t) } * q[t];
                 }
                 *o = s * scale;
             }
+            return;
         }
+        // Four rows at a time, each chunk of the query loaded once for all four and the four
+        // sums reduced together; the last rows alone with the same chains and reduction, so
+        // that a row's logit does not depend on where its group starts (the cache's pages
+        // split a sequence into runs, and a shared prefix must give a cold run's logits).
+        let mut j = 0;
+        while j + 4 <= out.len() {
+            let mut even = [_mm256_setzero_ps(); 4];
+            let mut odd = [_mm256_setzero_ps(); 4];
+            let rows: [*const u8; 4] = std::array::from_fn(|r| k.wrapping_add((j + r) * row_bytes));
+            let mut i = 0;
+            unsafe {
+                while i + 16 <= hd {
+                    let (qa, qb) = (_mm256_loadu_ps(q.as_ptr().add(i)), _mm256_loadu_ps(q.as_ptr().add(i + 8)));
+                    for r in 0..4 {
+                        even[r] = _mm256_fmadd_ps(ld8::<F16>(rows[r], i), qa, even[r]);
+                        odd[r] = _mm256_fmadd_ps(ld8::<F16>(rows[r], i + 8), qb, odd[r]);
+                    }
+                    i += 16;
+                }
+                if i < hd {
+                    let qa = _mm256_loadu_ps(q.as_ptr().add(i));
+                    for r in 0..4 {
+                        even[r] = _mm256_fmadd_ps(ld8::<F16>(rows[r], i), qa, even[r]);
+                    }
+                }
+            }
+            let s: [__m256; 4] = std::array::from_fn(|r| _mm256_add_ps(even[r], odd[r]));
+            let sums = _mm_mul_ps(sum4(s[0], s[1], s[2], s[3]), _mm_set1_ps(scale));
+            // SAFETY: four logits at j ≤ out.len() − 4.
+            unsafe { _mm_storeu_ps(out.as_mut_ptr().add(j), sums) };
+            j += 4;
+        }
+        for (j, o) in out.iter_mut().enumerate().skip(j) {
+            let (s, _) = unsafe { chains::<F16>(q, k.wrapping_add(j * row_bytes)) };
+            *o = _mm_cvtss_f32(sum4(s, s, s, s)) * scale;
+        }
+    }
+
+    /// One row's dot product with `q` over whole chunks of 8 in two chains (even and odd
+    /// chunks, the last odd one into the even chain), summed lane by lane; and where the
+    /// chunks end.
+    ///
+    /// # Safety
+    /// `row` must have q.len() readable elements.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chains<const F16: bool>(q: &[f32], row: *const u8) -> (__m256, usize) {
+        let hd = q.len();
+        let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        unsafe {
+            while i + 16 <= hd {
+                s0 = _mm256_fmadd_ps(ld8::<F16>(row, i), _mm256_loadu_ps(q.as_ptr().add(i)), s0);
+                s1 = _mm256_fmadd_ps(ld8::<F16>(row, i + 8), _mm256_loadu_ps(q.as_ptr().add(i + 8)), s1);
+                i += 16;
+            }
+            if i + 8 <= hd {
+                s0 = _mm256_fmadd_ps(ld8::<F16>(row, i), _mm256_loadu_ps(q.as_ptr().add(i)), s0);
+                i += 8;
+            }
+        }
+        (_mm256_add_ps(s0, s1), i)
+    }
+
+    /// The sums of the lanes of a, b, c and d, in that order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn sum4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+        // [a b c d | a b c d], each the sum of two lane pairs of its half, then the halves.
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -344,13 +399,13 @@ mod tests {
         }
     }
 
-    /// The 16-lane forms against plain loops: every head size they take (16 to 128), row
-    /// counts around their groups of four and two (0 to 9, 37), f16 and f32 rows.
+    /// The 16-lane logits against plain loops: every head size they take (16 to 128), row
+    /// counts around their groups of four (0 to 9, 37), f16 and f32 rows.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn avx512_forms_match_plain_loops() {
+    fn avx512_logits_match_plain_loops() {
         if !avx512::usable(64) {
-            duet_test_support::skip("avx512_forms_match_plain_loops", "this CPU has no AVX-512F");
+            duet_test_support::skip("avx512_logits_match_plain_loops", "this CPU has no AVX-512F");
             return;
         }
         for hd in (16..=128).step_by(16) {
@@ -359,29 +414,60 @@ mod tests {
                 let q: Vec<f32> = (0..hd).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
                 let kf: Vec<f32> = (0..n * stride).map(|i| ((i * 11 % 17) as f32 - 8.0) * 0.05).collect();
                 let kh: Vec<f16> = kf.iter().map(|&v| f16::from_f32(v)).collect();
-                let p: Vec<f32> = (0..n).map(|j| 0.01 + (j % 5) as f32 * 0.02).collect();
                 let (mut s16, mut s32) = (vec![f32::NAN; n], vec![f32::NAN; n]);
-                let (mut o16, mut o32) = (vec![0.5f32; hd], vec![0.5f32; hd]);
                 // SAFETY: usable(hd) checked above for this CPU; all rows are in bounds.
                 unsafe {
                     avx512::scores::<true>(&q, kh.as_ptr() as *const u8, stride, 0.125, &mut s16);
                     avx512::scores::<false>(&q, kf.as_ptr() as *const u8, stride, 0.125, &mut s32);
-                    avx512::weighted_sum::<true>(&p, kh.as_ptr() as *const u8, stride, &mut o16);
-                    avx512::weighted_sum::<false>(&p, kf.as_ptr() as *const u8, stride, &mut o32);
                 }
                 for j in 0..n {
-                    let row = |i: usize| kh[j * stride + i].to_f32();
-                    let want16: f32 = (0..hd).map(|i| row(i) * q[i]).sum::<f32>() * 0.125;
+                    let want16: f32 = (0..hd).map(|i| kh[j * stride + i].to_f32() * q[i]).sum::<f32>() * 0.125;
                     let want32: f32 = (0..hd).map(|i| kf[j * stride + i] * q[i]).sum::<f32>() * 0.125;
                     assert!((s16[j] - want16).abs() < 1e-5, "hd {hd} n {n} f16 score {j}: {} vs {want16}", s16[j]);
                     assert!((s32[j] - want32).abs() < 1e-5, "hd {hd} n {n} f32 score {j}: {} vs {want32}", s32[j]);
                 }
-                for t in 0..hd {
-                    let want16 = 0.5 + (0..n).map(|j| p[j] * kh[j * stride + t].to_f32()).sum::<f32>();
-                    let want32 = 0.5 + (0..n).map(|j| p[j] * kf[j * stride + t]).sum::<f32>();
-                    assert!((o16[t] - want16).abs() < 1e-5, "hd {hd} n {n} f16 out {t}: {} vs {want16}", o16[t]);
-                    assert!((o32[t] - want32).abs() < 1e-5, "hd {hd} n {n} f32 out {t}: {} vs {want32}", o32[t]);
+            }
+        }
+    }
+
+    /// A row's logit is the same bits whether the row is the first, a middle or the last of
+    /// the rows handed over at once (the cache's pages cut a sequence into runs wherever
+    /// its pages lie): all 37 rows at once against every split into two runs, for the AVX2
+    /// form (head sizes with and without a scalar tail) and the AVX-512 form.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn logits_do_not_depend_on_where_a_run_starts() {
+        if !simd() {
+            duet_test_support::skip("logits_do_not_depend_on_where_a_run_starts", "this CPU has no AVX2/FMA/F16C");
+            return;
+        }
+        type Form = unsafe fn(&[f32], *const u8, usize, f32, &mut [f32]);
+        let mut forms: Vec<(&str, Form, usize)> =
+            vec![("avx2", x86::scores::<true>, 64), ("avx2", x86::scores::<true>, 72)];
+        if avx512::usable(64) {
+            forms.push(("avx512", avx512::scores::<true>, 64));
+        }
+        let n = 37;
+        for (name, form, hd) in forms {
+            let stride = hd + 8;
+            let q: Vec<f32> = (0..hd).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.13).collect();
+            let k: Vec<f16> = (0..n * stride).map(|i| f16::from_f32(((i * 13 % 19) as f32 - 9.0) * 0.07)).collect();
+            let base = k.as_ptr() as *const u8;
+            let mut whole = vec![0f32; n];
+            // SAFETY: the CPU has the form's features (checked above); rows in bounds.
+            unsafe { form(&q, base, stride, 0.3, &mut whole) };
+            for cut in 1..n {
+                let mut split = vec![0f32; n];
+                let (a, b) = split.split_at_mut(cut);
+                // SAFETY: as above; the second run starts at row `cut`.
+                unsafe {
+                    form(&q, base, stride, 0.3, a);
+                    form(&q, base.add(2 * cut * stride), stride, 0.3, b);
                 }
+                assert!(
+                    whole.iter().zip(&split).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{name} hd {hd}: runs cut at row {cut} change a logit"
+                );
             }
         }
     }

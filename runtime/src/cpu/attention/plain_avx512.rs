@@ -1,12 +1,18 @@
 //! The f32/f16 attention loops of [`super`] in 16 lanes, for CPUs with AVX-512F.
 //!
-//! Decoding deep in a context spends most of its time here (SmolLM2 at 4,096 positions: two
-//! thirds of a token), and these loops are compute-bound, not memory-bound: a KV head's rows
-//! are read by every query head of its group while they are still in cache. Sixteen lanes
-//! halve the conversions and multiply-adds of the 8-lane forms; the logits also take four
-//! rows at a time, the query held in registers and the four dot products reduced together.
-//! Only head sizes that are multiples of 16 up to 128 come here (the callers fall back to the
-//! 8-lane forms otherwise). Rounding differs from the 8-lane forms in summation order only.
+//! The attention logits `scale · q · K[j]` of [`super`] in 16 lanes, for CPUs with AVX-512F.
+//!
+//! Decoding deep in a context spends most of its time in attention (SmolLM2 at 4,096
+//! positions: two thirds of a token), and its logits are compute-bound, not memory-bound: a
+//! KV head's rows are read by every query head of its group while they are still in cache.
+//! Sixteen lanes halve the conversions and multiply-adds of the 8-lane form; rows go four at
+//! a time, the query held in registers and the four dot products reduced together. Every row
+//! is summed in the same order whether it falls in a group of four or not, so a logit does
+//! not depend on where the cache's pages split a sequence. Only head sizes that are
+//! multiples of 16 up to 128 come here (the callers fall back to the 8-lane form otherwise).
+//! (The weighted sum of values stays 8-lane: its chains of multiply-adds run through every
+//! row in order, which keeps it independent of the pages too, and on a CPU that splits a
+//! 512-bit multiply-add in two, 16 lanes gain nothing there.)
 
 // Registers, rows and chunks are parallel arrays indexed by chunk or row.
 #![allow(clippy::needless_range_loop)]
@@ -14,9 +20,15 @@
 use std::arch::x86_64::*;
 
 /// Whether this CPU has the instructions below and `hd` fits their register layout.
+/// `DUET_ATTN_SIMD=avx2` keeps to the 8-lane forms (to measure or test them on such a CPU).
 #[inline]
 pub fn usable(hd: usize) -> bool {
-    hd.is_multiple_of(16) && hd <= 128 && is_x86_feature_detected!("avx512f")
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    hd.is_multiple_of(16)
+        && hd <= 128
+        && *ON.get_or_init(|| {
+            is_x86_feature_detected!("avx512f") && std::env::var("DUET_ATTN_SIMD").map_or(true, |v| v != "avx2")
+        })
 }
 
 /// 16 values at element `i` of a row of f16 (`F16`) or f32.
@@ -100,54 +112,24 @@ pub unsafe fn scores<const F16: bool>(q: &[f32], k: *const u8, stride: usize, sc
             }
             j += 4;
         }
+        // The last rows alone, with the same chains and reduction as in a group of four, so
+        // that a row's logit does not depend on where its group starts (the cache's pages
+        // split a sequence into runs, and a shared prefix must give a cold run's logits).
         while j < n {
             let row = k.wrapping_add(j * row_bytes);
-            let mut acc = _mm512_setzero_ps();
-            for c in 0..nc {
-                acc = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c), qv[c], acc);
+            let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut c = 0;
+            while c + 2 <= nc {
+                even = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c), qv[c], even);
+                odd = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c + 16), qv[c + 1], odd);
+                c += 2;
             }
-            out[j] = _mm512_reduce_add_ps(acc) * scale;
+            if c < nc {
+                even = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c), qv[c], even);
+            }
+            let s = _mm512_add_ps(even, odd);
+            out[j] = sum4(s, s, s, s)[0] * scale;
             j += 1;
-        }
-    }
-}
-
-/// `out += Σ_j p[j] · V[j][..out.len()]`, rows `stride` elements apart.
-///
-/// # Safety
-/// [`usable`]`(out.len())`, and every row j < p.len() has out.len() readable elements at
-/// `j·stride`.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn weighted_sum<const F16: bool>(p: &[f32], v: *const u8, stride: usize, out: &mut [f32]) {
-    let nc = out.len() / 16;
-    let row_bytes = stride * esize(F16);
-    // The output in registers across all rows, two sets (even and odd rows) so that each
-    // register's chain of multiply-adds is half as long.
-    let mut even = [_mm512_setzero_ps(); 8];
-    let mut odd = [_mm512_setzero_ps(); 8];
-    let n = p.len();
-    let mut j = 0;
-    // SAFETY: rows below n are readable (the caller's contract); nc ≤ 8 chunks inside out.
-    unsafe {
-        while j + 2 <= n {
-            let (r0, r1) = (v.wrapping_add(j * row_bytes), v.wrapping_add((j + 1) * row_bytes));
-            let (w0, w1) = (_mm512_set1_ps(p[j]), _mm512_set1_ps(p[j + 1]));
-            for c in 0..nc {
-                even[c] = _mm512_fmadd_ps(w0, ld16::<F16>(r0, 16 * c), even[c]);
-                odd[c] = _mm512_fmadd_ps(w1, ld16::<F16>(r1, 16 * c), odd[c]);
-            }
-            j += 2;
-        }
-        if j < n {
-            let r0 = v.wrapping_add(j * row_bytes);
-            let w0 = _mm512_set1_ps(p[j]);
-            for c in 0..nc {
-                even[c] = _mm512_fmadd_ps(w0, ld16::<F16>(r0, 16 * c), even[c]);
-            }
-        }
-        for c in 0..nc {
-            let o = out.as_mut_ptr().add(16 * c);
-            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_add_ps(even[c], odd[c])));
         }
     }
 }
