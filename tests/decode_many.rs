@@ -59,12 +59,18 @@ fn session_of<B: Backend>(
     vt: CacheType,
     lq: Option<(u32, LogitGranularity)>,
 ) -> Session<B> {
-    // A format the model's head size cannot use becomes the nearest one that it can.
-    let mut spec = m.cache_spec(128, kt, vt);
-    spec.resolve();
-    let mut s = m.new_session(b, 128, 64, spec.k_type, spec.v_type).unwrap();
+    let (kt, vt) = resolved(m, kt, vt);
+    let mut s = m.new_session(b, 128, 64, kt, vt).unwrap();
     m.set_logit_quant(&mut s, lq).unwrap();
     s
+}
+
+/// The cache types a session of this model gets for (kt, vt): a format the model's head size
+/// cannot use becomes the nearest one that it can.
+fn resolved<B: Backend>(m: &Model<B>, kt: CacheType, vt: CacheType) -> (CacheType, CacheType) {
+    let mut spec = m.cache_spec(128, kt, vt);
+    spec.resolve();
+    (spec.k_type, spec.v_type)
 }
 
 /// Where each sequence keeps its K/V: a cache of its own with its SETTINGS, or slots of one
@@ -89,9 +95,8 @@ impl Caches {
         match self {
             Caches::Own => (0..n).map(|i| session(b, m, i)).collect(),
             Caches::One(kt, vt) => {
-                let mut spec = m.cache_spec(128, kt, vt);
-                spec.resolve();
-                let mut all = m.new_sessions(b, n, 128, 64, spec.k_type, spec.v_type).unwrap();
+                let (kt, vt) = resolved(m, kt, vt);
+                let mut all = m.new_sessions(b, n, 128, 64, kt, vt).unwrap();
                 for (s, set) in all.iter_mut().zip(SETTINGS) {
                     m.set_logit_quant(s, set.2).unwrap();
                 }

@@ -228,9 +228,7 @@ impl Backend for CpuBackend {
     fn rope(&mut self, x: &mut CpuTensor, n_heads: usize, head_dim: usize, pos0: usize, rope: &RopeSpec) {
         let thetas = self.thetas(rope).to_vec();
         let cols = x.cols;
-        for (r, row) in x.view_mut().chunks_exact_mut(cols).enumerate() {
-            ops::rope_row(row, n_heads, head_dim, pos0 + r, &thetas, rope.freq_scale);
-        }
+        ops::rope_rows(x.view_mut(), cols, n_heads, head_dim, pos0, &thetas, rope.freq_scale);
     }
 
     fn attention(
@@ -272,13 +270,10 @@ impl Backend for CpuBackend {
         let (q_cols, kv_cols) = (q.cols, k.cols);
         for s in spans {
             let rows = s.first..s.first + s.rows;
-            for (i, row) in q.view_mut()[rows.start * q_cols..rows.end * q_cols].chunks_exact_mut(q_cols).enumerate() {
-                ops::rope_row(row, q_cols / hd, hd, s.pos0 + i, &thetas, rope.freq_scale);
-            }
+            let qr = &mut q.view_mut()[rows.start * q_cols..rows.end * q_cols];
+            ops::rope_rows(qr, q_cols, q_cols / hd, hd, s.pos0, &thetas, rope.freq_scale);
             let kr = &mut k.view_mut()[rows.start * kv_cols..rows.end * kv_cols];
-            for (i, row) in kr.chunks_exact_mut(kv_cols).enumerate() {
-                ops::rope_row(row, kv_cols / hd, hd, s.pos0 + i, &thetas, rope.freq_scale);
-            }
+            ops::rope_rows(kr, kv_cols, kv_cols / hd, hd, s.pos0, &thetas, rope.freq_scale);
             let vr = &v.view()[rows.start * kv_cols..rows.end * kv_cols];
             cache.store(&s.seq, layer, s.pos0, kr, vr);
         }

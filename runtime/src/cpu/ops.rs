@@ -38,6 +38,22 @@ pub fn rope_row(x: &mut [f32], n_heads: usize, head_dim: usize, pos: usize, thet
     }
 }
 
+/// [`rope_row`] on each row of `rows` (`cols` wide), row r at position pos0 + r.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_rows(
+    rows: &mut [f32],
+    cols: usize,
+    n_heads: usize,
+    head_dim: usize,
+    pos0: usize,
+    thetas: &[f32],
+    freq_scale: f32,
+) {
+    for (r, row) in rows.chunks_exact_mut(cols).enumerate() {
+        rope_row(row, n_heads, head_dim, pos0 + r, thetas, freq_scale);
+    }
+}
+
 /// The angular frequency of every rotated pair.
 pub fn rope_thetas(rope: &RopeSpec) -> Vec<f32> {
     (0..rope.n_rot / 2).map(|i| rope.theta(i)).collect()

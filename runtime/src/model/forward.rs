@@ -215,9 +215,9 @@ impl<B: Backend> Model<B> {
     /// back (n_vocab each). The matrix products run over all rows together (the weights are
     /// read once per step, whatever mix of prompts and decoding sequences it holds); RoPE, the
     /// K/V cache and attention run per sequence, each with its session's cache, positions
-    /// and run settings (slots of one shared cache in one pass on the CPU). The result is that of [`Model::forward`] on each session
-    /// alone up to arithmetic order (batched matrix products round the same values in a
-    /// different order). No activation probes.
+    /// and run settings (slots of one shared cache in one pass on the CPU). The result is
+    /// that of [`Model::forward`] on each session alone up to arithmetic order (batched
+    /// matrix products round the same values in a different order). No activation probes.
     pub fn forward_many(
         &self,
         b: &mut B,

@@ -31,6 +31,12 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
     }
 }
 
+/// Bytes per element of an f16 (`true`) or f32 row.
+#[cfg(target_arch = "x86_64")]
+const fn esize(f16: bool) -> usize {
+    if f16 { 2 } else { 4 }
+}
+
 /// Rows `stride` apart of which the first `hd` values are read, `n` rows.
 fn check(len: usize, n: usize, stride: usize, hd: usize) {
     assert!(n == 0 || (n - 1) * stride + hd <= len, "attention rows out of the cache");
@@ -127,6 +133,7 @@ mod x86 {
 
     use half::f16;
 
+    use super::esize;
     use crate::cpu::simd::{exp, hsum};
 
     /// 8 values at element `i` of a row of f16 (`F16`) or f32.
@@ -160,10 +167,6 @@ mod x86 {
                 *(p as *const f32).add(i)
             }
         }
-    }
-
-    const fn esize(f16: bool) -> usize {
-        if f16 { 2 } else { 4 }
     }
 
     // SAFETY (all below): the callers checked that every row j < n has `hd` readable

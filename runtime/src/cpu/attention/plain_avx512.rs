@@ -1,5 +1,3 @@
-//! The f32/f16 attention loops of [`super`] in 16 lanes, for CPUs with AVX-512F.
-//!
 //! The attention logits `scale · q · K[j]` of [`super`] in 16 lanes, for CPUs with AVX-512F.
 //!
 //! Decoding deep in a context spends most of its time in attention (SmolLM2 at 4,096
@@ -48,9 +46,7 @@ unsafe fn ld16<const F16: bool>(p: *const u8, i: usize) -> __m512 {
     }
 }
 
-const fn esize(f16: bool) -> usize {
-    if f16 { 2 } else { 4 }
-}
+use super::esize;
 
 /// The sums of the lanes of a, b, c and d, in that order.
 #[inline]
@@ -88,24 +84,13 @@ pub unsafe fn scores<const F16: bool>(q: &[f32], k: *const u8, stride: usize, sc
     // SAFETY: rows below n are readable (the caller's contract).
     unsafe {
         while j + 4 <= n {
-            let rows: [*const u8; 4] = std::array::from_fn(|r| k.wrapping_add((j + r) * row_bytes));
-            // Two chains per row (even and odd chunks): eight independent multiply-adds.
-            let mut even = [_mm512_setzero_ps(); 4];
-            let mut odd = [_mm512_setzero_ps(); 4];
-            let mut c = 0;
-            while c + 2 <= nc {
-                for r in 0..4 {
-                    even[r] = _mm512_fmadd_ps(ld16::<F16>(rows[r], 16 * c), qv[c], even[r]);
-                    odd[r] = _mm512_fmadd_ps(ld16::<F16>(rows[r], 16 * c + 16), qv[c + 1], odd[r]);
-                }
-                c += 2;
-            }
-            if c < nc {
-                for r in 0..4 {
-                    even[r] = _mm512_fmadd_ps(ld16::<F16>(rows[r], 16 * c), qv[c], even[r]);
-                }
-            }
-            let s: [__m512; 4] = std::array::from_fn(|r| _mm512_add_ps(even[r], odd[r]));
+            let row = |r: usize| k.wrapping_add((j + r) * row_bytes);
+            let s = [
+                row_sum::<F16>(row(0), &qv, nc),
+                row_sum::<F16>(row(1), &qv, nc),
+                row_sum::<F16>(row(2), &qv, nc),
+                row_sum::<F16>(row(3), &qv, nc),
+            ];
             let sums = sum4(s[0], s[1], s[2], s[3]);
             for r in 0..4 {
                 out[j + r] = sums[r] * scale;
@@ -116,20 +101,34 @@ pub unsafe fn scores<const F16: bool>(q: &[f32], k: *const u8, stride: usize, sc
         // that a row's logit does not depend on where its group starts (the cache's pages
         // split a sequence into runs, and a shared prefix must give a cold run's logits).
         while j < n {
-            let row = k.wrapping_add(j * row_bytes);
-            let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-            let mut c = 0;
-            while c + 2 <= nc {
-                even = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c), qv[c], even);
-                odd = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c + 16), qv[c + 1], odd);
-                c += 2;
-            }
-            if c < nc {
-                even = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c), qv[c], even);
-            }
-            let s = _mm512_add_ps(even, odd);
+            let s = row_sum::<F16>(k.wrapping_add(j * row_bytes), &qv, nc);
             out[j] = sum4(s, s, s, s)[0] * scale;
             j += 1;
         }
     }
+}
+
+/// One row's products with the query (`nc` chunks of 16 in `qv`) in two chains, even and odd
+/// chunks (the last odd one into the even chain), added lane by lane. The rows of a group of
+/// four are independent chains that the CPU overlaps.
+///
+/// # Safety
+/// `row` must have 16·nc readable elements.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_sum<const F16: bool>(row: *const u8, qv: &[__m512; 8], nc: usize) -> __m512 {
+    let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut c = 0;
+    // SAFETY: forwarded.
+    unsafe {
+        while c + 2 <= nc {
+            even = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c), qv[c], even);
+            odd = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c + 16), qv[c + 1], odd);
+            c += 2;
+        }
+        if c < nc {
+            even = _mm512_fmadd_ps(ld16::<F16>(row, 16 * c), qv[c], even);
+        }
+    }
+    _mm512_add_ps(even, odd)
 }
