@@ -1,8 +1,8 @@
 //! The bundled reference models (models/, see models/README.md) against transformers.
 //!
-//! `models/reference_logits.py` wrote `models/{llama,diff}-ref/reference.logits`: transformers'
-//! logits, float32 arithmetic on the stored bf16 weights, at every position of 64 held-out
-//! tokens. Here each checkpoint is converted by the converter (F32, which holds bf16 exactly,
+//! `models/reference_logits.py` wrote `models/{llama,diff,diffv2}-ref/reference.logits`:
+//! transformers' logits (DIFF V2: `models/diff_v2.py`), float32 arithmetic on the stored bf16
+//! weights, at every position of 64 held-out tokens. Here each checkpoint is converted by the converter (F32, which holds bf16 exactly,
 //! and Q8_0) and run by the CPU backend, and the committed chat model
 //! `models/duet-diff-ref.q8_0.gguf` is run as it is. The bounds are the fixtures' of
 //! tests/model_logits.rs (the constants in tests/common): F32 within 1e-3 of every logit;
@@ -53,7 +53,7 @@ fn q8_within_bounds(what: &str, s: &Stats) {
 
 #[test]
 fn conversions_match_transformers() {
-    for name in ["llama-ref", "diff-ref"] {
+    for name in ["llama-ref", "diff-ref", "diffv2-ref"] {
         let Some((dir, reference)) = reference("conversions_match_transformers", name) else { continue };
         let f32 = convert_dir(&dir, Preset::F32, false);
         let s = measure(&format!("{name} F32"), &f32, &reference);
