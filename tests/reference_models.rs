@@ -2,11 +2,11 @@
 //!
 //! `models/reference_logits.py` wrote `models/{llama,diff,diffv2}-ref/reference.logits`:
 //! transformers' logits (DIFF V2: `models/diff_v2.py`), float32 arithmetic on the stored bf16
-//! weights, at every position of 64 held-out tokens. Here each checkpoint is converted by the converter (F32, which holds bf16 exactly,
-//! and Q8_0) and run by the CPU backend, and the committed chat model
-//! `models/duet-diff-ref.q8_0.gguf` is run as it is. The bounds are the fixtures' of
-//! tests/model_logits.rs (the constants in tests/common): F32 within 1e-3 of every logit;
-//! Q8_0 mean KL ≤ 5e-3 and top-1 agreement ≥ 90%.
+//! weights, at every position of 64 held-out tokens. Here each checkpoint is converted by the
+//! converter (F32, which holds bf16 exactly, and Q8_0) and run by the CPU backend, and the
+//! committed chat model `models/duet-diff-ref.q8_0.gguf` is run as it is. The bounds are the
+//! fixtures' of tests/model_logits.rs (the constants in tests/common): F32 within 1e-3 of
+//! every logit; Q8_0 mean KL ≤ 5e-3 and top-1 agreement ≥ 90%.
 //!
 //! `DUET_REF_MODELS=DIR` checks another export (e.g. `OUT=DIR models/make_models.sh --preset
 //! tiny`) instead of models/.

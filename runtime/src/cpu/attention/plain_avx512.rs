@@ -17,6 +17,8 @@
 
 use std::arch::x86_64::*;
 
+use super::esize;
+
 /// Whether this CPU has the instructions below and `hd` fits their register layout.
 /// `DUET_ATTN_SIMD=avx2` keeps to the 8-lane forms (to measure or test them on such a CPU).
 #[inline]
@@ -45,8 +47,6 @@ unsafe fn ld16<const F16: bool>(p: *const u8, i: usize) -> __m512 {
         }
     }
 }
-
-use super::esize;
 
 /// The sums of the lanes of a, b, c and d, in that order.
 #[inline]
