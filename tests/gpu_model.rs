@@ -273,6 +273,47 @@ fn no_pipeline_or_layout_after_first_token() {
     let _ = std::fs::remove_file(&path);
 }
 
+/// `GpuOptions::profile` times every dispatch and changes nothing: the logits of a prefill
+/// and 8 decoded tokens are bit-identical with and without it, and one decoded token's
+/// kernel calls are the model's (2 norms per layer and the final one, one embedding row,
+/// one K/V write per layer for each of K and V).
+#[test]
+fn kernel_profile_times_every_dispatch() {
+    let test = "kernel_profile_times_every_dispatch";
+    let Some(mut plain) = gpu(test, false) else { return };
+    let mut timed = match GpuBackend::new(&GpuOptions { f16: Some(false), profile: true, ..Default::default() }) {
+        Ok(b) => b,
+        Err(e) => {
+            no_gpu(test, &format!("no adapter with timestamp queries inside passes ({e})"));
+            return;
+        }
+    };
+    let path = convert("llama-gqa", Preset::Q8_0, false);
+    let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 200).collect();
+    let want = logits_with(&mut plain, &path, &tokens, 16, CacheType::F16, CacheType::F16, None);
+    let got = logits_with(&mut timed, &path, &tokens, 16, CacheType::F16, CacheType::F16, None);
+    assert!(want == got, "profiling changed the logits");
+    assert!(plain.take_kernel_times().is_none(), "an unprofiled backend has no kernel times");
+
+    let model = Model::load(&mut timed, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    let mut s = model.new_session(&mut timed, 64, 16, CacheType::F16, CacheType::F16).unwrap();
+    model.forward(&mut timed, &mut s, &tokens[..16], Logits::Last).unwrap();
+    timed.take_kernel_times();
+    model.forward(&mut timed, &mut s, &tokens[16..17], Logits::Last).unwrap();
+    let times = timed.take_kernel_times().unwrap();
+    eprintln!("{test}: {times:?}");
+    let calls = |prefix: &str| times.iter().filter(|t| t.kernel.starts_with(prefix)).map(|t| t.calls).sum::<u64>();
+    let layers = model.config.n_layers as u64;
+    assert_eq!(calls("rms_norm"), 2 * layers + 1, "{times:?}");
+    assert_eq!(calls("embed-"), 1, "{times:?}");
+    assert_eq!(calls("kv_write-"), 2 * layers, "{times:?}");
+    assert_eq!(calls("attention-"), layers, "{times:?}");
+    assert!(calls("matvec-") >= 7 * layers + 1, "q, k, v, o, gate, up, down per layer and the output: {times:?}");
+    assert!(times.iter().all(|t| t.seconds >= 0.0) && times.iter().any(|t| t.seconds > 0.0), "{times:?}");
+    assert!(timed.take_kernel_times().unwrap().is_empty(), "take starts afresh");
+    let _ = std::fs::remove_file(&path);
+}
+
 /// Parses "mean X over N positions; top-1 agreement Y%" from `duet perplexity --kl-base`.
 fn parse_kl(out: &str) -> (f64, f64) {
     let line = out.lines().find(|l| l.starts_with("KL divergence")).unwrap_or_else(|| panic!("no KL line in:\n{out}"));
@@ -404,6 +445,9 @@ fn cli_device_flag_run_and_bench() {
     let (so, _) = duet(&["bench", "-p", "16", "-n", "4", "-r", "1", "--device", "gpu"]);
     assert!(so.contains("| pp16 |") && so.contains("| tg4 |") && so.contains("GPU "), "{so}");
     eprintln!("{so}");
+    let (so, _) = duet(&["bench", "-p", "16", "-n", "4", "-r", "1", "--device", "gpu", "--gpu-profile"]);
+    assert!(so.contains("GPU time of pp16: ") && so.contains("GPU time of tg4: "), "{so}");
+    assert!(so.contains("| matmul-Q8_0") && so.contains("| matvec-Q8_0") && so.contains("| attention-"), "{so}");
     let (_, se) = duet(&["run", "-p", "hello", "-n", "2", "--temp", "0"]);
     if hardware {
         assert!(se.contains("GPU adapter: "), "{se}");

@@ -6,6 +6,8 @@
 #   bench_llama_cpp T... -> the bin/ folder of a llama.cpp CPU build of targets T (e.g.
 #                           llama-bench, llama-perplexity, llama-server; from the
 #                           PyPI sdist of llama-cpp-python 0.3.36, llama.cpp 0c1e57098)
+#   bench_llama_build DIR T... -> the same with the cmake flags in LLAMA_FLAGS, in DIR
+#                           (runtime/bench/gpu_speed.sh builds the Vulkan backend so)
 #   bench_machine        -> prints the CPU model, its SIMD flags and the core count
 #   bench_duet NAME      -> path of a copy of a fresh release build of duet, so that a
 #                           rebuild while a benchmark runs cannot change what it measures
@@ -78,13 +80,13 @@ PY
   echo "$txt"
 }
 
-bench_llama_cpp() {
+# Sets LLAMA_SRC (the llama.cpp tree of the pinned sdist, unpacked) and LLAMA_CMAKE.
+bench_llama_src() {
   local work=$BENCH/llama.cpp
   local sdist=$work/llama_cpp_python-0.3.36.tar.gz
-  local src=$work/llama_cpp_python-0.3.36/vendor/llama.cpp
-  local build=$work/build-cpu
+  LLAMA_SRC=$work/llama_cpp_python-0.3.36/vendor/llama.cpp
   mkdir -p "$work"
-  if [ ! -d "$src" ]; then
+  if [ ! -d "$LLAMA_SRC" ]; then
     if [ ! -s "$sdist" ]; then
       bench_say "fetching the llama-cpp-python 0.3.36 sdist (llama.cpp 0c1e57098, 77 MB)"
       python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
@@ -93,23 +95,34 @@ bench_llama_cpp() {
     bench_verify "$sdist" 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
     tar -xzf "$sdist" -C "$work"
   fi
-  local cmake
-  cmake=$(command -v cmake || true)
-  if [ -z "$cmake" ]; then
+  LLAMA_CMAKE=$(command -v cmake || true)
+  if [ -z "$LLAMA_CMAKE" ]; then
     [ -x "$work/venv/bin/cmake" ] || { python3 -m venv "$work/venv" && "$work/venv/bin/pip" install -q cmake >&2; }
-    cmake=$work/venv/bin/cmake
+    LLAMA_CMAKE=$work/venv/bin/cmake
   fi
-  local missing=0 t
+}
+
+# Builds targets "$@" of llama.cpp in build folder $1 (under target/bench/llama.cpp) with
+# the cmake flags in the array LLAMA_FLAGS, unless they are there; prints the bin/ folder.
+bench_llama_build() {
+  local build=$BENCH/llama.cpp/$1 missing=0 t
+  shift
+  bench_llama_src || return 1
   for t in "$@"; do [ -x "$build/bin/$t" ] || missing=1; done
   if [ "$missing" = 1 ]; then
     bench_say "building llama.cpp ($*) in $build — several minutes on 2 cores"
-    "$cmake" -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-      -DLLAMA_OPENSSL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF >"$work/cmake.log" 2>&1 || { tail -30 "$work/cmake.log" >&2; return 1; }
-    "$cmake" --build "$build" -j "$(nproc)" --target "$@" >"$work/build.log" 2>&1 \
-      || { tail -30 "$work/build.log" >&2; return 1; }
+    "$LLAMA_CMAKE" -S "$LLAMA_SRC" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF "${LLAMA_FLAGS[@]}" \
+      >"$build.cmake.log" 2>&1 || { tail -30 "$build.cmake.log" >&2; return 1; }
+    "$LLAMA_CMAKE" --build "$build" -j "$(nproc)" --target "$@" >"$build.build.log" 2>&1 \
+      || { tail -30 "$build.build.log" >&2; return 1; }
   fi
   echo "$build/bin"
+}
+
+bench_llama_cpp() {
+  LLAMA_FLAGS=(-DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF)
+  bench_llama_build build-cpu "$@"
 }
 
 bench_machine() {

@@ -181,6 +181,11 @@ pub trait Backend {
 
     /// A one-line description (device name, threads, kernel set).
     fn describe(&self) -> String;
+    /// Each kernel's device time since the last call, longest first, where the backend
+    /// times its kernels (the GPU with [`crate::gpu::GpuOptions::profile`]); else None.
+    fn take_kernel_times(&mut self) -> Option<Vec<crate::gpu::profile::KernelTime>> {
+        None
+    }
     /// The largest tensor `new_tensor` can make, in bytes (None: no limit but memory).
     fn max_tensor_bytes(&self) -> Option<u64> {
         None

@@ -12,6 +12,7 @@ use anyhow::Result;
 use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::Engine;
+use duet_runtime::gpu::profile::KernelTime;
 use duet_runtime::model::Logits;
 
 use super::common::{ModelArgs, load_engine, require_model, with_engine};
@@ -42,6 +43,11 @@ pub struct Args {
     /// of 5), the ceiling of the decode rows' weight streaming rate
     #[arg(long)]
     pub bandwidth: bool,
+    /// Time every GPU kernel (timestamp queries) and print, after each test, where its GPU
+    /// time went: each kernel's calls and microseconds per token and share of the test. Each
+    /// submission is waited for, so the t/s of a profiled run are lower than without
+    #[arg(long)]
+    pub gpu_profile: bool,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -61,6 +67,12 @@ pub fn run(args: Args) -> Result<()> {
         model_args.ctx_size = longest.max(16);
     }
     model_args.batch_size = model_args.batch_size.max(args.n_prompt.iter().copied().max().unwrap_or(1));
+    if args.gpu_profile {
+        if model_args.device == super::common::Device::Cpu {
+            anyhow::bail!("--gpu-profile times GPU kernels: use it with --device gpu or auto");
+        }
+        model_args.gpu_profile = true;
+    }
     let mut engine = load_engine(&model_args, &path, false)?;
     with_engine!(engine, e => bench(e, &args, &path, longest))
 }
@@ -97,13 +109,15 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
     tests.extend(args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true)));
     let streams = if args.parallel > 1 { format!(" ×{}", args.parallel) } else { String::new() };
     tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}{streams}"), n, false)));
+    let mut profiles = Vec::new();
     for (label, n, prompt) in tests {
         let label = if args.depth > 0 { format!("{label} @ d{}", args.depth) } else { label };
         let parallel = !prompt && args.parallel > 1;
+        let mut profile = KernelTally::default();
         let mut rates = if parallel {
             decode_parallel(engine, args, &tokens, n)?
         } else {
-            timed_runs(engine, args, &tokens, n, prompt)?
+            timed_runs(engine, args, &tokens, n, prompt, &mut profile)?
         };
         let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
         let med = median(&mut rates);
@@ -119,6 +133,13 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
             human_bytes(kv.bytes() as u64),
             kv.bytes() as f64 / f16_kv.bytes() as f64
         );
+        if args.gpu_profile && !parallel {
+            profiles.push((label, profile, args.reps * n));
+        }
+    }
+    // After the table, so that it stays one table.
+    for (label, mut profile, tokens) in profiles {
+        profile.print(&label, tokens);
     }
     if args.bandwidth {
         let threads = if args.model.threads == 0 { duet_runtime::cpu::default_threads() } else { args.model.threads };
@@ -138,6 +159,7 @@ fn timed_runs<B: Backend>(
     tokens: &[u32],
     n: usize,
     prompt: bool,
+    profile: &mut KernelTally,
 ) -> Result<Vec<f64>> {
     let mut rates = Vec::with_capacity(args.reps);
     for rep in 0..=args.reps {
@@ -145,6 +167,8 @@ fn timed_runs<B: Backend>(
         if args.depth > 0 {
             engine.model.forward(&mut engine.backend, &mut engine.session, &tokens[..args.depth], Logits::Last)?;
         }
+        // Kernel times so far (the warm-up, the prompt before a decode at depth) are not the test's.
+        engine.backend.take_kernel_times();
         let t0 = Instant::now();
         if prompt {
             let batch = &tokens[args.depth..args.depth + n];
@@ -157,9 +181,53 @@ fn timed_runs<B: Backend>(
         let dt = t0.elapsed().as_secs_f64();
         if rep > 0 {
             rates.push(n as f64 / dt);
+            profile.add(engine.backend.take_kernel_times().unwrap_or_default());
         }
     }
     Ok(rates)
+}
+
+/// Kernel times summed over a test's timed runs (`--gpu-profile`).
+#[derive(Default)]
+struct KernelTally(Vec<KernelTime>);
+
+impl KernelTally {
+    fn add(&mut self, times: Vec<KernelTime>) {
+        for t in times {
+            match self.0.iter_mut().find(|s| s.kernel == t.kernel) {
+                Some(s) => {
+                    s.calls += t.calls;
+                    s.seconds += t.seconds;
+                }
+                None => self.0.push(t),
+            }
+        }
+    }
+
+    /// The table of where the GPU time of `label`'s `tokens` tokens (all timed runs) went.
+    fn print(&mut self, label: &str, tokens: usize) {
+        let total: f64 = self.0.iter().map(|t| t.seconds).sum();
+        println!();
+        if total <= 0.0 || tokens == 0 {
+            println!("GPU time of {label}: no kernel was timed");
+            return;
+        }
+        self.0.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        let per = tokens as f64;
+        println!("GPU time of {label}: {:.1} µs per token over all kernels", total * 1e6 / per);
+        println!();
+        println!("| kernel | calls per token | µs per token | share |");
+        println!("|---|---|---|---|");
+        for t in &self.0 {
+            println!(
+                "| {} | {:.2} | {:.2} | {:.1}% |",
+                t.kernel,
+                t.calls as f64 / per,
+                t.seconds * 1e6 / per,
+                100.0 * t.seconds / total
+            );
+        }
+    }
 }
 
 /// Aggregate decode tokens/s of `args.parallel` sequences decoding `n` tokens each together

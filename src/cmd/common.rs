@@ -54,6 +54,9 @@ pub struct ModelArgs {
     /// Metal or DX12 adapter, software ones such as lavapipe included) or cpu
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
+    /// Time every GPU kernel (set by `duet bench --gpu-profile`; not a flag of its own).
+    #[arg(skip)]
+    pub gpu_profile: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,7 +183,7 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
         Device::Gpu => Some(AdapterChoice::Any),
     };
     if let Some(adapter) = adapter {
-        match GpuBackend::new(&GpuOptions { adapter, ..Default::default() }) {
+        match GpuBackend::new(&GpuOptions { adapter, profile: args.gpu_profile, ..Default::default() }) {
             Ok(gpu) => {
                 let info = gpu.adapter_info();
                 if !quiet {

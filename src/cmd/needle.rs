@@ -103,6 +103,7 @@ pub fn run(args: Args) -> Result<()> {
             cpu_acts: CpuActs::Q8x2,
             attn_logits: None,
             device: args.device,
+            gpu_profile: false,
         };
         let mut engine = load_engine(&margs, path, true)?;
         let name = file_name(path);

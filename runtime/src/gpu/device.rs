@@ -26,11 +26,14 @@ pub struct GpuOptions {
     /// Caps the bytes bound per weight chunk and the activation batches the model plans for
     /// (tests use it to exercise splitting and batch shrinking).
     pub max_binding: Option<u64>,
+    /// Time every kernel with timestamp queries ([`super::profile`]); an adapter without
+    /// timestamps inside compute passes is refused.
+    pub profile: bool,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { adapter: AdapterChoice::Any, f16: None, max_binding: None }
+        GpuOptions { adapter: AdapterChoice::Any, f16: None, max_binding: None, profile: false }
     }
 }
 
@@ -52,6 +55,8 @@ pub struct GpuContext {
     pub f16: bool,
     /// Bytes of one weight chunk at most (a multiple of 4).
     pub max_chunk_bytes: u64,
+    /// Kernels are timed ([`GpuOptions::profile`]).
+    pub profile: bool,
     pub sink: Arc<Mutex<ErrorSink>>,
 }
 
@@ -179,7 +184,15 @@ impl GpuContext {
             Some(b) => b,
             None => has_f16 && info.device_type != wgpu::DeviceType::Cpu,
         };
-        let features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        let mut features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        if opts.profile {
+            if !adapter.features().contains(super::profile::FEATURES) {
+                return Err(RuntimeError::Device(format!(
+                    "{name} cannot time kernels (it lacks timestamp queries inside compute passes)"
+                )));
+            }
+            features |= super::profile::FEATURES;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("duet"),
             required_features: features,
@@ -211,7 +224,7 @@ impl GpuContext {
             max_chunk_bytes = max_chunk_bytes.min(cap.max(4));
         }
         max_chunk_bytes &= !3;
-        Ok(GpuContext { device, queue, info, limits: want, f16, max_chunk_bytes, sink })
+        Ok(GpuContext { device, queue, info, limits: want, f16, max_chunk_bytes, profile: opts.profile, sink })
     }
 
     /// A one-line description: adapter, backend, type and the arithmetic used.

@@ -18,6 +18,7 @@ pub mod device;
 mod matmul;
 mod ops;
 pub mod pipelines;
+pub mod profile;
 mod record;
 
 use std::collections::HashMap;
@@ -204,7 +205,7 @@ impl GpuBackend {
         let v = Variant::new(op, self.ctx.f16);
         let pipeline = self.pipes.get(&self.ctx.device, v);
         let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(params));
-        self.rec.dispatch(&self.ctx, &self.pipes, &self.alloc, pipeline, LayoutKind::of(op), words, bufs, groups);
+        self.rec.dispatch(&self.ctx, &self.pipes, &self.alloc, v, pipeline, LayoutKind::of(op), words, bufs, groups);
     }
 
     /// The (cos, sin) table of `rope` covering positions `0..n_pos`.
@@ -247,6 +248,10 @@ impl Backend for GpuBackend {
 
     fn describe(&self) -> String {
         self.ctx.describe()
+    }
+
+    fn take_kernel_times(&mut self) -> Option<Vec<profile::KernelTime>> {
+        self.rec.take_kernel_times()
     }
 
     fn load_weight(&mut self, w: &WeightView<'_>) -> Result<GpuWeight, RuntimeError> {

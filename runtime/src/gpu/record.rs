@@ -8,12 +8,16 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use duet_shaders::Variant;
+
 use super::buffers::{Allocator, Buf};
 use super::device::GpuContext;
 use super::pipelines::{LayoutKind, PARAMS_SLOT, Pipelines};
+use super::profile::{KernelTime, MAX_TIMESTAMPS, Profiler};
 use crate::error::RuntimeError;
 
 struct Dispatch {
+    variant: Variant,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: Arc<wgpu::BindGroup>,
     offset: u32,
@@ -33,6 +37,10 @@ pub struct Recorder {
     /// Submissions so far (tests check one per token).
     pub submissions: usize,
     pub bind_groups_created: usize,
+    /// Times every kernel when the context was opened with `profile`.
+    profiler: Option<Profiler>,
+    /// An error met reading the timestamps back, reported by the next `read`.
+    profile_error: Option<RuntimeError>,
 }
 
 impl Recorder {
@@ -53,18 +61,26 @@ impl Recorder {
             readback_size: 0,
             submissions: 0,
             bind_groups_created: 0,
+            profiler: ctx.profile.then(|| Profiler::new(ctx)),
+            profile_error: None,
         }
     }
 
-    /// Records one dispatch of `pipeline` over `groups` workgroups with parameters `params`
-    /// (a `#[repr(C)]` struct of 4-byte fields) and the storage buffers `bufs` in binding
-    /// order.
+    /// Each kernel variant's GPU time since the last call (None without profiling).
+    pub fn take_kernel_times(&mut self) -> Option<Vec<KernelTime>> {
+        self.profiler.as_mut().map(Profiler::take)
+    }
+
+    /// Records one dispatch of `pipeline` (compiled from `variant`) over `groups` workgroups
+    /// with parameters `params` (a `#[repr(C)]` struct of 4-byte fields) and the storage
+    /// buffers `bufs` in binding order.
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch(
         &mut self,
         ctx: &GpuContext,
         pipes: &Pipelines,
         alloc: &Allocator,
+        variant: Variant,
         pipeline: Arc<wgpu::ComputePipeline>,
         kind: LayoutKind,
         params: &[u32],
@@ -76,8 +92,9 @@ impl Recorder {
         if groups.0 == 0 || groups.1 == 0 {
             return;
         }
-        if self.staging.len() as u64 + PARAMS_SLOT > self.params.size {
-            // More dispatches than parameter slots: run what is recorded so far.
+        let timestamps_full = self.profiler.is_some() && self.pending.len() + 1 >= MAX_TIMESTAMPS as usize;
+        if self.staging.len() as u64 + PARAMS_SLOT > self.params.size || timestamps_full {
+            // More dispatches than parameter slots (or timestamps): run what is recorded so far.
             self.submit(ctx, alloc, None);
         }
         let offset = self.staging.len() as u32;
@@ -109,7 +126,7 @@ impl Recorder {
                 bg
             }
         };
-        self.pending.push(Dispatch { pipeline, bind_group, offset, groups });
+        self.pending.push(Dispatch { variant, pipeline, bind_group, offset, groups });
     }
 
     /// Submits everything recorded, then copies `readback` = (buffer, byte offset, bytes)
@@ -124,14 +141,24 @@ impl Recorder {
             ctx.queue.write_buffer(&self.params.buffer, 0, &self.staging);
         }
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("duet token") });
+        let profiled = self.profiler.as_ref().filter(|_| !self.pending.is_empty());
         if !self.pending.is_empty() {
             let mut pass = enc
                 .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("duet ops"), timestamp_writes: None });
-            for d in &self.pending {
+            if let Some(p) = profiled {
+                p.stamp(&mut pass, 0);
+            }
+            for (i, d) in self.pending.iter().enumerate() {
                 pass.set_pipeline(&d.pipeline);
                 pass.set_bind_group(0, Some(d.bind_group.as_ref()), &[d.offset]);
                 pass.dispatch_workgroups(d.groups.0, d.groups.1, 1);
+                if let Some(p) = profiled {
+                    p.stamp(&mut pass, i + 1);
+                }
             }
+        }
+        if let Some(p) = profiled {
+            p.resolve(&mut enc, self.pending.len() + 1);
         }
         if let Some((src, off, size)) = readback {
             if self.readback_size < size {
@@ -148,6 +175,12 @@ impl Recorder {
         }
         ctx.queue.submit([enc.finish()]);
         self.submissions += 1;
+        if let Some(p) = self.profiler.as_mut().filter(|_| !self.pending.is_empty()) {
+            let kernels: Vec<Variant> = self.pending.iter().map(|d| d.variant).collect();
+            if let Err(e) = p.collect(ctx, &kernels) {
+                self.profile_error.get_or_insert(e);
+            }
+        }
         self.pending.clear();
         self.staging.clear();
     }
@@ -155,6 +188,9 @@ impl Recorder {
     /// Waits for the last submission and returns the first `size` bytes of the readback
     /// buffer as f32.
     pub fn read(&mut self, ctx: &GpuContext, size: u64) -> Result<Vec<f32>, RuntimeError> {
+        if let Some(e) = self.profile_error.take() {
+            return Err(e);
+        }
         let rb = self.readback.as_ref().expect("submit with a readback first");
         let slot = Arc::new(std::sync::Mutex::new(None));
         {
