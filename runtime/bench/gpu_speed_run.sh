@@ -57,7 +57,7 @@ run() {
     name=${t#*:}
     bench_say "test binary $name"
     echo "=== $name" >>"$tests_log"
-    timeout 600 "target/release/deps/$name" --test-threads "$(nproc)" >>"$tests_log" 2>&1 || failed=1
+    timeout 180 "target/release/deps/$name" --test-threads "$(nproc)" >>"$tests_log" 2>&1 || failed=1
   done
   grep -E '^(=== |test result:|test .* FAILED|failures:|SKIPPED)' "$tests_log" >&2 || true
   unset DUET_REQUIRE_GPU
@@ -121,8 +121,8 @@ PY
   declare -A duet_tg=()
   for m in "${models[@]}" "$diff_model"; do
     bench_say "speed of $(basename "$m")"
-    read -r lp lt < <(timeout 300 "$lbench" -m "$m" -ngl 99 -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | lc_parse)
-    read -r dp dt dg < <(timeout 300 "$duet" bench -m "$m" --device gpu -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | duet_parse)
+    read -r lp lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | lc_parse)
+    read -r dp dt dg < <(timeout 150 "$duet" bench -m "$m" --device gpu -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | duet_parse)
     duet_tg[$m]=$dt
     share=$(awk -v g="$dg" -v b="${bw:-0}" 'BEGIN { if (b > 0 && g + 0 > 0) printf " (%.0f%%)", 100 * g / b }')
     echo "| $(basename "$m" .gguf) | $lp | $dp | $(ratio "$dp" "$lp") | $lt | $dt | $(ratio "$dt" "$lt") | $dg$share |" >>"$res"
@@ -135,10 +135,10 @@ PY
     echo "|---|---|---|---|"
   } >>"$res"
   local lc_f16 du_f16 lc_q4 du_q4 x
-  read -r x lc_f16 < <(timeout 300 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | lc_parse)
-  read -r x du_f16 x < <(timeout 300 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | duet_parse)
-  read -r x lc_q4 < <(timeout 300 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -ctk q4_0 -ctv q4_0 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | lc_parse)
-  read -r x du_q4 x < <(timeout 300 "$duet" bench -m "${models[0]}" --device gpu --ctk q4c --ctv q4r -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | duet_parse)
+  read -r x lc_f16 < <(timeout 150 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | lc_parse)
+  read -r x du_f16 x < <(timeout 150 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | duet_parse)
+  read -r x lc_q4 < <(timeout 150 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -ctk q4_0 -ctv q4_0 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | lc_parse)
+  read -r x du_q4 x < <(timeout 150 "$duet" bench -m "${models[0]}" --device gpu --ctk q4c --ctv q4r -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | duet_parse)
   {
     echo "| f16 | $lc_f16 | $du_f16 | $(ratio "$du_f16" "$lc_f16") |"
     echo "| 4-bit (llama.cpp q4_0/q4_0, duet q4c/q4r) | $lc_q4 | $du_q4 | $(ratio "$du_q4" "$lc_q4") |"
@@ -156,11 +156,11 @@ PY
   : >"$prof"
   for m in "${models[0]}" "$diff_model"; do
     echo "## $(basename "$m" .gguf): pp$pp and tg$tg" >>"$prof"
-    timeout 300 "$duet" bench -m "$m" --device gpu --gpu-profile -p $pp -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
+    timeout 150 "$duet" bench -m "$m" --device gpu --gpu-profile -p $pp -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
   done
   echo "## $(basename "${models[0]}" .gguf): decode at depth $depth, f16 and q4c/q4r caches" >>"$prof"
-  timeout 300 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
-  timeout 300 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile --ctk q4c --ctv q4r -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" \
+  timeout 150 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
+  timeout 150 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile --ctk q4c --ctv q4r -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" \
     || echo "(failed)" >>"$prof"
 
   {
