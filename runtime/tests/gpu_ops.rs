@@ -613,7 +613,14 @@ fn absmax_cache_write_edge_rows() {
             let mut want = vec![0u8; fmt.bytes(kv_dim)];
             for (r, x) in rows.iter().enumerate() {
                 fmt.quantize_row(x, &mut want);
-                assert_eq!(&got[r * rb..r * rb + want.len()], &want[..], "{ty} row {r}");
+                let row = &got[r * rb..r * rb + want.len()];
+                let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                if row != &want[..] && amax / (qmax as f32) < f32::MIN_POSITIVE {
+                    // The step absmax/qmax is an f32 subnormal: WGSL lets a GPU flush it to
+                    // zero (NVIDIA's Vulkan driver does), and then it writes the zero row's bytes.
+                    fmt.quantize_row(&vec![0.0; x.len()], &mut want);
+                }
+                assert_eq!(row, &want[..], "{ty} row {r}");
                 assert!(got[r * rb + want.len()..(r + 1) * rb].iter().all(|&b| b == 0), "{ty} row {r}: padding");
             }
         }
