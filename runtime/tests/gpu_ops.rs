@@ -433,8 +433,10 @@ fn attention_standard_and_differential() {
     let Some(gpu) = gpu(test, false, None) else { return };
     let mut p = Pair { cpu: ggml_cpu(), gpu };
     let mut rng = Rng::new(5);
-    // Prefill chunks (odd sizes, crossing the 32-key tiles), then single-token decode steps.
-    let steps = [37, 1, 1, 29, 1];
+    // Prefill chunks (odd sizes, crossing the 32-key tiles), then single-token decode steps;
+    // the last decodes over 300 keys, which the decode step splits into 5 chunks of 64
+    // (flash-decoding) that its combine step merges.
+    let steps = [37, 1, 1, 29, 1, 230, 1];
     for (h, hkv, hd) in [(6, 2, 64), (4, 4, 32), (8, 2, 128)] {
         let std = standard_spec(h, hkv, hd);
         let sub = Some(rng.normals(2 * hd).iter().map(|v| 1.0 + 0.1 * v).collect());

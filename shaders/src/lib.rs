@@ -238,11 +238,17 @@ pub enum Op {
     KvWindow,
     /// Hadamard rotation of row blocks (the rotated cache types' K, V, Q and output).
     Rotate,
+    /// The attend step: each (query rows, unit, key chunk)'s softmax max, sum and
+    /// unnormalised P·V.
     Attention {
         diff: bool,
         shape: AttnShape,
         k: CacheElem,
         v: CacheElem,
+    },
+    /// The combine step: the chunks merged, normalised and (DIFF) combined and RMS-normalised.
+    AttnCombine {
+        diff: bool,
     },
     /// Per (query row, head) absmax of the attention logits over a K cache of this type
     /// (the dynamic attention-logit quantizations).
@@ -282,6 +288,7 @@ impl Op {
             v.extend([Op::KvWrite(c), Op::LogitAbsmax(c)]);
         }
         for diff in [false, true] {
+            v.push(Op::AttnCombine { diff });
             for shape in [AttnShape::Decode, AttnShape::Prefill] {
                 for k in CacheElem::ALL {
                     for vv in CacheElem::ALL {
@@ -347,6 +354,7 @@ impl Variant {
                 c(k),
                 c(v)
             ),
+            Op::AttnCombine { diff } => format!("attn_combine-{}", if diff { "diff" } else { "std" }),
         }
     }
 }
@@ -367,6 +375,10 @@ pub const fn attn_tile(shape: AttnShape) -> (u32, u32) {
         AttnShape::Prefill => (8, 32),
     }
 }
+/// Threads of the attention combine step's workgroups, and the output dims each owns
+/// (2·ATT_MAX_HEAD_DIM at most, for DIFF).
+pub const CB_WG: u32 = 64;
+pub const CB_DIMS: u32 = 2 * ATT_MAX_HEAD_DIM / CB_WG;
 /// Threads per workgroup of the logit-absmax kernels.
 pub const LA_WG: u32 = 64;
 /// Largest Hadamard block of the rotate kernel, and its workgroup size.
@@ -510,10 +522,18 @@ pub fn source(v: &Variant) -> String {
                 s,
                 "const ATT_NS: u32 = {ns}u;\nconst ATT_BR: u32 = {br}u;\nconst ATT_BC: u32 = {bc}u;\nconst ATT_WG: u32 = {ATT_WG}u;\nconst ATT_ACC: u32 = {acc}u;"
             );
-            s.push_str(&page_table(7));
+            s.push_str(&page_table(6));
             s.push_str(&cache_reader('k', k));
             s.push_str(&cache_reader('v', ve));
             s.push_str(include_str!("wgsl/attention.wgsl"));
+        }
+        Op::AttnCombine { diff } => {
+            let ns = if diff { 2 } else { 1 };
+            let _ = writeln!(
+                s,
+                "const ATT_NS: u32 = {ns}u;\nconst CB_WG: u32 = {CB_WG}u;\nconst CB_DIMS: u32 = {CB_DIMS}u;"
+            );
+            s.push_str(include_str!("wgsl/attn_combine.wgsl"));
         }
     }
     s

@@ -202,11 +202,9 @@ params! {
         kv_dim: u32,
         grid_x: u32,
         scale: f32,
-        lambda: f32,
-        /// 1 − λ_init.
-        out_scale: f32,
-        eps: f32,
-        has_sub_norm: u32,
+        /// Keys per chunk (a multiple of the tile's keys) and chunks per (row tile, unit).
+        chunk_keys: u32,
+        n_chunks: u32,
         /// n_heads (standard) or n_heads / 2 (differential).
         units: u32,
         /// 2^(bits−1) − 1 of the logit quantization (0: off), and the absmax table's row
@@ -217,6 +215,21 @@ params! {
         /// The sequence's page table (first entry) and its per-channel window.
         pt_base: u32,
         window: u32,
+    }
+
+    /// attn_combine.wgsl: the chunks of attention.wgsl's partials merged.
+    AttnCombineParams {
+        rows: u32,
+        units: u32,
+        head_dim: u32,
+        n_chunks: u32,
+        q_dim: u32,
+        grid_x: u32,
+        lambda: f32,
+        /// 1 − λ_init.
+        out_scale: f32,
+        eps: f32,
+        has_sub_norm: u32,
     }
 
     LogitAbsmaxParams {
@@ -282,6 +295,7 @@ impl Op {
             Op::KvWindow => of::<KvWindowParams>(),
             Op::Rotate => of::<RotateParams>(),
             Op::Attention { .. } => of::<AttentionParams>(),
+            Op::AttnCombine { .. } => of::<AttnCombineParams>(),
             Op::LogitAbsmax(_) => of::<LogitAbsmaxParams>(),
             Op::LogitReduce => of::<LogitReduceParams>(),
             Op::Dex => of::<DexParams>(),

@@ -37,9 +37,9 @@ fn every_variant_validates() {
         failures.join("\n")
     );
     // 11 weight types × 3 weight ops, 10 plain ops (logit_reduce, kv_window, rotate and
-    // pair_combine included), 11 cache writes, 11 logit-absmax readers, 4 × 121 attention
-    // variants, plus the f16 forms of the 22 matrix products.
-    assert_eq!(all.len(), 33 + 10 + 11 + 11 + 4 * 121 + 22);
+    // pair_combine included), 11 cache writes, 11 logit-absmax readers, 4 × 121 attend steps
+    // and 2 combine steps, plus the f16 forms of the 22 matrix products.
+    assert_eq!(all.len(), 33 + 10 + 11 + 11 + 4 * 121 + 2 + 22);
 }
 
 #[test]

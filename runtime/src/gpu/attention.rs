@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use duet_quant::kv::hadamard;
 use duet_shaders::{
-    ATT_MAX_HEAD_DIM, AttentionParams, AttnShape, CacheElem, CacheKind, EW_WG, KvWindowParams, KvWriteChannelParams,
-    KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RotateParams, attn_tile,
+    ATT_MAX_HEAD_DIM, AttentionParams, AttnCombineParams, AttnShape, CacheElem, CacheKind, EW_WG, KvWindowParams,
+    KvWriteChannelParams, KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RotateParams, attn_tile,
 };
 
 use super::buffers::{Buf, GpuKvCache, GpuTensor};
@@ -44,6 +44,7 @@ pub fn new_kv_cache(b: &mut GpuBackend, spec: &KvCacheSpec) -> Result<GpuKvCache
         ops.push(Op::Rotate);
     }
     for diff in [false, true] {
+        ops.push(Op::AttnCombine { diff });
         for shape in [AttnShape::Decode, AttnShape::Prefill] {
             ops.push(Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem });
         }
@@ -82,16 +83,16 @@ fn logit_scratch(b: &mut GpuBackend, slots: usize) -> (Arc<Buf>, Arc<Buf>) {
     }
 }
 
-/// Scratch buffer `slot` (0: Q, 1: K, 2: V, 3: attention output) of at least `bytes`, for
-/// the rotated copies.
-fn rot_scratch(b: &mut GpuBackend, slot: usize, bytes: u64) -> Arc<Buf> {
+/// Scratch buffer `slot` of at least `bytes`: the rotated copies (0: Q, 1: K, 2: V, 3:
+/// attention output) and the attend step's partials (4).
+fn scratch(b: &mut GpuBackend, slot: usize, bytes: u64) -> Arc<Buf> {
     if b.rot_scratch.len() <= slot {
         b.rot_scratch.resize(slot + 1, None);
     }
     match &b.rot_scratch[slot] {
         Some(buf) if buf.size >= bytes => Arc::clone(buf),
         _ => {
-            let buf = b.alloc.storage(&b.ctx, bytes.next_power_of_two(), "rotated copy");
+            let buf = b.alloc.storage(&b.ctx, bytes.next_power_of_two(), "attention scratch");
             b.rot_scratch[slot] = Some(Arc::clone(&buf));
             buf
         }
@@ -298,13 +299,13 @@ pub fn attention(
     let q_dim = spec.n_heads * hd;
     let (mut qb, mut kb, mut vb) = (Arc::clone(&q.buf), Arc::clone(&k.buf), Arc::clone(&v.buf));
     if cache.k_elem.rotated() {
-        qb = rot_scratch(b, 0, (rows * q_dim * 4) as u64);
-        kb = rot_scratch(b, 1, (rows * kv_dim * 4) as u64);
+        qb = scratch(b, 0, (rows * q_dim * 4) as u64);
+        kb = scratch(b, 1, (rows * kv_dim * 4) as u64);
         rotate(b, &q.buf, &qb, rows, q_dim, rot, None, 0);
         rotate(b, &k.buf, &kb, rows, kv_dim, rot, None, 0);
     }
     if cache.v_elem.rotated() {
-        vb = rot_scratch(b, 2, (rows * kv_dim * 4) as u64);
+        vb = scratch(b, 2, (rows * kv_dim * 4) as u64);
         rotate(b, &v.buf, &vb, rows, kv_dim, rot, None, 0);
     }
     // Store the new K and V rows.
@@ -319,8 +320,9 @@ pub fn attention(
     };
     let shape = if rows == 1 { AttnShape::Decode } else { AttnShape::Prefill };
     let units = if diff { spec.n_heads / 2 } else { spec.n_heads };
-    let (br, _) = attn_tile(shape);
-    let g = grid(rows.div_ceil(br as usize) * units, 1);
+    let (br, bc) = attn_tile(shape);
+    let (chunk_keys, n_chunks) = key_chunks(shape, pos0 + rows, units, bc as usize);
+    let g = grid(rows.div_ceil(br as usize) * units * n_chunks, 1);
     let groups = cache_groups(cache);
     let slot = seq.slot as u32;
     let (la, la_stride) = logit_absmax(b, &qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot), rows, pos0, spec);
@@ -330,7 +332,10 @@ pub fn attention(
     };
     // A rotated V's output is rotated back afterwards, the sub-norm weight applied then.
     let v_rot = cache.v_elem.rotated();
-    let ob = if v_rot { rot_scratch(b, 3, (rows * q_dim * 4) as u64) } else { Arc::clone(&out.buf) };
+    let ob = if v_rot { scratch(b, 3, (rows * q_dim * 4) as u64) } else { Arc::clone(&out.buf) };
+    let vd = hd * if diff { 2 } else { 1 };
+    let ns = if diff { 2 } else { 1 };
+    let partials = scratch(b, 4, (rows * units * n_chunks * ns * (2 + vd) * 4) as u64);
     let params = AttentionParams {
         rows: rows as u32,
         n_heads: spec.n_heads as u32,
@@ -341,10 +346,8 @@ pub fn attention(
         kv_dim: kv_dim as u32,
         grid_x: g.0,
         scale: spec.scale,
-        lambda,
-        out_scale,
-        eps: spec.rms_eps,
-        has_sub_norm: u32::from(sub.is_some() && !v_rot),
+        chunk_keys: chunk_keys as u32,
+        n_chunks: n_chunks as u32,
         units: units as u32,
         lq_qmax: spec.logit_quant.as_ref().map_or(0.0, |l| l.qmax()),
         lq_stride: la_stride,
@@ -353,9 +356,64 @@ pub fn attention(
         window: slot,
     };
     let op = Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem };
-    b.run(op, &params, &[&qb, &kc, &vc, &ob, &sub_buf, &la, &pt], g);
+    b.run(op, &params, &[&qb, &kc, &vc, &partials, &la, &pt], g);
+    let g = grid(rows * units, 1);
+    let params = AttnCombineParams {
+        rows: rows as u32,
+        units: units as u32,
+        head_dim: hd as u32,
+        n_chunks: n_chunks as u32,
+        q_dim: q_dim as u32,
+        grid_x: g.0,
+        lambda,
+        out_scale,
+        eps: spec.rms_eps,
+        has_sub_norm: u32::from(sub.is_some() && !v_rot),
+    };
+    b.run(Op::AttnCombine { diff }, &params, &[&partials, &sub_buf, &ob], g);
     if v_rot {
         let w = sub.map(|_| &sub_buf);
         rotate(b, &ob, &out.buf, rows, q_dim, rot, w, 2 * hd);
+    }
+}
+
+/// Workgroups the decode step aims for: enough to fill a large GPU (an H200 has 132
+/// multiprocessors) when a single query row has few units.
+const DECODE_WORKGROUPS: usize = 512;
+
+/// (keys per chunk, chunks) of the attend step over keys `0..keys`. Prefill: one chunk, its
+/// row tiles already fill the GPU. Decode: one query row, so the keys are split (in whole
+/// tiles of `tile` keys) until units × chunks reaches [`DECODE_WORKGROUPS`]: flash-decoding.
+/// A lone unit over 4,096 keys would otherwise walk 64 tiles in one workgroup.
+pub fn key_chunks(shape: AttnShape, keys: usize, units: usize, tile: usize) -> (usize, usize) {
+    let tiles = keys.div_ceil(tile).max(1);
+    let chunks = match shape {
+        AttnShape::Prefill => 1,
+        AttnShape::Decode => (DECODE_WORKGROUPS / units.max(1)).clamp(1, tiles),
+    };
+    let chunk_keys = tiles.div_ceil(chunks) * tile;
+    (chunk_keys, keys.div_ceil(chunk_keys).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_chunks_cover_the_keys_without_an_empty_chunk() {
+        for shape in [AttnShape::Decode, AttnShape::Prefill] {
+            for keys in [1, 2, 63, 64, 65, 127, 700, 4096, 4097, 100_000] {
+                for units in [1, 4, 16, 32, 64, 600] {
+                    let (chunk, n) = key_chunks(shape, keys, units, 64);
+                    assert_eq!(chunk % 64, 0, "whole tiles");
+                    assert!(n * chunk >= keys && (n - 1) * chunk < keys, "{keys} keys in {n} × {chunk}");
+                    if shape == AttnShape::Prefill {
+                        assert_eq!(n, 1);
+                    }
+                }
+            }
+        }
+        // 32 heads at depth 4,096: 16 chunks of 256 keys (512 workgroups).
+        assert_eq!(key_chunks(AttnShape::Decode, 4096, 32, 64), (256, 16));
     }
 }

@@ -11,7 +11,8 @@ use duet_shaders::{Op, Variant};
 /// with a dynamic offset), then storage buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LayoutKind {
-    /// read, read, read_write (matvec, matmul, embed, rms_norm, rotate).
+    /// read, read, read_write (matvec, matmul, embed, rms_norm, rotate, pair_combine,
+    /// attn_combine).
     In2Out1,
     /// read, read_write (rope, swiglu, add, copy_row, kv_window, dex, logit_reduce).
     In1Out1,
@@ -19,17 +20,20 @@ pub enum LayoutKind {
     CacheWrite,
     /// read Q, read K cache, read_write absmax, read page tables (logit_absmax).
     LogitAbsmax,
-    /// read Q, K, V, read_write O, read sub-norm, read logit absmax, read page tables
-    /// (attention).
+    /// read Q, K, V, read_write partials, read logit absmax, read page tables (attention).
     Attention,
 }
 
 impl LayoutKind {
     pub fn of(op: Op) -> LayoutKind {
         match op {
-            Op::MatVec(_) | Op::MatMul(_) | Op::Embed(_) | Op::RmsNorm | Op::Rotate | Op::PairCombine => {
-                LayoutKind::In2Out1
-            }
+            Op::MatVec(_)
+            | Op::MatMul(_)
+            | Op::Embed(_)
+            | Op::RmsNorm
+            | Op::Rotate
+            | Op::PairCombine
+            | Op::AttnCombine { .. } => LayoutKind::In2Out1,
             Op::Rope | Op::SwiGlu | Op::Add | Op::CopyRow | Op::KvWindow | Op::Dex | Op::LogitReduce => {
                 LayoutKind::In1Out1
             }
@@ -46,7 +50,7 @@ impl LayoutKind {
             LayoutKind::In1Out1 => &[true, false],
             LayoutKind::CacheWrite => &[true, false, true],
             LayoutKind::LogitAbsmax => &[true, true, false, true],
-            LayoutKind::Attention => &[true, true, true, false, true, true, true],
+            LayoutKind::Attention => &[true, true, true, false, true, true],
         }
     }
 

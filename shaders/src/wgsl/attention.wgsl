@@ -1,12 +1,16 @@
-// Causal attention over the K/V cache, standard (ATT_NS = 1) or differential (ATT_NS = 2),
-// for decode (ATT_BR = 1 query row per workgroup) and prefill (ATT_BR rows per workgroup).
+// The attend step of causal attention over the K/V cache, standard (ATT_NS = 1) or
+// differential (ATT_NS = 2), for decode (ATT_BR = 1 query row per workgroup) and prefill
+// (ATT_BR rows per workgroup); attn_combine.wgsl is the combine step.
 //
 // A workgroup takes ATT_BR query rows of one unit (a head, or a DIFF head pair j, j + H/2)
-// and walks the keys in tiles of ATT_BC with an online softmax: per tile it computes the
-// scores of every (softmax, row, key), updates each row's running max and sum, rescales
-// the accumulators and adds P·V. Both DIFF softmaxes run in the same pass over K/V and
-// weight the same 2·head_dim-wide V (KV heads c and c + Hkv/2). The DIFF output is
-// RMSNorm(o1 − λ·o2) · (optional sub-norm weight) · (1 − λ_init). All arithmetic is f32.
+// and one chunk of the keys (chunk c: keys c·chunk_keys ..; prefill has one chunk, decode
+// splits long caches so that many workgroups share one row: flash-decoding), and walks its
+// keys in tiles of ATT_BC with an online softmax: per tile it computes the scores of every
+// (softmax, row, key), updates each row's running max and sum, rescales the accumulators
+// and adds P·V. Both DIFF softmaxes run in the same pass over K/V and weight the same
+// 2·head_dim-wide V (KV heads c and c + Hkv/2). It writes, per (row, unit, chunk) and
+// softmax, the running max m, the sum l and the unnormalised P·V (vd values) to the
+// partials buffer O; the combine step merges the chunks and normalises. All arithmetic f32.
 //
 // With lq_qmax > 0 each logit is absmax-quantized before its softmax (the DIFF paper's
 // §3.7): s' = step · clamp(round(s / step), −m, m), m = lq_qmax, step = absmax / m, round
@@ -24,10 +28,8 @@ struct Params {
     kv_dim: u32,     // n_kv_heads · head_dim
     grid_x: u32,
     scale: f32,
-    lambda: f32,
-    out_scale: f32,  // 1 − λ_init
-    eps: f32,
-    has_sub_norm: u32,
+    chunk_keys: u32, // keys per chunk (a multiple of ATT_BC)
+    n_chunks: u32,   // chunks per (row tile, unit)
     units: u32,      // n_heads (standard) or n_heads / 2 (differential)
     lq_qmax: f32,    // 2^(bits−1) − 1 of the logit quantization, 0: off
     lq_stride: u32,  // LA's row stride (n_heads or 0)
@@ -39,10 +41,11 @@ struct Params {
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> Q: array<f32>;
 // binding 2: KC (k_at), binding 3: VC (v_at), from the cache readers
+// The partials: per ((row · units + unit) · n_chunks + chunk), ATT_NS blocks of
+// [m, l, P·V (vd values)].
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
-@group(0) @binding(5) var<storage, read> SN: array<f32>;
-@group(0) @binding(6) var<storage, read> LA: array<f32>;
-// binding 7: PT, the page tables (pages.wgsl)
+@group(0) @binding(5) var<storage, read> LA: array<f32>;
+// binding 6: PT, the page tables (pages.wgsl)
 
 const NSC: u32 = ATT_NS * ATT_BR * ATT_BC;
 
@@ -50,8 +53,6 @@ var<workgroup> sc: array<f32, NSC>;
 var<workgroup> m_s: array<f32, ATT_NS * ATT_BR>;
 var<workgroup> l_s: array<f32, ATT_NS * ATT_BR>;
 var<workgroup> a_s: array<f32, ATT_NS * ATT_BR>;
-var<workgroup> ss: array<f32, ATT_BR * ATT_WG>;
-var<workgroup> inv_s: array<f32, ATT_BR>;
 
 // Logit s absmax-quantized against `absmax` (see the header).
 fn quantize_logit(s: f32, absmax: f32) -> f32 {
@@ -84,16 +85,20 @@ fn v_offset(u: u32, d: u32, gqa: u32) -> u32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let item = wg_index(wid, P.grid_x);
     let n_tiles = (P.rows + ATT_BR - 1u) / ATT_BR;
-    if (item >= n_tiles * P.units) {
+    if (item >= n_tiles * P.units * P.n_chunks) {
         return;
     }
     let u = item % P.units;
-    let r0 = (item / P.units) * ATT_BR;
+    let chunk = (item / P.units) % P.n_chunks;
+    let r0 = (item / (P.units * P.n_chunks)) * ATT_BR;
     let nr = min(ATT_BR, P.rows - r0);
     let hd = P.head_dim;
     let gqa = P.n_heads / P.n_kv_heads;
     let vd = hd * ATT_NS;
-    let last_key = P.pos0 + r0 + nr - 1u;
+    // This chunk's keys: first_key .. end_key (exclusive), never empty (the host sizes the
+    // chunks so that the last one starts at or before the tile's last key).
+    let first_key = chunk * P.chunk_keys;
+    let end_key = min(first_key + P.chunk_keys, P.pos0 + r0 + nr);
 
     if (lid < ATT_NS * ATT_BR) {
         m_s[lid] = NEG_BIG;
@@ -105,14 +110,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
 
-    for (var kt = 0u; kt <= last_key; kt += ATT_BC) {
+    for (var kt = first_key; kt < end_key; kt += ATT_BC) {
         // Scores of this tile.
         for (var e = lid; e < NSC; e += ATT_WG) {
             let s = e / (ATT_BR * ATT_BC);
             let r = (e / ATT_BC) % ATT_BR;
             let key = kt + e % ATT_BC;
             var v = NEG_BIG;
-            if (r < nr && key <= P.pos0 + r0 + r) {
+            if (r < nr && key <= P.pos0 + r0 + r && key < end_key) {
                 let qh = u + s * (P.n_heads / 2u);
                 let qb = (r0 + r) * P.q_dim + qh * hd;
                 let kc = (qh / gqa) * hd;
@@ -150,7 +155,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         // P·V for the (row, dim) pairs this thread owns.
-        let n_keys = min(ATT_BC, last_key + 1u - kt);
+        let n_keys = min(ATT_BC, end_key - kt);
         for (var i = 0u; i < ATT_ACC; i++) {
             let a = lid + i * ATT_WG;
             if (a < nr * vd) {
@@ -169,47 +174,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
 
-    // Normalise; DIFF: combine the two softmaxes and RMS-normalise each row's 2·hd values.
-    for (var r = 0u; r < ATT_BR; r++) {
-        ss[r * ATT_WG + lid] = 0.0;
+    // The partials of each row: m and l (one thread per (softmax, row)), then P·V.
+    let stride = ATT_NS * (2u + vd);
+    if (lid < ATT_NS * ATT_BR) {
+        let s = lid / ATT_BR;
+        let r = lid % ATT_BR;
+        if (r < nr) {
+            let b = (((r0 + r) * P.units + u) * P.n_chunks + chunk) * stride + s * (2u + vd);
+            O[b] = m_s[lid];
+            O[b + 1u] = l_s[lid];
+        }
     }
     for (var i = 0u; i < ATT_ACC; i++) {
         let a = lid + i * ATT_WG;
         if (a < nr * vd) {
             let r = a / vd;
-            var o = acc[i] / l_s[r];
-            if (ATT_NS == 2u) {
-                o -= P.lambda * acc[ATT_ACC + i] / l_s[ATT_BR + r];
+            let b = (((r0 + r) * P.units + u) * P.n_chunks + chunk) * stride + 2u + a % vd;
+            for (var s = 0u; s < ATT_NS; s++) {
+                O[b + s * (2u + vd)] = acc[s * ATT_ACC + i];
             }
-            acc[i] = o;
-            ss[r * ATT_WG + lid] += o * o;
-        }
-    }
-    if (ATT_NS == 2u) {
-        workgroupBarrier();
-        if (lid < ATT_BR) {
-            var t = 0.0;
-            for (var j = 0u; j < ATT_WG; j++) {
-                t += ss[lid * ATT_WG + j];
-            }
-            inv_s[lid] = 1.0 / sqrt(t / f32(vd) + P.eps);
-        }
-        workgroupBarrier();
-    }
-    for (var i = 0u; i < ATT_ACC; i++) {
-        let a = lid + i * ATT_WG;
-        if (a < nr * vd) {
-            let r = a / vd;
-            let d = a % vd;
-            var o = acc[i];
-            if (ATT_NS == 2u) {
-                var g = 1.0;
-                if (P.has_sub_norm != 0u) {
-                    g = SN[d];
-                }
-                o = g * (o * inv_s[r]) * P.out_scale;
-            }
-            O[(r0 + r) * P.q_dim + u * vd + d] = o;
         }
     }
 }

@@ -1,0 +1,107 @@
+// The combine step of attention (attention.wgsl is the attend step): for each (query row,
+// unit), merges the n_chunks partials of each softmax — max M = max m_c, sum
+// L = Σ l_c·exp(m_c − M), output Σ acc_c·exp(m_c − M) / L — then writes the unit's output:
+// standard, that output; DIFF, RMSNorm(o1 − λ·o2) · (optional sub-norm weight) ·
+// (1 − λ_init) over its 2·head_dim values. One workgroup of CB_WG threads per (row, unit),
+// each owning the dims lid + j·CB_WG (j < CB_DIMS). All arithmetic f32.
+
+struct Params {
+    rows: u32,
+    units: u32,
+    head_dim: u32,
+    n_chunks: u32,
+    q_dim: u32,      // output row stride (n_heads · head_dim)
+    grid_x: u32,
+    lambda: f32,
+    out_scale: f32,  // 1 − λ_init
+    eps: f32,
+    has_sub_norm: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> PA: array<f32>;
+@group(0) @binding(2) var<storage, read> SN: array<f32>;
+@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+
+var<workgroup> red: array<f32, CB_WG>;
+
+// The merged, normalised output of softmax s at dims lid + j·CB_WG of partials `first`.
+fn merged(first: u32, stride: u32, s: u32, vd: u32, lid: u32) -> array<f32, CB_DIMS> {
+    let off = s * (2u + vd);
+    var mx = NEG_BIG;
+    for (var c = 0u; c < P.n_chunks; c++) {
+        mx = max(mx, PA[first + c * stride + off]);
+    }
+    var l = 0.0;
+    var o: array<f32, CB_DIMS>;
+    for (var j = 0u; j < CB_DIMS; j++) {
+        o[j] = 0.0;
+    }
+    for (var c = 0u; c < P.n_chunks; c++) {
+        let b = first + c * stride + off;
+        let w = exp(PA[b] - mx);
+        l += PA[b + 1u] * w;
+        for (var j = 0u; j < CB_DIMS; j++) {
+            let d = lid + j * CB_WG;
+            if (d < vd) {
+                o[j] += PA[b + 2u + d] * w;
+            }
+        }
+    }
+    for (var j = 0u; j < CB_DIMS; j++) {
+        o[j] /= l;
+    }
+    return o;
+}
+
+@compute @workgroup_size(CB_WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let item = wg_index(wid, P.grid_x);
+    // Uniform exit: a whole workgroup leaves or none does (the DIFF path has barriers).
+    if (item >= P.rows * P.units) {
+        return;
+    }
+    let row = item / P.units;
+    let u = item % P.units;
+    let vd = P.head_dim * ATT_NS;
+    let stride = ATT_NS * (2u + vd);
+    let first = item * P.n_chunks * stride;
+    var o = merged(first, stride, 0u, vd, lid);
+    let out = row * P.q_dim + u * vd;
+    if (ATT_NS == 1u) {
+        for (var j = 0u; j < CB_DIMS; j++) {
+            let d = lid + j * CB_WG;
+            if (d < vd) {
+                O[out + d] = o[j];
+            }
+        }
+        return;
+    }
+    let o2 = merged(first, stride, 1u, vd, lid);
+    var sq = 0.0;
+    for (var j = 0u; j < CB_DIMS; j++) {
+        if (lid + j * CB_WG < vd) {
+            o[j] -= P.lambda * o2[j];
+            sq += o[j] * o[j];
+        }
+    }
+    red[lid] = sq;
+    workgroupBarrier();
+    for (var h = CB_WG / 2u; h > 0u; h >>= 1u) {
+        if (lid < h) {
+            red[lid] += red[lid + h];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(vd) + P.eps);
+    for (var j = 0u; j < CB_DIMS; j++) {
+        let d = lid + j * CB_WG;
+        if (d < vd) {
+            var g = 1.0;
+            if (P.has_sub_norm != 0u) {
+                g = SN[d];
+            }
+            O[out + d] = g * (o[j] * inv) * P.out_scale;
+        }
+    }
+}
