@@ -1,7 +1,9 @@
 // Matrix-vector product for decode: O[out_off + r] = Σ_k W[r][k] · X[k] for one token.
 // A workgroup of MV_WG threads computes MV_ROWS consecutive weight rows, MV_WG / MV_ROWS
-// threads per row, each summing 4-element groups (decode4 of the weight type) and the
-// group sums reduced in workgroup memory. Products in `act` (f16 or f32), sums in f32.
+// threads per row, each summing 4-element groups (decode4 of the weight type) two at a
+// time (both groups' loads issued before either is used: a GPU thread stalls at the first
+// use of a load, so this halves the stalls), and the sums reduced in workgroup memory.
+// Products in `act` (f16 or f32), sums in f32.
 
 struct Params {
     n_rows: u32,     // rows of this weight chunk
@@ -44,10 +46,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (row < P.n_rows) {
         let rb = row * P.row_bytes;
         let groups = (P.cols + 3u) / 4u;
-        for (var g = t; g < groups; g += TPR) {
-            let w = vec4<act>(decode4(rb, 4u * g, P.cols));
-            let x = vec4<act>(load_x4(4u * g));
-            acc += f32(dot(w, x));
+        var g = t;
+        for (; g + TPR < groups; g += 2u * TPR) {
+            let w0 = vec4<act>(decode4(rb, 4u * g, P.cols));
+            let w1 = vec4<act>(decode4(rb, 4u * (g + TPR), P.cols));
+            let x0 = vec4<act>(load_x4(4u * g));
+            let x1 = vec4<act>(load_x4(4u * (g + TPR)));
+            acc += f32(dot(w0, x0)) + f32(dot(w1, x1));
+        }
+        if (g < groups) {
+            acc += f32(dot(vec4<act>(decode4(rb, 4u * g, P.cols)), vec4<act>(load_x4(4u * g))));
         }
     }
     partial[lid] = acc;
