@@ -127,11 +127,13 @@ fn matmul_checks(test: &str, f16: bool, exact_bound: f64) {
     let mut rng = Rng::new(7);
     for ty in types() {
         let bs = ty.block_size();
-        // Row lengths: whole blocks, an odd number of them; float types: not a multiple of 4.
+        // Row lengths: whole blocks, an odd number of them; float types: not a multiple of 4;
+        // over 4 × 64 groups of 4 values, so that the matvec's threads (64 per row) run both
+        // its four-groups-at-a-time loop and its one-group tail.
         let cols = match bs {
-            1 => 203,
-            32 => 32 * 11,
-            _ => 256 * 3,
+            1 => 1203,
+            32 => 32 * 41,
+            _ => 256 * 5,
         };
         let rows = 133;
         let wv = rng.normals(rows * cols);
@@ -434,8 +436,8 @@ fn attention_standard_and_differential() {
     let mut p = Pair { cpu: ggml_cpu(), gpu };
     let mut rng = Rng::new(5);
     // Prefill chunks (odd sizes, crossing the 32-key tiles), then single-token decode steps;
-    // the last decodes over 300 keys, which the decode step splits into 5 chunks of 64
-    // (flash-decoding) that its combine step merges.
+    // the last decodes over 300 keys, which the decode step splits into 19 chunks of one
+    // 16-key tile each (flash-decoding) that its combine step merges.
     let steps = [37, 1, 1, 29, 1, 230, 1];
     for (h, hkv, hd) in [(6, 2, 64), (4, 4, 32), (8, 2, 128)] {
         let std = standard_spec(h, hkv, hd);

@@ -1,8 +1,8 @@
 // Matrix-vector product for decode: O[out_off + r] = Σ_k W[r][k] · X[k] for one token.
 // A workgroup of MV_WG threads computes MV_ROWS consecutive weight rows, MV_WG / MV_ROWS
-// threads per row, each summing 4-element groups (decode4 of the weight type) two at a
-// time (both groups' loads issued before either is used: a GPU thread stalls at the first
-// use of a load, so this halves the stalls), and the sums reduced in workgroup memory.
+// threads per row, each summing 4-element groups (decode4 of the weight type) four at a
+// time (all four groups' loads issued before any is used: a GPU thread stalls at the first
+// use of a load, so this quarters the stalls), and the sums reduced in workgroup memory.
 // Products in `act` (f16 or f32), sums in f32.
 
 struct Params {
@@ -47,14 +47,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let rb = row * P.row_bytes;
         let groups = (P.cols + 3u) / 4u;
         var g = t;
-        for (; g + TPR < groups; g += 2u * TPR) {
+        for (; g + 3u * TPR < groups; g += 4u * TPR) {
             let w0 = vec4<act>(decode4(rb, 4u * g, P.cols));
             let w1 = vec4<act>(decode4(rb, 4u * (g + TPR), P.cols));
+            let w2 = vec4<act>(decode4(rb, 4u * (g + 2u * TPR), P.cols));
+            let w3 = vec4<act>(decode4(rb, 4u * (g + 3u * TPR), P.cols));
             let x0 = vec4<act>(load_x4(4u * g));
             let x1 = vec4<act>(load_x4(4u * (g + TPR)));
-            acc += f32(dot(w0, x0)) + f32(dot(w1, x1));
+            let x2 = vec4<act>(load_x4(4u * (g + 2u * TPR)));
+            let x3 = vec4<act>(load_x4(4u * (g + 3u * TPR)));
+            acc += (f32(dot(w0, x0)) + f32(dot(w1, x1))) + (f32(dot(w2, x2)) + f32(dot(w3, x3)));
         }
-        if (g < groups) {
+        for (; g < groups; g += TPR) {
             acc += f32(dot(vec4<act>(decode4(rb, 4u * g, P.cols)), vec4<act>(load_x4(4u * g))));
         }
     }
