@@ -37,9 +37,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source runtime/bench/common.sh
 carry=$PWD/.gpu-carry
-# The GPU test binaries (package:test).
-gpu_tests=(duet-runtime:gpu_ops duet:gpu_model duet:decode_many duet:paged_cache duet:serve_engine duet:new_user
-  duet:insight_cli)
+# The test binaries that use the GPU (package:test): those whose source opens a GpuBackend,
+# records a no-GPU skip or runs `--device gpu`.
+gpu_tests=()
+for f in $(grep -l 'no_gpu\|GpuBackend\|"gpu"\|device gpu' tests/*.rs runtime/tests/*.rs); do
+  t=$(basename "$f" .rs)
+  case $f in runtime/*) gpu_tests+=("duet-runtime:$t") ;; *) gpu_tests+=("duet:$t") ;; esac
+done
 
 vulkan_tools() {
   local vk=$BENCH/vulkan-tools
