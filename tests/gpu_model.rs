@@ -276,7 +276,7 @@ fn no_pipeline_or_layout_after_first_token() {
 /// `GpuOptions::profile` times every dispatch and changes nothing: the logits of a prefill
 /// and 8 decoded tokens are bit-identical with and without it, and one decoded token's
 /// kernel calls are the model's (2 norms per layer and the final one, one embedding row,
-/// one K/V write per layer for each of K and V).
+/// one K/V write per layer for each of K and V) and its matvecs read each matrix once.
 #[test]
 fn kernel_profile_times_every_dispatch() {
     let test = "kernel_profile_times_every_dispatch";
@@ -308,8 +308,20 @@ fn kernel_profile_times_every_dispatch() {
     assert_eq!(calls("embed-"), 1, "{times:?}");
     assert_eq!(calls("kv_write-"), 2 * layers, "{times:?}");
     assert_eq!(calls("attention-"), layers, "{times:?}");
-    assert!(calls("matvec-") >= 7 * layers + 1, "q, k, v, o, gate, up, down per layer and the output: {times:?}");
+    assert_eq!(calls("matvec-"), 7 * layers + 1, "q, k, v, o, gate, up, down per layer and the output: {times:?}");
     assert!(times.iter().all(|t| t.seconds >= 0.0) && times.iter().any(|t| t.seconds > 0.0), "{times:?}");
+    // The matvecs read every matrix but the token embedding once (buffers padded to 4 bytes).
+    let file = GgufFile::open(&path).unwrap();
+    let matrices: Vec<u64> = file
+        .tensors()
+        .iter()
+        .filter(|t| t.n_dims() == 2 && t.name() != "token_embd.weight")
+        .map(|t| t.n_bytes())
+        .collect();
+    let want: u64 = matrices.iter().sum();
+    let read: u64 = times.iter().filter(|t| t.kernel.starts_with("matvec-")).map(|t| t.weight_bytes).sum();
+    assert!(read >= want && read <= want + 3 * matrices.len() as u64, "matvecs read {read} bytes of {want}");
+    assert!(times.iter().filter(|t| !t.kernel.starts_with("mat")).all(|t| t.weight_bytes == 0), "{times:?}");
     assert!(timed.take_kernel_times().unwrap().is_empty(), "take starts afresh");
     let _ = std::fs::remove_file(&path);
 }

@@ -44,8 +44,9 @@ pub struct Args {
     #[arg(long)]
     pub bandwidth: bool,
     /// Time every GPU kernel (timestamp queries) and print, after each test, where its GPU
-    /// time went: each kernel's calls and microseconds per token and share of the test. Each
-    /// submission is waited for, so the t/s of a profiled run are lower than without
+    /// time went: each kernel's calls and microseconds per token, share of the test and, for
+    /// the matrix kernels, the rate at which they read their weights. Each submission is
+    /// waited for, so the t/s of a profiled run are lower than without
     #[arg(long)]
     pub gpu_profile: bool,
 }
@@ -198,6 +199,7 @@ impl KernelTally {
                 Some(s) => {
                     s.calls += t.calls;
                     s.seconds += t.seconds;
+                    s.weight_bytes += t.weight_bytes;
                 }
                 None => self.0.push(t),
             }
@@ -216,11 +218,16 @@ impl KernelTally {
         let per = tokens as f64;
         println!("GPU time of {label}: {:.1} µs per token over all kernels", total * 1e6 / per);
         println!();
-        println!("| kernel | calls per token | µs per token | share |");
-        println!("|---|---|---|---|");
+        println!("| kernel | calls per token | µs per token | share | weights read, GB/s |");
+        println!("|---|---|---|---|---|");
         for t in &self.0 {
+            let rate = if t.weight_bytes > 0 && t.seconds > 0.0 {
+                format!("{:.1}", t.weight_bytes as f64 / t.seconds / 1e9)
+            } else {
+                "—".into()
+            };
             println!(
-                "| {} | {:.2} | {:.2} | {:.1}% |",
+                "| {} | {:.2} | {:.2} | {:.1}% | {rate} |",
                 t.kernel,
                 t.calls as f64 / per,
                 t.seconds * 1e6 / per,

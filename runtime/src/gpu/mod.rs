@@ -205,7 +205,19 @@ impl GpuBackend {
         let v = Variant::new(op, self.ctx.f16);
         let pipeline = self.pipes.get(&self.ctx.device, v);
         let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(params));
-        self.rec.dispatch(&self.ctx, &self.pipes, &self.alloc, v, pipeline, LayoutKind::of(op), words, bufs, groups);
+        // The matrix kernels read their whole weight chunk (binding 1) once per dispatch.
+        let weight_bytes = if matches!(op, Op::MatVec(_) | Op::MatMul(_)) { bufs[0].size } else { 0 };
+        self.rec.dispatch(
+            &self.ctx,
+            &self.pipes,
+            &self.alloc,
+            (v, weight_bytes),
+            pipeline,
+            LayoutKind::of(op),
+            words,
+            bufs,
+            groups,
+        );
     }
 
     /// The (cos, sin) table of `rope` covering positions `0..n_pos`.

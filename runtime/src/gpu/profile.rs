@@ -30,6 +30,8 @@ pub struct KernelTime {
     pub kernel: String,
     pub calls: u64,
     pub seconds: f64,
+    /// Weight bytes its calls read (the matrix kernels; 0 for the others).
+    pub weight_bytes: u64,
 }
 
 pub struct Profiler {
@@ -38,7 +40,8 @@ pub struct Profiler {
     resolve: wgpu::Buffer,
     read: wgpu::Buffer,
     ns_per_tick: f64,
-    totals: HashMap<Variant, (u64, f64)>,
+    /// Per variant: calls, nanoseconds, weight bytes.
+    totals: HashMap<Variant, (u64, f64, u64)>,
 }
 
 impl Profiler {
@@ -76,8 +79,9 @@ impl Profiler {
         enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, (n * wgpu::QUERY_SIZE as usize) as u64);
     }
 
-    /// Waits for the submission whose pass ran `kernels` in order and adds each one's time.
-    pub fn collect(&mut self, ctx: &GpuContext, kernels: &[Variant]) -> Result<(), RuntimeError> {
+    /// Waits for the submission whose pass ran `kernels` (variant, weight bytes) in order and
+    /// adds each one's time.
+    pub fn collect(&mut self, ctx: &GpuContext, kernels: &[(Variant, u64)]) -> Result<(), RuntimeError> {
         let n = kernels.len() + 1;
         let bytes = (n * wgpu::QUERY_SIZE as usize) as u64;
         let slot = Arc::new(Mutex::new(None));
@@ -99,12 +103,13 @@ impl Profiler {
                 .get_mapped_range(0..bytes)
                 .map_err(|e| RuntimeError::Device(format!("reading the kernel timestamps back failed: {e}")))?;
             let ticks: &[u64] = bytemuck::cast_slice(&view);
-            for (k, w) in kernels.iter().zip(ticks.windows(2)) {
+            for (&(k, bytes), w) in kernels.iter().zip(ticks.windows(2)) {
                 // Timestamps may wrap or be reordered by a driver: count such a gap as 0.
                 let ns = w[1].saturating_sub(w[0]) as f64 * self.ns_per_tick;
-                let e = self.totals.entry(*k).or_insert((0, 0.0));
+                let e = self.totals.entry(k).or_insert((0, 0.0, 0));
                 e.0 += 1;
                 e.1 += ns;
+                e.2 += bytes;
             }
         }
         self.read.unmap();
@@ -116,7 +121,12 @@ impl Profiler {
         let mut out: Vec<KernelTime> = self
             .totals
             .drain()
-            .map(|(v, (calls, ns))| KernelTime { kernel: v.label(), calls, seconds: ns * 1e-9 })
+            .map(|(v, (calls, ns, weight_bytes))| KernelTime {
+                kernel: v.label(),
+                calls,
+                seconds: ns * 1e-9,
+                weight_bytes,
+            })
             .collect();
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.kernel.cmp(&b.kernel)));
         out

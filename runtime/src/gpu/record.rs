@@ -18,6 +18,8 @@ use crate::error::RuntimeError;
 
 struct Dispatch {
     variant: Variant,
+    /// Weight bytes it reads (matrix kernels), for the profile's bandwidth.
+    weight_bytes: u64,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: Arc<wgpu::BindGroup>,
     offset: u32,
@@ -73,14 +75,15 @@ impl Recorder {
 
     /// Records one dispatch of `pipeline` (compiled from `variant`) over `groups` workgroups
     /// with parameters `params` (a `#[repr(C)]` struct of 4-byte fields) and the storage
-    /// buffers `bufs` in binding order.
+    /// buffers `bufs` in binding order; `weight_bytes` is what a matrix kernel reads of its
+    /// weights (0 for other kernels).
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch(
         &mut self,
         ctx: &GpuContext,
         pipes: &Pipelines,
         alloc: &Allocator,
-        variant: Variant,
+        (variant, weight_bytes): (Variant, u64),
         pipeline: Arc<wgpu::ComputePipeline>,
         kind: LayoutKind,
         params: &[u32],
@@ -126,7 +129,7 @@ impl Recorder {
                 bg
             }
         };
-        self.pending.push(Dispatch { variant, pipeline, bind_group, offset, groups });
+        self.pending.push(Dispatch { variant, weight_bytes, pipeline, bind_group, offset, groups });
     }
 
     /// Submits everything recorded, then copies `readback` = (buffer, byte offset, bytes)
@@ -176,7 +179,7 @@ impl Recorder {
         ctx.queue.submit([enc.finish()]);
         self.submissions += 1;
         if let Some(p) = self.profiler.as_mut().filter(|_| !self.pending.is_empty()) {
-            let kernels: Vec<Variant> = self.pending.iter().map(|d| d.variant).collect();
+            let kernels: Vec<(Variant, u64)> = self.pending.iter().map(|d| (d.variant, d.weight_bytes)).collect();
             if let Err(e) = p.collect(ctx, &kernels) {
                 self.profile_error.get_or_insert(e);
             }
