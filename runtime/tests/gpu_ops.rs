@@ -22,7 +22,11 @@ use duet_runtime::kv_pages::{PAGE, SeqPages, pages_for};
 use duet_test_support::{Rng, no_gpu};
 
 fn gpu(test: &str, f16: bool, max_binding: Option<u64>) -> Option<GpuBackend> {
-    match GpuBackend::new(&GpuOptions { f16: Some(f16), max_binding, ..Default::default() }) {
+    gpu_with(test, GpuOptions { f16: Some(f16), max_binding, ..Default::default() })
+}
+
+fn gpu_with(test: &str, opts: GpuOptions) -> Option<GpuBackend> {
+    match GpuBackend::new(&opts) {
         Ok(b) => Some(b),
         Err(e) => {
             no_gpu(test, &format!("no usable GPU adapter ({e})"));
@@ -120,10 +124,19 @@ fn cpu_matmul_bound(t: GgmlType) -> f64 {
     }
 }
 
+/// Every weight type through the matvec (with the hardware's 64 and the software adapters'
+/// 16 threads per row, whichever adapter runs the test), the matmul and the embedding.
 fn matmul_checks(test: &str, f16: bool, exact_bound: f64) {
-    let Some(gpu) = gpu(test, f16, None) else { return };
+    for tpr in [64, 16] {
+        let opts = GpuOptions { f16: Some(f16), matvec_threads_per_row: Some(tpr), ..Default::default() };
+        let Some(gpu) = gpu_with(test, opts) else { return };
+        eprintln!("{test}: {}, {tpr} matvec threads per row", gpu.describe());
+        matmul_checks_on(gpu, f16, exact_bound);
+    }
+}
+
+fn matmul_checks_on(gpu: GpuBackend, f16: bool, exact_bound: f64) {
     let mut p = Pair { cpu: ggml_cpu(), gpu };
-    eprintln!("{test}: {}", p.gpu.describe());
     let mut rng = Rng::new(7);
     for ty in types() {
         let bs = ty.block_size();

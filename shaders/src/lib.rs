@@ -359,12 +359,19 @@ impl Variant {
     }
 }
 
-/// Threads per matvec workgroup and weight rows each computes: 64 threads per row. With 16
-/// (64 and 4), a 2,048-row matrix ran 32 K threads, ~8 warps per multiprocessor of an H200,
-/// too few to hide the loads' latency: 30 µs for a 2,048 × 2,048 Q4_0 matrix (`duet bench
-/// --gpu-profile`), 3% of the card's bandwidth.
+/// Threads per matvec workgroup. The threads per weight row are a parameter
+/// ([`MatVecParams::threads_per_row`]): see [`mv_threads_per_row`].
 pub const MV_WG: u32 = 128;
-pub const MV_ROWS: u32 = 2;
+
+/// Threads per weight row of the matvec on a hardware adapter (`true`) or a software one.
+/// A GPU wants many: with 16, a 2,048-row matrix ran 32 K threads, ~8 warps per
+/// multiprocessor of an H200, too few to hide the loads' latency (30 µs for a 2,048 × 2,048
+/// Q4_0 matrix, 3% of the card's bandwidth; 64 halved that). A CPU adapter (lavapipe) runs
+/// a workgroup's threads as SIMD lanes and pays for every reduction step: 16 decode 2.4×
+/// faster there than 64.
+pub const fn mv_threads_per_row(hardware: bool) -> u32 {
+    if hardware { 64 } else { 16 }
+}
 /// Tile of the prefill matmul: weight rows × tokens per workgroup (256 threads).
 pub const MM_TM: u32 = 64;
 pub const MM_TN: u32 = 64;
@@ -439,7 +446,7 @@ pub fn source(v: &Variant) -> String {
     } else {
         s.push_str("alias act = f32;\n");
     }
-    let _ = writeln!(s, "const MV_WG: u32 = {MV_WG}u;\nconst MV_ROWS: u32 = {MV_ROWS}u;");
+    let _ = writeln!(s, "const MV_WG: u32 = {MV_WG}u;");
     let _ = writeln!(s, "const MM_TM: u32 = {MM_TM}u;\nconst MM_TN: u32 = {MM_TN}u;");
     let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;\nconst LA_WG: u32 = {LA_WG}u;");
     s.push_str(PRELUDE);

@@ -83,6 +83,9 @@ params! {
         x_off: u32,
         /// First element of the token's output row in O.
         o_base: u32,
+        /// Threads per weight row, a power of two dividing MV_WG (rows per workgroup:
+        /// MV_WG / threads_per_row).
+        threads_per_row: u32,
     }
 
     /// matmul.wgsl: tokens times a weight chunk, tiled.

@@ -29,11 +29,20 @@ pub struct GpuOptions {
     /// Time every kernel with timestamp queries ([`super::profile`]); an adapter without
     /// timestamps inside compute passes is refused.
     pub profile: bool,
+    /// Threads per weight row of the matvec kernel (a power of two, 1 to 128); None: the
+    /// adapter's ([`duet_shaders::mv_threads_per_row`]). Tests run both settings anywhere.
+    pub matvec_threads_per_row: Option<u32>,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { adapter: AdapterChoice::Any, f16: None, max_binding: None, profile: false }
+        GpuOptions {
+            adapter: AdapterChoice::Any,
+            f16: None,
+            max_binding: None,
+            profile: false,
+            matvec_threads_per_row: None,
+        }
     }
 }
 
@@ -57,6 +66,8 @@ pub struct GpuContext {
     pub max_chunk_bytes: u64,
     /// Kernels are timed ([`GpuOptions::profile`]).
     pub profile: bool,
+    /// Threads per weight row of the matvec kernel.
+    pub mv_threads_per_row: u32,
     pub sink: Arc<Mutex<ErrorSink>>,
 }
 
@@ -224,7 +235,27 @@ impl GpuContext {
             max_chunk_bytes = max_chunk_bytes.min(cap.max(4));
         }
         max_chunk_bytes &= !3;
-        Ok(GpuContext { device, queue, info, limits: want, f16, max_chunk_bytes, profile: opts.profile, sink })
+        let mv_threads_per_row = match opts.matvec_threads_per_row {
+            Some(t) if t.is_power_of_two() && t <= duet_shaders::MV_WG => t,
+            Some(t) => {
+                return Err(RuntimeError::Device(format!(
+                    "matvec threads per row must be a power of two up to {}, not {t}",
+                    duet_shaders::MV_WG
+                )));
+            }
+            None => duet_shaders::mv_threads_per_row(is_hardware(info.device_type)),
+        };
+        Ok(GpuContext {
+            device,
+            queue,
+            info,
+            limits: want,
+            f16,
+            max_chunk_bytes,
+            profile: opts.profile,
+            mv_threads_per_row,
+            sink,
+        })
     }
 
     /// A one-line description: adapter, backend, type and the arithmetic used.

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_ROWS, MatMulParams, MatVecParams, Op, WeightType};
+use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_WG, MatMulParams, MatVecParams, Op, WeightType};
 
 use super::buffers::{GpuTensor, GpuWeight, upload_rows, weight_type};
 use super::{GpuBackend, grid};
@@ -53,7 +53,8 @@ pub fn matmul(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTen
     let t = x.rows;
     for c in &w.chunks {
         if t == 1 {
-            let g = grid(c.rows, MV_ROWS as usize);
+            let tpr = b.ctx.mv_threads_per_row;
+            let g = grid(c.rows, (MV_WG / tpr) as usize);
             let params = MatVecParams {
                 n_rows: c.rows as u32,
                 cols: w.cols as u32,
@@ -62,6 +63,7 @@ pub fn matmul(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTen
                 grid_x: g.0,
                 x_off: 0,
                 o_base: 0,
+                threads_per_row: tpr,
             };
             b.run(Op::MatVec(w.ty), &params, &[&c.buf, &x.buf, &out.buf], g);
         } else {
