@@ -34,14 +34,17 @@ run() {
   rm -rf "$stage" && mkdir -p "$stage"
   xz -dc "$carry/bin.tar.xz" | tar -C "$stage" -xf -
   # The test binaries find the fixtures and the duet binary under the folder they were
-  # built in: make that path lead here.
+  # built in: on another machine, put the binaries here and make that path lead here (a dry
+  # run where they were built leaves that build alone).
   local root
   root=$(cat "$stage/build-root")
-  mkdir -p target/release/deps
-  cp "$stage/target/release/duet" target/release/duet
-  cp "$stage"/target/release/deps/* target/release/deps/
-  if [ "$root" != "$PWD" ] && [ ! -e "$root" ]; then mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; fi
-  local duet=$PWD/target/release/duet lbench=$stage/llama/llama-bench
+  if [ "$root" != "$PWD" ]; then
+    mkdir -p target/release/deps
+    cp "$stage/target/release/duet" target/release/duet
+    cp "$stage"/target/release/deps/* target/release/deps/
+    [ -e "$root" ] || { mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; }
+  fi
+  local duet=$stage/target/release/duet lbench=$stage/llama/llama-bench
   local gpu driver
   gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1 || true)
   driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
@@ -57,7 +60,7 @@ run() {
     name=${t#*:}
     bench_say "test binary $name"
     echo "=== $name" >>"$tests_log"
-    timeout 180 "target/release/deps/$name" --test-threads "$(nproc)" >>"$tests_log" 2>&1 || failed=1
+    timeout 180 "$stage/target/release/deps/$name" --test-threads "$(nproc)" >>"$tests_log" 2>&1 || failed=1
   done
   grep -E '^(=== |test result:|test .* FAILED|failures:|SKIPPED)' "$tests_log" >&2 || true
   unset DUET_REQUIRE_GPU
