@@ -43,9 +43,9 @@ pub struct Args {
     /// of 5), the ceiling of the decode rows' weight streaming rate
     #[arg(long)]
     pub bandwidth: bool,
-    /// Time every GPU kernel (timestamp queries) and print, after each test, where its GPU
-    /// time went: each kernel's calls and microseconds per token, share of the test and, for
-    /// the matrix kernels, the rate at which they read their weights. Each submission is
+    /// Time every GPU kernel (timestamp queries) and print, after the speed table, where each
+    /// test's GPU time went: each kernel's calls and microseconds per token, its share and,
+    /// for the matrix kernels, the rate at which they read their weights. Each submission is
     /// waited for, so the t/s of a profiled run are lower than without
     #[arg(long)]
     pub gpu_profile: bool,
