@@ -35,15 +35,12 @@ for a in "${archs[@]}"; do
   done
 done
 
-# -> "pp tg" medians (t/s) of one run
+# -> "pp tg GB/s" medians (t/s) of one run
 duet_run() {
   local extra=()
   [ "$depth" = 0 ] || extra=(--depth "$depth")
-  "$duet" bench -m "$1" -p 128 -n 32 -r 5 -t 2 --device cpu "${extra[@]}" 2>/dev/null \
-    | awk -F'|' '/pp128/ { gsub(/ /, "", $8); pp = $8 } /tg32/ { gsub(/ /, "", $8); tg = $8 } END { print pp, tg }'
+  "$duet" bench -m "$1" -p 128 -n 32 -r 5 -t 2 --device cpu "${extra[@]}" 2>/dev/null | bench_duet_parse
 }
-median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f×", a / b }'; }
 
 echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD); duet bench -p 128 -n 32 -r 5 -t 2 --device cpu (default arithmetic), decode depth $depth, $rounds rounds."
 echo
@@ -53,15 +50,15 @@ for t in "${types[@]}"; do
   declare -A pp=() tg=()
   for ((r = 0; r < rounds; r++)); do
     for a in "${archs[@]}"; do
-      read -r p g < <(duet_run "$BENCH/${dir[$a]}.$t.gguf")
+      read -r p g _ < <(duet_run "$BENCH/${dir[$a]}.$t.gguf")
       pp[$a]="${pp[$a]:-} $p"
       tg[$a]="${tg[$a]:-} $g"
     done
   done
   for a in "${archs[@]}"; do
-    pp[$a]=$(echo "${pp[$a]}" | median)
-    tg[$a]=$(echo "${tg[$a]}" | median)
+    pp[$a]=$(echo "${pp[$a]}" | bench_median)
+    tg[$a]=$(echo "${tg[$a]}" | bench_median)
   done
-  echo "| $t | ${pp[llama]} | ${pp[diff]} | $(ratio "${pp[diff]}" "${pp[llama]}") | ${pp[v2]} | $(ratio "${pp[v2]}" "${pp[llama]}") | ${tg[llama]} | ${tg[diff]} | $(ratio "${tg[diff]}" "${tg[llama]}") | ${tg[v2]} | $(ratio "${tg[v2]}" "${tg[llama]}") |"
+  echo "| $t | ${pp[llama]} | ${pp[diff]} | $(bench_ratio "${pp[diff]}" "${pp[llama]}") | ${pp[v2]} | $(bench_ratio "${pp[v2]}" "${pp[llama]}") | ${tg[llama]} | ${tg[diff]} | $(bench_ratio "${tg[diff]}" "${tg[llama]}") | ${tg[v2]} | $(bench_ratio "${tg[v2]}" "${tg[llama]}") |"
   unset pp tg
 done

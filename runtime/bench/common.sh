@@ -9,6 +9,9 @@
 #   bench_llama_build DIR T... -> the same with the cmake flags in LLAMA_FLAGS, in DIR
 #                           (runtime/bench/gpu_speed.sh builds the Vulkan backend so)
 #   bench_machine        -> prints the CPU model, its SIMD flags and the core count
+#   bench_duet_parse     -> "pp tg GB/s" of a `duet bench` table on stdin
+#   bench_llama_parse    -> "pp tg" of a `llama-bench` table on stdin
+#   bench_median, bench_ratio A B -> the median of the numbers on stdin, "A/B×"
 #   bench_duet NAME      -> path of a copy of a fresh release build of duet, so that a
 #                           rebuild while a benchmark runs cannot change what it measures
 
@@ -131,3 +134,24 @@ bench_machine() {
   flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|fma|f16c|avx512[a-z_]*|avx_vnni|amx[a-z_]*)$' | sort -u | tr '\n' ' ')
   echo "$model, $(nproc) cores; SIMD: ${flags% }"
 }
+
+# -> "pp tg GB/s" of one `duet bench` table on stdin: the t/s medians of its ppN and tgN rows
+# and the decode row's weight streaming rate; "-" for what the table lacks.
+bench_duet_parse() {
+  awk -F'|' '$7 ~ /pp[0-9]/ { gsub(/ /, "", $8); pp = $8 } $7 ~ /tg[0-9]/ { gsub(/ /, "", $8); gsub(/ /, "", $10); tg = $8; g = $10 }
+    END { print (pp == "" ? "-" : pp), (tg == "" ? "-" : tg), (g == "" ? "-" : g) }'
+}
+
+# -> "pp tg" of one `llama-bench` table on stdin (its t/s means), "-" for what it lacks.
+bench_llama_parse() {
+  awk -F'|' '/ pp[0-9]/ { split($(NF - 1), a, " "); pp = a[1] } / tg[0-9]/ { split($(NF - 1), a, " "); tg = a[1] }
+    END { print (pp == "" ? "-" : pp), (tg == "" ? "-" : tg) }'
+}
+
+# The median of the numbers on stdin (space- or line-separated; anything else is skipped).
+bench_median() {
+  tr ' ' '\n' | grep -E '^[0-9]' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# "A/B×" to two decimals, "—" where either is missing or zero.
+bench_ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f×", a / b; else print "—" }'; }

@@ -40,22 +40,18 @@ fi
 
 # -> "pp tg GB/s" medians (t/s) of one run, GB/s: weights streamed by the decode
 duet_run() {
-  "$duet" bench -m "$1" -p 128 -n 32 -r 5 -t 2 --device cpu "${@:2}" 2>/dev/null \
-    | awk -F'|' '/pp128/ { gsub(/ /, "", $8); pp = $8 } /tg32/ { gsub(/ /, "", $8); gsub(/ /, "", $10); tg = $8; gbs = $10 } END { print pp, tg, gbs }'
+  "$duet" bench -m "$1" -p 128 -n 32 -r 5 -t 2 --device cpu "${@:2}" 2>/dev/null | bench_duet_parse
 }
 lc_run() {
-  "$bin/llama-bench" -m "$1" -p 128 -n 32 -r 5 -t 2 2>/dev/null \
-    | awk -F'|' '/pp128/ { split($(NF - 1), a, " "); pp = a[1] } /tg32/ { split($(NF - 1), a, " "); tg = a[1] } END { print pp, tg }'
+  "$bin/llama-bench" -m "$1" -p 128 -n 32 -r 5 -t 2 2>/dev/null | bench_llama_parse
 }
-median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f×", a / b }'; }
 
 # -> memory read bandwidth, GB/s, of one `duet bench --bandwidth`
 bandwidth() {
   "$duet" bench -m "${models[0]}" -p 0 -n 1 -r 1 -t 2 --device cpu --bandwidth 2>/dev/null \
     | sed -n 's/^memory read bandwidth: \([0-9.]*\) GB.*/\1/p'
 }
-bw=$( (bandwidth; bandwidth; bandwidth) | median)
+bw=$( (bandwidth; bandwidth; bandwidth) | bench_median)
 
 echo "Machine: $(bench_machine); memory read bandwidth $bw GB/s (2 threads). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
 echo
@@ -77,11 +73,11 @@ for m in "${models[@]}"; do
     done
   done
   for who in lc duet duet8; do
-    pp[$who]=$(echo "${pp[$who]}" | median)
-    tg[$who]=$(echo "${tg[$who]}" | median)
+    pp[$who]=$(echo "${pp[$who]}" | bench_median)
+    tg[$who]=$(echo "${tg[$who]}" | bench_median)
   done
-  g=$(echo "${gbs[duet]}" | median)
+  g=$(echo "${gbs[duet]}" | bench_median)
   share=$(awk -v a="$g" -v b="$bw" 'BEGIN { printf "%.0f%%", 100 * a / b }')
-  echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(ratio "${tg[duet]}" "${tg[lc]}") | $g ($share) | ${pp[duet8]} | $(ratio "${pp[duet8]}" "${pp[lc]}") | ${tg[duet8]} | $(ratio "${tg[duet8]}" "${tg[lc]}") |"
+  echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(bench_ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(bench_ratio "${tg[duet]}" "${tg[lc]}") | $g ($share) | ${pp[duet8]} | $(bench_ratio "${pp[duet8]}" "${pp[lc]}") | ${tg[duet8]} | $(bench_ratio "${tg[duet8]}" "${tg[lc]}") |"
   unset pp tg gbs
 done

@@ -1,18 +1,6 @@
 # The `run` step of runtime/bench/gpu_speed.sh (sourced by it; see there): on the GPU
 # machine, from the repository root, with .gpu-carry/ made by `prepare` beside it.
 
-# -> "pp tg GB/s" of one `duet bench` table (tokens/s medians; GB/s: weights streamed by decode)
-duet_parse() {
-  awk -F'|' '$7 ~ /pp[0-9]/ { gsub(/ /, "", $8); pp = $8 } $7 ~ /tg[0-9]/ { gsub(/ /, "", $8); gsub(/ /, "", $10); tg = $8; g = $10 }
-    END { print (pp == "" ? "-" : pp), (tg == "" ? "-" : tg), (g == "" ? "-" : g) }'
-}
-# -> "pp tg" of one llama-bench table
-lc_parse() {
-  awk -F'|' '/ pp[0-9]/ { split($(NF - 1), a, " "); pp = a[1] } / tg[0-9]/ { split($(NF - 1), a, " "); tg = a[1] }
-    END { print (pp == "" ? "-" : pp), (tg == "" ? "-" : tg) }'
-}
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f×", a / b; else print "—" }'; }
-
 run() {
   local out=${OUT:-$PWD/target/gpu-speed}
   mkdir -p "$out"
@@ -124,11 +112,11 @@ PY
   declare -A duet_tg=()
   for m in "${models[@]}" "$diff_model"; do
     bench_say "speed of $(basename "$m")"
-    read -r lp lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | lc_parse)
-    read -r dp dt dg < <(timeout 150 "$duet" bench -m "$m" --device gpu -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | duet_parse)
+    read -r lp lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_llama_parse)
+    read -r dp dt dg < <(timeout 150 "$duet" bench -m "$m" --device gpu -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
     duet_tg[$m]=$dt
     share=$(awk -v g="$dg" -v b="${bw:-0}" 'BEGIN { if (b > 0 && g + 0 > 0) printf " (%.0f%%)", 100 * g / b }')
-    echo "| $(basename "$m" .gguf) | $lp | $dp | $(ratio "$dp" "$lp") | $lt | $dt | $(ratio "$dt" "$lt") | $dg$share |" >>"$res"
+    echo "| $(basename "$m" .gguf) | $lp | $dp | $(bench_ratio "$dp" "$lp") | $lt | $dt | $(bench_ratio "$dt" "$lt") | $dg$share |" >>"$res"
   done
   {
     echo
@@ -138,16 +126,16 @@ PY
     echo "|---|---|---|---|"
   } >>"$res"
   local lc_f16 du_f16 lc_q4 du_q4 x
-  read -r x lc_f16 < <(timeout 150 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | lc_parse)
-  read -r x du_f16 x < <(timeout 150 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | duet_parse)
-  read -r x lc_q4 < <(timeout 150 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -ctk q4_0 -ctv q4_0 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | lc_parse)
-  read -r x du_q4 x < <(timeout 150 "$duet" bench -m "${models[0]}" --device gpu --ctk q4c --ctv q4r -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | duet_parse)
+  read -r x lc_f16 < <(timeout 150 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_llama_parse)
+  read -r x du_f16 x < <(timeout 150 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_duet_parse)
+  read -r x lc_q4 < <(timeout 150 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -ctk q4_0 -ctv q4_0 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_llama_parse)
+  read -r x du_q4 x < <(timeout 150 "$duet" bench -m "${models[0]}" --device gpu --ctk q4c --ctv q4r -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_duet_parse)
   {
-    echo "| f16 | $lc_f16 | $du_f16 | $(ratio "$du_f16" "$lc_f16") |"
-    echo "| 4-bit (llama.cpp q4_0/q4_0, duet q4c/q4r) | $lc_q4 | $du_q4 | $(ratio "$du_q4" "$lc_q4") |"
+    echo "| f16 | $lc_f16 | $du_f16 | $(bench_ratio "$du_f16" "$lc_f16") |"
+    echo "| 4-bit (llama.cpp q4_0/q4_0, duet q4c/q4r) | $lc_q4 | $du_q4 | $(bench_ratio "$du_q4" "$lc_q4") |"
     echo
-    echo "duet, 4-bit cache / f16 cache at depth $depth: $(ratio "$du_q4" "$du_f16")."
-    echo "duet, DiffLlama / same-shape Llama decode ($(basename "$diff_model" .gguf) / $(basename "${models[0]}" .gguf)): $(ratio "${duet_tg[$diff_model]}" "${duet_tg[${models[0]}]}") (llama.cpp does not run DiffLlama)."
+    echo "duet, 4-bit cache / f16 cache at depth $depth: $(bench_ratio "$du_q4" "$du_f16")."
+    echo "duet, DiffLlama / same-shape Llama decode ($(basename "$diff_model" .gguf) / $(basename "${models[0]}" .gguf)): $(bench_ratio "${duet_tg[$diff_model]}" "${duet_tg[${models[0]}]}") (llama.cpp does not run DiffLlama)."
     echo
     echo "Adapters (from the programs' own logs):"
     echo
