@@ -13,14 +13,9 @@ const QMAX: f32 = f32((1u << (QBITS - 1u)) - 1u);
 
 // Quantizes the BLOCK values of S at `src` into the block at byte `off` of wbuf.
 fn quantize_block(src: u32, off: u32) {
-    // All of the block's loads first, none waiting on another (see kv_write_signed_max).
-    var x: array<f32, BLOCK>;
-    for (var i = 0u; i < BLOCK; i++) {
-        x[i] = S[src + i];
-    }
     var amax = 0.0;
     for (var i = 0u; i < BLOCK; i++) {
-        amax = max(amax, abs(x[i]));
+        amax = max(amax, abs(S[src + i]));
     }
     var d = 0.0;
     if (amax > 0.0) {
@@ -34,7 +29,7 @@ fn quantize_block(src: u32, off: u32) {
     put_byte(off, h);
     put_byte(off + 1u, h >> 8u);
     for (var i = 0u; i < BLOCK; i++) {
-        let q = i32(clamp(round_away(x[i] * id), -QMAX, QMAX));
+        let q = i32(clamp(round_away(S[src + i] * id), -QMAX, QMAX));
         // q8 stores the two's-complement byte (Q8_0), q6/q4 q + 2^(QBITS-1).
         if (QBITS == 8u) {
             codes[i] = bitcast<u32>(q) & 0xffu;

@@ -15,16 +15,9 @@ const H: i32 = 1 << (QBITS - 1u);
 
 // Quantizes the BLOCK values of S at `src` into the block at byte `off` of wbuf.
 fn quantize_block(src: u32, off: u32) {
-    // All of the block's loads first, none waiting on another (one thread writes a whole
-    // block: reading S inside the loops below made a chain of 128 dependent loads, 125 µs per
-    // decoded row on an H200).
-    var x: array<f32, BLOCK>;
-    for (var i = 0u; i < BLOCK; i++) {
-        x[i] = S[src + i];
-    }
     var m = 0.0;
     for (var i = 0u; i < BLOCK; i++) {
-        let v = x[i];
+        let v = S[src + i];
         if (abs(v) > abs(m)) {
             m = v;
         }
@@ -38,7 +31,7 @@ fn quantize_block(src: u32, off: u32) {
         for (var i = 0u; i < 32u; i++) {
             var q = 0;
             if (d != 0.0) {
-                q = i32(clamp(round_away(div_signed(x[32u * half + i], d)), -f32(H), f32(H - 1)));
+                q = i32(clamp(round_away(div_signed(S[src + 32u * half + i], d)), -f32(H), f32(H - 1)));
             }
             if (QBITS == 8u) {
                 codes[i] = bitcast<u32>(q) & 0xffu;
