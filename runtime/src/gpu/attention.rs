@@ -86,14 +86,14 @@ fn logit_scratch(b: &mut GpuBackend, slots: usize) -> (Arc<Buf>, Arc<Buf>) {
 /// Scratch buffer `slot` of at least `bytes`: the rotated copies (0: Q, 1: K, 2: V, 3:
 /// attention output) and the attend step's partials (4).
 fn scratch(b: &mut GpuBackend, slot: usize, bytes: u64) -> Arc<Buf> {
-    if b.rot_scratch.len() <= slot {
-        b.rot_scratch.resize(slot + 1, None);
+    if b.attn_scratch.len() <= slot {
+        b.attn_scratch.resize(slot + 1, None);
     }
-    match &b.rot_scratch[slot] {
+    match &b.attn_scratch[slot] {
         Some(buf) if buf.size >= bytes => Arc::clone(buf),
         _ => {
             let buf = b.alloc.storage(&b.ctx, bytes.next_power_of_two(), "attention scratch");
-            b.rot_scratch[slot] = Some(Arc::clone(&buf));
+            b.attn_scratch[slot] = Some(Arc::clone(&buf));
             buf
         }
     }
@@ -319,7 +319,9 @@ pub fn attention(
         }
     };
     let shape = if rows == 1 { AttnShape::Decode } else { AttnShape::Prefill };
-    let units = if diff { spec.n_heads / 2 } else { spec.n_heads };
+    // Softmaxes per unit; a DIFF unit is a head pair attending over 2·head_dim-wide V.
+    let ns = if diff { 2 } else { 1 };
+    let (units, vd) = (spec.n_heads / ns, hd * ns);
     let (br, bc) = attn_tile(shape);
     let (chunk_keys, n_chunks) = key_chunks(shape, pos0 + rows, units, bc as usize);
     let g = grid(rows.div_ceil(br as usize) * units * n_chunks, 1);
@@ -333,8 +335,6 @@ pub fn attention(
     // A rotated V's output is rotated back afterwards, the sub-norm weight applied then.
     let v_rot = cache.v_elem.rotated();
     let ob = if v_rot { scratch(b, 3, (rows * q_dim * 4) as u64) } else { Arc::clone(&out.buf) };
-    let vd = hd * if diff { 2 } else { 1 };
-    let ns = if diff { 2 } else { 1 };
     let partials = scratch(b, 4, (rows * units * n_chunks * ns * (2 + vd) * 4) as u64);
     let params = AttentionParams {
         rows: rows as u32,

@@ -56,8 +56,9 @@ pub struct GpuBackend {
     logit_scratch: Option<(usize, Arc<Buf>, Arc<Buf>)>,
     /// Bound where a kernel's optional input is absent.
     dummy: Arc<Buf>,
-    /// Rotated copies for the rotated cache types (Q, K, V, attention output), grown to fit.
-    rot_scratch: Vec<Option<Arc<Buf>>>,
+    /// Attention's scratch buffers, grown to fit: the rotated cache types' copies (Q, K, V,
+    /// attention output) and the attend step's partials (attention::scratch).
+    attn_scratch: Vec<Option<Arc<Buf>>>,
     /// Bytes of the largest activation tensor made so far.
     largest_tensor: u64,
     /// Sees the probes it wants, read back to the host as they are reached.
@@ -98,7 +99,7 @@ impl GpuBackend {
             constants: HashMap::new(),
             logit_scratch: None,
             dummy,
-            rot_scratch: Vec::new(),
+            attn_scratch: Vec::new(),
             largest_tensor: 0,
             observer: None,
             observe_error: None,
