@@ -405,7 +405,10 @@ pub const EW_WG: u32 = 256;
 const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 const WEIGHTS_COMMON: &str = include_str!("wgsl/weights/common.wgsl");
 const KSCALE: &str = include_str!("wgsl/weights/kscale.wgsl");
-const WORKGROUP_MAX: &str = include_str!("wgsl/workgroup_max.wgsl");
+/// The shared tree reductions (workgroup_max, workgroup_sum) over `wg` threads.
+fn workgroup_reduce(wg: u32) -> String {
+    format!("const RED_WG: u32 = {wg}u;\n{}", include_str!("wgsl/workgroup_reduce.wgsl"))
+}
 const QUANT_COMMON: &str = include_str!("wgsl/cache/quant_common.wgsl");
 
 /// The page table binding (`PT`, at `binding`) and `cache_row`/`cache_page`, which map a
@@ -470,7 +473,10 @@ pub fn source(v: &Variant) -> String {
             weights(&mut s, t);
             s.push_str(include_str!("wgsl/embed.wgsl"));
         }
-        Op::RmsNorm => s.push_str(include_str!("wgsl/rms_norm.wgsl")),
+        Op::RmsNorm => {
+            s.push_str(&workgroup_reduce(256));
+            s.push_str(include_str!("wgsl/rms_norm.wgsl"));
+        }
         Op::Rope => s.push_str(include_str!("wgsl/rope.wgsl")),
         Op::SwiGlu => s.push_str(include_str!("wgsl/swiglu.wgsl")),
         Op::Add => s.push_str(include_str!("wgsl/add.wgsl")),
@@ -520,11 +526,11 @@ pub fn source(v: &Variant) -> String {
         Op::LogitAbsmax(k) => {
             s.push_str(&page_table(4));
             s.push_str(&cache_reader('k', k));
-            s.push_str(WORKGROUP_MAX);
+            s.push_str(&workgroup_reduce(LA_WG));
             s.push_str(include_str!("wgsl/logit_absmax.wgsl"));
         }
         Op::LogitReduce => {
-            s.push_str(WORKGROUP_MAX);
+            s.push_str(&workgroup_reduce(LA_WG));
             s.push_str(include_str!("wgsl/logit_reduce.wgsl"));
         }
         Op::Attention { diff, shape, k, v: ve } => {
@@ -546,6 +552,7 @@ pub fn source(v: &Variant) -> String {
                 s,
                 "const ATT_NS: u32 = {ns}u;\nconst CB_WG: u32 = {CB_WG}u;\nconst CB_DIMS: u32 = {CB_DIMS}u;"
             );
+            s.push_str(&workgroup_reduce(CB_WG));
             s.push_str(include_str!("wgsl/attn_combine.wgsl"));
         }
     }

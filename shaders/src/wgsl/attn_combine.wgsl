@@ -23,8 +23,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> SN: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 
-var<workgroup> red: array<f32, CB_WG>;
-
 // The merged, normalised output of softmax s at dims lid + j·CB_WG of partials `first`.
 fn merged(first: u32, stride: u32, s: u32, vd: u32, lid: u32) -> array<f32, CB_DIMS> {
     let off = s * (2u + vd);
@@ -85,15 +83,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             sq += o[j] * o[j];
         }
     }
-    red[lid] = sq;
-    workgroupBarrier();
-    for (var h = CB_WG / 2u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            red[lid] += red[lid + h];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(red[0] / f32(vd) + P.eps);
+    let inv = 1.0 / sqrt(workgroup_sum(lid, sq) / f32(vd) + P.eps);
     for (var j = 0u; j < CB_DIMS; j++) {
         let d = lid + j * CB_WG;
         if (d < vd) {

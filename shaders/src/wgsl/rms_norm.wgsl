@@ -1,4 +1,4 @@
-// RMSNorm: O[r] = X[r] / sqrt(mean(X[r]²) + eps) · G, one workgroup per row.
+// RMSNorm: O[r] = X[r] / sqrt(mean(X[r]²) + eps) · G, one workgroup of RED_WG threads per row.
 
 struct Params {
     rows: u32,
@@ -12,9 +12,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> G: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 
-var<workgroup> partial: array<f32, 256>;
-
-@compute @workgroup_size(256)
+@compute @workgroup_size(RED_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = wg_index(wid, P.grid_x);
     if (r >= P.rows) {
@@ -22,20 +20,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let base = r * P.cols;
     var ss = 0.0;
-    for (var c = lid; c < P.cols; c += 256u) {
+    for (var c = lid; c < P.cols; c += RED_WG) {
         let v = X[base + c];
         ss += v * v;
     }
-    partial[lid] = ss;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            partial[lid] += partial[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(partial[0] / f32(P.cols) + P.eps);
-    for (var c = lid; c < P.cols; c += 256u) {
+    let inv = 1.0 / sqrt(workgroup_sum(lid, ss) / f32(P.cols) + P.eps);
+    for (var c = lid; c < P.cols; c += RED_WG) {
         O[base + c] = G[c] * (X[base + c] * inv);
     }
 }
