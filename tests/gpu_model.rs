@@ -15,7 +15,7 @@ use duet_convert::Preset;
 use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::cpu::CpuBackend;
-use duet_runtime::gpu::{GpuBackend, GpuOptions};
+use duet_runtime::gpu::{GpuBackend, GpuOptions, SUBMIT_EVERY};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::logits_file::{LogitsFile, argmax, log_softmax};
 use duet_runtime::model::{LogitGranularity, Logits, Model};
@@ -242,8 +242,41 @@ fn quantized_logits_gpu_matches_cpu() {
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
 }
 
-/// No pipeline or bind-group layout is created after the first token; every forward pass
-/// is one submission; decode steps create no bind groups either.
+/// A token submitted in pieces (every 7 dispatches, so that the GPU starts while the host
+/// records the rest) is computed exactly as in one submission: same logits, bit for bit;
+/// one submission per 7 dispatches and one with the readback.
+#[test]
+fn submitting_in_pieces_changes_nothing() {
+    let test = "submitting_in_pieces_changes_nothing";
+    let path = convert("diffllama-gqa", Preset::Q4KM, false);
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 200).collect();
+    let mut runs = Vec::new();
+    for every in [usize::MAX, 7] {
+        let opts = GpuOptions { submit_every: Some(every), ..Default::default() };
+        let mut b = match GpuBackend::new(&opts) {
+            Ok(b) => b,
+            Err(e) => return no_gpu(test, &format!("no usable GPU adapter ({e})")),
+        };
+        let model = Model::load(&mut b, Arc::clone(&file)).unwrap();
+        let mut s = model.new_session(&mut b, 64, 16, CacheType::F16, CacheType::F16).unwrap();
+        let mut logits = model.forward(&mut b, &mut s, &tokens[..9], Logits::Last).unwrap();
+        for i in 9..tokens.len() {
+            let (subs, dispatches) = (b.submissions(), b.dispatches());
+            logits.extend(model.forward(&mut b, &mut s, &tokens[i..i + 1], Logits::Last).unwrap());
+            let d = b.dispatches() - dispatches;
+            let want = if every == 7 { d / 7 + 1 } else { 1 };
+            assert_eq!(b.submissions() - subs, want, "token {i}: {d} dispatches, submitted every {every}");
+        }
+        runs.push(logits);
+    }
+    assert_eq!(runs[0], runs[1], "logits with and without mid-token submissions");
+    let _ = std::fs::remove_file(&path);
+}
+
+/// No pipeline or bind-group layout is created after the first token; a decode step is
+/// submitted once at its end (with the logits' readback); decode steps create no bind groups
+/// either.
 #[test]
 fn no_pipeline_or_layout_after_first_token() {
     let test = "no_pipeline_or_layout_after_first_token";
@@ -259,9 +292,11 @@ fn no_pipeline_or_layout_after_first_token() {
     // Decode steps.
     model.forward(&mut b, &mut s, &tokens[9..10], Logits::Last).unwrap();
     let (subs, groups) = (b.submissions(), b.bind_groups_created());
+    let dispatches = b.dispatches();
     for i in 10..20 {
         model.forward(&mut b, &mut s, &tokens[i..i + 1], Logits::Last).unwrap();
     }
+    assert!(b.dispatches() - dispatches < 10 * SUBMIT_EVERY, "this model's tokens fit one submission");
     assert_eq!(b.submissions(), subs + 10, "one submission per decoded token");
     assert_eq!(b.bind_groups_created(), groups, "decode steps reuse their bind groups");
     // Another prefill (more tokens than one batch), all logits, a reset.
@@ -322,6 +357,12 @@ fn kernel_profile_times_every_dispatch() {
     let read: u64 = times.iter().filter(|t| t.kernel.starts_with("matvec-")).map(|t| t.weight_bytes).sum();
     assert!(read >= want && read <= want + 3 * matrices.len() as u64, "matvecs read {read} bytes of {want}");
     assert!(times.iter().filter(|t| !t.kernel.starts_with("mat")).all(|t| t.weight_bytes == 0), "{times:?}");
+    // The host's steps: every dispatch recorded, the token submitted and waited for.
+    let host =
+        |label: &str| times.iter().filter(|t| t.on_host && t.kernel.contains(label)).map(|t| t.calls).sum::<u64>();
+    let kernel_calls: u64 = times.iter().filter(|t| !t.on_host).map(|t| t.calls).sum();
+    assert_eq!(host("recording"), kernel_calls, "{times:?}");
+    assert!(host("submitting") >= 1 && host("waiting") >= 1, "{times:?}");
     assert!(timed.take_kernel_times().unwrap().is_empty(), "take starts afresh");
     let _ = std::fs::remove_file(&path);
 }

@@ -49,6 +49,11 @@ pub struct Args {
     /// waited for, so the t/s of a profiled run are lower than without
     #[arg(long)]
     pub gpu_profile: bool,
+    /// GPU dispatches recorded before they are submitted without waiting, so that the GPU
+    /// starts a token while the rest is recorded (default 100; 0: one submission per
+    /// forward pass). For measuring the host's share of a token
+    #[arg(long, value_name = "N")]
+    pub gpu_submit_every: Option<usize>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -73,6 +78,12 @@ pub fn run(args: Args) -> Result<()> {
             anyhow::bail!("--gpu-profile times GPU kernels: use it with --device gpu or auto");
         }
         model_args.gpu_profile = true;
+    }
+    if let Some(n) = args.gpu_submit_every {
+        if model_args.device == super::common::Device::Cpu {
+            anyhow::bail!("--gpu-submit-every sets how the GPU backend submits: use it with --device gpu or auto");
+        }
+        model_args.gpu_submit_every = Some(if n == 0 { usize::MAX } else { n });
     }
     let mut engine = load_engine(&model_args, &path, false)?;
     with_engine!(engine, e => bench(e, &args, &path, longest))
@@ -206,9 +217,10 @@ impl KernelTally {
         }
     }
 
-    /// The table of where the GPU time of `label`'s `tokens` tokens (all timed runs) went.
+    /// The table of where the GPU time of `label`'s `tokens` tokens (all timed runs) went,
+    /// then the host's steps.
     fn print(&mut self, label: &str, tokens: usize) {
-        let total: f64 = self.0.iter().map(|t| t.seconds).sum();
+        let total: f64 = self.0.iter().filter(|t| !t.on_host).map(|t| t.seconds).sum();
         println!();
         if total <= 0.0 || tokens == 0 {
             println!("GPU time of {label}: no kernel was timed");
@@ -220,7 +232,7 @@ impl KernelTally {
         println!();
         println!("| kernel | calls per token | µs per token | share | weights read, GB/s |");
         println!("|---|---|---|---|---|");
-        for t in &self.0 {
+        for t in self.0.iter().filter(|t| !t.on_host) {
             let rate = if t.weight_bytes > 0 && t.seconds > 0.0 {
                 format!("{:.1}", t.weight_bytes as f64 / t.seconds / 1e9)
             } else {
@@ -233,6 +245,14 @@ impl KernelTally {
                 t.seconds * 1e6 / per,
                 100.0 * t.seconds / total
             );
+        }
+        println!();
+        println!("Host time of {label} (the wait includes the GPU's time and the timestamps' cost):");
+        println!();
+        println!("| host step | times per token | µs per token |");
+        println!("|---|---|---|");
+        for t in self.0.iter().filter(|t| t.on_host) {
+            println!("| {} | {:.2} | {:.2} |", t.kernel, t.calls as f64 / per, t.seconds * 1e6 / per);
         }
     }
 }

@@ -57,6 +57,9 @@ pub struct ModelArgs {
     /// Time every GPU kernel (set by `duet bench --gpu-profile`; not a flag of its own).
     #[arg(skip)]
     pub gpu_profile: bool,
+    /// GPU dispatches per submission (set by `duet bench --gpu-submit-every`).
+    #[arg(skip)]
+    pub gpu_submit_every: Option<usize>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,7 +186,12 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
         Device::Gpu => Some(AdapterChoice::Any),
     };
     if let Some(adapter) = adapter {
-        match GpuBackend::new(&GpuOptions { adapter, profile: args.gpu_profile, ..Default::default() }) {
+        match GpuBackend::new(&GpuOptions {
+            adapter,
+            profile: args.gpu_profile,
+            submit_every: args.gpu_submit_every,
+            ..Default::default()
+        }) {
             Ok(gpu) => {
                 let info = gpu.adapter_info();
                 if !quiet {

@@ -104,6 +104,7 @@ pub fn run(args: Args) -> Result<()> {
             attn_logits: None,
             device: args.device,
             gpu_profile: false,
+            gpu_submit_every: None,
         };
         let mut engine = load_engine(&margs, path, true)?;
         let name = file_name(path);

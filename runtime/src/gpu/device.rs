@@ -32,6 +32,9 @@ pub struct GpuOptions {
     /// Threads per weight row of the matvec kernel (a power of two, 1 to 128); None: the
     /// adapter's ([`duet_shaders::mv_threads_per_row`]). Tests run both settings anywhere.
     pub matvec_threads_per_row: Option<u32>,
+    /// Dispatches recorded before they are submitted without waiting (at least 1); None:
+    /// [`super::SUBMIT_EVERY`].
+    pub submit_every: Option<usize>,
 }
 
 impl Default for GpuOptions {
@@ -42,6 +45,7 @@ impl Default for GpuOptions {
             max_binding: None,
             profile: false,
             matvec_threads_per_row: None,
+            submit_every: None,
         }
     }
 }
@@ -68,6 +72,8 @@ pub struct GpuContext {
     pub profile: bool,
     /// Threads per weight row of the matvec kernel.
     pub mv_threads_per_row: u32,
+    /// Dispatches recorded before they are submitted.
+    pub submit_every: usize,
     pub sink: Arc<Mutex<ErrorSink>>,
 }
 
@@ -254,6 +260,7 @@ impl GpuContext {
             max_chunk_bytes,
             profile: opts.profile,
             mv_threads_per_row,
+            submit_every: opts.submit_every.unwrap_or(super::SUBMIT_EVERY).max(1),
             sink,
         })
     }

@@ -28,6 +28,7 @@ use duet_shaders::{KernelParams, Op, Variant};
 
 pub use buffers::{GpuKvCache, GpuTensor, GpuWeight};
 pub use device::{AdapterChoice, GpuOptions};
+pub use record::SUBMIT_EVERY;
 pub use wgpu::{AdapterInfo, Backend as WgpuBackend, DeviceType};
 
 use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
@@ -148,6 +149,11 @@ impl GpuBackend {
     /// Command submissions so far.
     pub fn submissions(&self) -> usize {
         self.rec.submissions
+    }
+
+    /// Dispatches recorded so far.
+    pub fn dispatches(&self) -> usize {
+        self.rec.dispatches
     }
 
     /// Bytes of the largest activation tensor made so far (tests of batch planning).

@@ -6,6 +6,10 @@
 //! for the previous one to drain, the cost a token pays for it. The submission is then
 //! waited for (profiling serialises the CPU and the GPU: tokens/s measured with it on are
 //! lower than without) and the differences are summed per kernel variant.
+//!
+//! The host's part of a token is timed beside it ([`HostStep`]): recording the dispatches,
+//! encoding and submitting them, and waiting for the results (the GPU's time plus what the
+//! driver adds), so that the profile shows what a faster kernel cannot win back.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +36,29 @@ pub struct KernelTime {
     pub seconds: f64,
     /// Weight bytes its calls read (the matrix kernels; 0 for the others).
     pub weight_bytes: u64,
+    /// A step on the host ([`HostStep`]), not a GPU kernel.
+    pub on_host: bool,
+}
+
+/// The host's steps of a token that the profile times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostStep {
+    /// Recording the dispatches (parameters, bind group look-ups).
+    Record,
+    /// Encoding the compute pass and submitting it.
+    Submit,
+    /// Waiting for a submission to finish and mapping its results.
+    Wait,
+}
+
+impl HostStep {
+    fn label(self) -> &'static str {
+        match self {
+            HostStep::Record => "host: recording dispatches",
+            HostStep::Submit => "host: encoding and submitting",
+            HostStep::Wait => "host: waiting for the results",
+        }
+    }
 }
 
 pub struct Profiler {
@@ -42,6 +69,8 @@ pub struct Profiler {
     ns_per_tick: f64,
     /// Per variant: calls, nanoseconds, weight bytes.
     totals: HashMap<Variant, (u64, f64, u64)>,
+    /// Per host step: times, nanoseconds.
+    host: HashMap<HostStep, (u64, f64)>,
 }
 
 impl Profiler {
@@ -65,7 +94,15 @@ impl Profiler {
             read: buffer("duet timestamps read", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
             ns_per_tick: ctx.queue.get_timestamp_period() as f64,
             totals: HashMap::new(),
+            host: HashMap::new(),
         }
+    }
+
+    /// Adds one `step` on the host that took `elapsed`.
+    pub fn host(&mut self, step: HostStep, elapsed: std::time::Duration) {
+        let e = self.host.entry(step).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += elapsed.as_nanos() as f64;
     }
 
     /// Timestamp `i` of the pass: 0 before the first dispatch, i after dispatch i−1.
@@ -116,7 +153,8 @@ impl Profiler {
         Ok(())
     }
 
-    /// The time per kernel variant since the last call, longest first; starts afresh.
+    /// The time per kernel variant and host step since the last call, longest first;
+    /// starts afresh.
     pub fn take(&mut self) -> Vec<KernelTime> {
         let mut out: Vec<KernelTime> = self
             .totals
@@ -126,7 +164,15 @@ impl Profiler {
                 calls,
                 seconds: ns * 1e-9,
                 weight_bytes,
+                on_host: false,
             })
+            .chain(self.host.drain().map(|(step, (calls, ns))| KernelTime {
+                kernel: step.label().into(),
+                calls,
+                seconds: ns * 1e-9,
+                weight_bytes: 0,
+                on_host: true,
+            }))
             .collect();
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.kernel.cmp(&b.kernel)));
         out

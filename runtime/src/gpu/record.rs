@@ -1,7 +1,9 @@
 //! Recording: every op of a token appends a dispatch (pipeline, bind group, parameter
 //! offset, workgroup counts) to a list; [`Recorder::submit`] writes all the parameters in
 //! one buffer write, records every dispatch into one compute pass of one command encoder,
-//! adds the readback copy and submits once. Bind groups are cached by the ids of the
+//! adds the readback copy and submits. Every [`SUBMIT_EVERY`] dispatches (by default) the list so far
+//! is submitted without waiting, so that the GPU runs the start of a token while the host
+//! records and encodes the rest. Bind groups are cached by the ids of the
 //! buffers they bind (the parameters go through a dynamic offset), so after the first token
 //! no bind group is created either.
 
@@ -13,7 +15,7 @@ use duet_shaders::Variant;
 use super::buffers::{Allocator, Buf};
 use super::device::GpuContext;
 use super::pipelines::{LayoutKind, PARAMS_SLOT, Pipelines};
-use super::profile::{KernelTime, MAX_TIMESTAMPS, Profiler};
+use super::profile::{HostStep, KernelTime, MAX_TIMESTAMPS, Profiler};
 use crate::error::RuntimeError;
 
 struct Dispatch {
@@ -29,6 +31,11 @@ struct Dispatch {
 /// Parameter slots per submission before a mid-token flush is needed.
 const PARAM_SLOTS: u64 = 4096;
 
+/// Dispatches recorded before they are submitted (llama.cpp's Vulkan backend submits every
+/// 100 graph nodes for the same reason): a decoded token is ~400 dispatches, and encoding
+/// them all before the GPU starts put the host's time in front of the GPU's.
+pub const SUBMIT_EVERY: usize = 100;
+
 pub struct Recorder {
     params: Arc<Buf>,
     staging: Vec<u8>,
@@ -36,8 +43,9 @@ pub struct Recorder {
     bind_groups: HashMap<(LayoutKind, Vec<u64>), Arc<wgpu::BindGroup>>,
     readback: Option<wgpu::Buffer>,
     readback_size: u64,
-    /// Submissions so far (tests check one per token).
+    /// Submissions and dispatches so far (tests check the submissions per token).
     pub submissions: usize,
+    pub dispatches: usize,
     pub bind_groups_created: usize,
     /// Times every kernel when the context was opened with `profile`.
     profiler: Option<Profiler>,
@@ -62,6 +70,7 @@ impl Recorder {
             readback: None,
             readback_size: 0,
             submissions: 0,
+            dispatches: 0,
             bind_groups_created: 0,
             profiler: ctx.profile.then(|| Profiler::new(ctx)),
             profile_error: None,
@@ -95,6 +104,7 @@ impl Recorder {
         if groups.0 == 0 || groups.1 == 0 {
             return;
         }
+        let started = self.profiler.is_some().then(std::time::Instant::now);
         let timestamps_full = self.profiler.is_some() && self.pending.len() + 1 >= MAX_TIMESTAMPS as usize;
         if self.staging.len() as u64 + PARAMS_SLOT > self.params.size || timestamps_full {
             // More dispatches than parameter slots (or timestamps): run what is recorded so far.
@@ -130,11 +140,19 @@ impl Recorder {
             }
         };
         self.pending.push(Dispatch { variant, weight_bytes, pipeline, bind_group, offset, groups });
+        self.dispatches += 1;
+        if let (Some(p), Some(t0)) = (self.profiler.as_mut(), started) {
+            p.host(HostStep::Record, t0.elapsed());
+        }
+        if self.pending.len() >= ctx.submit_every {
+            self.submit(ctx, alloc, None);
+        }
     }
 
     /// Submits everything recorded, then copies `readback` = (buffer, byte offset, bytes)
     /// into the readback buffer in the same submission.
     pub fn submit(&mut self, ctx: &GpuContext, alloc: &Allocator, readback: Option<(&Buf, u64, u64)>) {
+        let started = std::time::Instant::now();
         // Release bind groups that hold buffers dropped since the last submission.
         let dead: Vec<u64> = std::mem::take(&mut *alloc.dead.lock().unwrap_or_else(|p| p.into_inner()));
         if !dead.is_empty() {
@@ -178,11 +196,16 @@ impl Recorder {
         }
         ctx.queue.submit([enc.finish()]);
         self.submissions += 1;
+        if let Some(p) = self.profiler.as_mut() {
+            p.host(HostStep::Submit, started.elapsed());
+        }
         if let Some(p) = self.profiler.as_mut().filter(|_| !self.pending.is_empty()) {
             let kernels: Vec<(Variant, u64)> = self.pending.iter().map(|d| (d.variant, d.weight_bytes)).collect();
+            let waited = std::time::Instant::now();
             if let Err(e) = p.collect(ctx, &kernels) {
                 self.profile_error.get_or_insert(e);
             }
+            p.host(HostStep::Wait, waited.elapsed());
         }
         self.pending.clear();
         self.staging.clear();
@@ -194,6 +217,7 @@ impl Recorder {
         if let Some(e) = self.profile_error.take() {
             return Err(e);
         }
+        let started = std::time::Instant::now();
         let rb = self.readback.as_ref().expect("submit with a readback first");
         let slot = Arc::new(std::sync::Mutex::new(None));
         {
@@ -221,6 +245,9 @@ impl Recorder {
             bytemuck::cast_slice::<u8, f32>(&view).to_vec()
         };
         rb.unmap();
+        if let Some(p) = self.profiler.as_mut() {
+            p.host(HostStep::Wait, started.elapsed());
+        }
         Ok(out)
     }
 }
