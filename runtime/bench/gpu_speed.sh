@@ -31,6 +31,11 @@
 # Results go to $OUT (the device tool's folder) or target/gpu-speed: gpu-speed.md (the table
 # and the machine), gpu-tests.log, profiles.md, run.log.
 #
+#   DUET_BASE="path/to/duet-<commit> …" runtime/bench/gpu_speed.sh prepare
+# also carries other duet binaries (named for their commit or change); `run` then adds their
+# decode rows beside this build's, on the same card in the same run (device time is short:
+# one run measures a change).
+#
 #   MODELS=small TESTS=0 runtime/bench/gpu_speed.sh run   # a dry run (lavapipe): the 10M
 #                                   # reference models instead of the 1.1B ones, depth 256, no tests
 set -euo pipefail
@@ -92,8 +97,15 @@ prepare() {
   done
   strip -o "$stage/target/release/duet" target/release/duet
   strip -o "$stage/llama/llama-bench" "$lbin/llama-bench"
+  local b i=0
+  for b in ${DUET_BASE:-}; do
+    i=$((i + 1))
+    mkdir -p "$stage/base/$i"
+    strip -o "$stage/base/$i/duet" "$b"
+    basename "$b" >"$stage/base/$i/name"
+  done
   echo "$PWD" >"$stage/build-root"
-  git rev-parse --short HEAD >"$stage/commit"
+  git describe --always --dirty=+changes >"$stage/commit"
   tar -C "$stage" -cf - . | xz -T0 -6 >"$carry/bin.tar.xz"
   rm -rf "$stage"
   bench_say "fetching the Vulkan loader for the GPU machine"

@@ -23,10 +23,11 @@ run() {
   xz -dc "$carry/bin.tar.xz" | tar -C "$stage" -xf -
   # The test binaries find the fixtures and the duet binary under the folder they were
   # built in: on another machine, put the binaries here and make that path lead here (a dry
-  # run where they were built leaves that build alone).
+  # run where they were built leaves that build alone; a machine whose copy of the tree has
+  # the build's path still lacks target/, which is not carried).
   local root
   root=$(cat "$stage/build-root")
-  if [ "$root" != "$PWD" ]; then
+  if [ "$root" != "$PWD" ] || [ ! -x target/release/duet ]; then
     mkdir -p target/release/deps
     cp "$stage/target/release/duet" target/release/duet
     cp "$stage"/target/release/deps/* target/release/deps/
@@ -141,6 +142,37 @@ PY
     echo
     grep -h -E '^GPU adapter:|^ggml_vulkan: [0-9]+ =|^ggml_vulkan: No devices' "$log" | sort -u | sed 's/^/    /'
   } >>"$res"
+
+  # Other builds carried by `DUET_BASE=… prepare`, if any: decode beside this one, and this
+  # one submitting once per token (the host's time then comes before the GPU's).
+  if [ -d "$stage/base" ]; then
+    local b bt nt name
+    {
+      echo
+      echo "Decode of other duet builds and of this one ($(cat "$stage/commit")), same card, same run:"
+      echo
+      echo "| build | model | tg$tg | this build / it |"
+      echo "|---|---|---|---|"
+    } >>"$res"
+    for m in "${models[@]}" "$diff_model"; do
+      read -r x nt x < <(timeout 150 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+      echo "| this | $(basename "$m" .gguf) | $nt | |" >>"$res"
+      for b in "$stage"/base/*/duet; do
+        name=$(cat "$(dirname "$b")/name")
+        read -r x bt x < <(timeout 150 "$b" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+        echo "| $name | $(basename "$m" .gguf) | $bt | $(bench_ratio "$nt" "$bt") |" >>"$res"
+      done
+    done
+    m=${models[0]}
+    read -r x nt x < <(timeout 150 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+    read -r x bt x < <(timeout 150 "$duet" bench -m "$m" --device gpu --gpu-submit-every 0 -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+    echo "| this, one submission per token | $(basename "$m" .gguf) | $bt | $(bench_ratio "$nt" "$bt") |" >>"$res"
+    for b in "$stage"/base/*/duet; do
+      name=$(cat "$(dirname "$b")/name")
+      read -r x bt x < <(timeout 150 "$b" bench -m "$m" --device gpu -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_duet_parse)
+      echo "| $name | $(basename "$m" .gguf) @ d$depth f16 | $bt | $(bench_ratio "$du_f16" "$bt") |" >>"$res"
+    done
+  fi
 
   # 4. Where duet's GPU time goes.
   local prof=$out/profiles.md
