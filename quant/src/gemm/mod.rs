@@ -93,31 +93,69 @@ pub fn packable(ty: GgmlType) -> bool {
     layout(ty).is_some()
 }
 
-/// 64-byte aligned, zero-initialised bytes.
-#[derive(Clone)]
+/// 64-byte aligned, zero-initialised bytes. Large buffers (packed weight matrices) are an
+/// anonymous mapping aligned to 2 MiB and advised for transparent huge pages (Linux; where
+/// THP is "madvise", as on Debian, nothing else gets them): decode streams every matrix once
+/// per token, and with 4 KiB pages that is a TLB miss every 4 KiB.
 struct AlignedBytes {
-    lines: Vec<Line>,
+    store: Store,
     len: usize,
+}
+
+enum Store {
+    Heap(Vec<Line>),
+    /// The mapping and the offset of the first 2 MiB boundary in it.
+    Mapped(memmap2::MmapMut, usize),
 }
 
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; LINE]);
 
+/// Huge page size, and the smallest buffer worth mapping on its own.
+const HUGE: usize = 2 << 20;
+
 impl AlignedBytes {
     fn zeroed(len: usize) -> AlignedBytes {
-        AlignedBytes { lines: vec![Line([0; LINE]); len.div_ceil(LINE)], len }
+        if len >= 2 * HUGE
+            && let Ok(map) = memmap2::MmapMut::map_anon(len + HUGE)
+        {
+            let offset = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
+            // Only whole huge pages: advising the tail too would back its last partial 2 MiB
+            // with a whole one (up to 2 MiB more resident memory per matrix).
+            #[cfg(target_os = "linux")]
+            let _ = map.advise_range(memmap2::Advice::HugePage, offset, len / HUGE * HUGE);
+            return AlignedBytes { store: Store::Mapped(map, offset), len };
+        }
+        AlignedBytes { store: Store::Heap(vec![Line([0; LINE]); len.div_ceil(LINE)]), len }
     }
     fn as_ptr(&self) -> *const u8 {
-        self.lines.as_ptr() as *const u8
+        match &self.store {
+            Store::Heap(lines) => lines.as_ptr() as *const u8,
+            // SAFETY: offset + len ≤ the mapping's length (it is len + HUGE, offset < HUGE).
+            Store::Mapped(map, offset) => unsafe { map.as_ptr().add(*offset) },
+        }
     }
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.lines.as_mut_ptr() as *mut u8
+        match &mut self.store {
+            Store::Heap(lines) => lines.as_mut_ptr() as *mut u8,
+            // SAFETY: as in as_ptr.
+            Store::Mapped(map, offset) => unsafe { map.as_mut_ptr().add(*offset) },
+        }
     }
     fn as_slice(&self) -> &[u8] {
-        // SAFETY: `lines` holds at least `len` initialised bytes (Line is plain bytes, size 64,
-        // no padding).
+        // SAFETY: the store holds at least `len` initialised bytes (Line is plain bytes, size
+        // 64, no padding; an anonymous mapping reads as zeros).
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+}
+
+impl Clone for AlignedBytes {
+    fn clone(&self) -> AlignedBytes {
+        let mut c = AlignedBytes::zeroed(self.len);
+        // SAFETY: both hold `len` bytes and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr(), c.as_mut_ptr(), self.len) };
+        c
     }
 }
 
