@@ -19,7 +19,7 @@ rounds=${ROUNDS:-2}
 types=(${TYPES:-q4_0 q4_k_m q6_k q8_0})
 rand=$BENCH/random-llama-1.1b
 if [ ! -s "$rand.f16.gguf" ]; then
-  [ -f "$rand/config.json" ] || python3 converter/bench/make_random_llama.py "$rand" --dtype f16 >&2
+  [ -f "$rand/config.json" ] || bench_random_llama "$rand" --dtype f16 >&2
   "$duet" convert "$rand" -t f16 -o "$rand.f16.gguf" -q
 fi
 threads=$(nproc)

@@ -26,7 +26,7 @@ archs=(llama diff v2)
 for a in "${archs[@]}"; do
   base=$BENCH/${dir[$a]}
   if [ ! -s "$base.f16.gguf" ]; then
-    [ -f "$base/config.json" ] || python3 converter/bench/make_random_llama.py "$base" --dtype f16 ${flag[$a]} >&2
+    [ -f "$base/config.json" ] || bench_random_llama "$base" --dtype f16 ${flag[$a]} >&2
     "$duet" convert "$base" -t f16 -o "$base.f16.gguf" -q
     rm -rf "$base"
   fi

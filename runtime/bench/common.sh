@@ -14,6 +14,9 @@
 #   bench_median, bench_ratio A B -> the median of the numbers on stdin, "A/B×"
 #   bench_duet NAME      -> path of a copy of a fresh release build of duet, so that a
 #                           rebuild while a benchmark runs cannot change what it measures
+#   bench_random_llama DIR ARGS... -> makes a random-weight model with
+#                           converter/bench/make_random_llama.py (needs numpy: $PYTHON, else
+#                           python3, else models/.venv's; a clear error when none has it)
 
 BENCH=${BENCH:-$PWD/target/bench}
 mkdir -p "$BENCH"
@@ -24,6 +27,18 @@ bench_say() { printf '== %s\n' "$*" >&2; }
 # not hand back an old copy.)
 bench_duet() {
   cargo build --release --bin duet -q >&2 && cp target/release/duet "$BENCH/duet-$1" && echo "$BENCH/duet-$1"
+}
+
+bench_random_llama() {
+  local py
+  for py in ${PYTHON:-} python3 models/.venv/bin/python3; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c 'import numpy' 2>/dev/null; then
+      "$py" converter/bench/make_random_llama.py "$@"
+      return
+    fi
+  done
+  echo "error: making the random model $1 needs a python3 with numpy (set PYTHON=/path/to/python3, or pip install numpy)" >&2
+  return 1
 }
 
 # sha256 check of a downloaded file; removes it and fails on a mismatch.

@@ -29,7 +29,7 @@ models=("$(bench_smollm2)")
 if [ "${MODELS:-}" = all ]; then
   rand=$BENCH/random-llama-1.1b
   if [ ! -s "$rand.f16.gguf" ]; then
-    [ -f "$rand/config.json" ] || python3 converter/bench/make_random_llama.py "$rand" --dtype f16 >&2
+    [ -f "$rand/config.json" ] || bench_random_llama "$rand" --dtype f16 >&2
     "$duet" convert "$rand" -t f16 -o "$rand.f16.gguf" -q
   fi
   for t in q4_0 q4_k_m q6_k q8_0; do

@@ -69,7 +69,7 @@ run() {
       base=$BENCH/random-$a-1.1b
       if [ ! -s "$base.f16.gguf" ]; then
         bench_say "making the random 1.1B $a"
-        python3 converter/bench/make_random_llama.py "$base" --dtype f16 $([ $a = diff ] && echo --diff) >>"$log"
+        bench_random_llama "$base" --dtype f16 $([ $a = diff ] && echo --diff) >>"$log"
         "$duet" convert "$base" -t f16 -o "$base.f16.gguf" -q
         rm -rf "$base"
       fi
