@@ -147,6 +147,7 @@ PY
   # one submitting once per token (the host's time then comes before the GPU's).
   if [ -d "$stage/base" ]; then
     local b bt nt name
+    declare -A this_tg=()
     {
       echo
       echo "Decode of other duet builds and of this one ($(cat "$stage/commit")), same card, same run:"
@@ -156,6 +157,7 @@ PY
     } >>"$res"
     for m in "${models[@]}" "$diff_model"; do
       read -r x nt x < <(timeout 150 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+      this_tg[$m]=$nt
       echo "| this | $(basename "$m" .gguf) | $nt | |" >>"$res"
       for b in "$stage"/base/*/duet; do
         name=$(cat "$(dirname "$b")/name")
@@ -164,7 +166,7 @@ PY
       done
     done
     m=${models[0]}
-    read -r x nt x < <(timeout 150 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+    nt=${this_tg[$m]}
     read -r x bt x < <(timeout 150 "$duet" bench -m "$m" --device gpu --gpu-submit-every 0 -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
     echo "| this, one submission per token | $(basename "$m" .gguf) | $bt | $(bench_ratio "$nt" "$bt") |" >>"$res"
     for b in "$stage"/base/*/duet; do

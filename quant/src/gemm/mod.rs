@@ -112,7 +112,8 @@ enum Store {
 #[repr(C, align(64))]
 struct Line([u8; LINE]);
 
-/// Huge page size, and the smallest buffer worth mapping on its own.
+/// Huge page size. Buffers of two or more get their own mapping: a smaller one would hold at
+/// most one whole huge page after the alignment.
 const HUGE: usize = 2 << 20;
 
 impl AlignedBytes {

@@ -104,12 +104,13 @@ impl Recorder {
         if groups.0 == 0 || groups.1 == 0 {
             return;
         }
-        let started = self.profiler.is_some().then(std::time::Instant::now);
         let timestamps_full = self.profiler.is_some() && self.pending.len() + 1 >= MAX_TIMESTAMPS as usize;
         if self.staging.len() as u64 + PARAMS_SLOT > self.params.size || timestamps_full {
             // More dispatches than parameter slots (or timestamps): run what is recorded so far.
             self.submit(ctx, alloc, None);
         }
+        // After that flush: its time is the submission's (and its wait's), not the recording's.
+        let started = self.profiler.is_some().then(std::time::Instant::now);
         let offset = self.staging.len() as u32;
         self.staging.extend(params.iter().flat_map(|v| v.to_le_bytes()));
         self.staging.resize(offset as usize + PARAMS_SLOT as usize, 0);
