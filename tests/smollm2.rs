@@ -56,16 +56,36 @@ fn load(path: &Path) -> (CpuBackend, Model<CpuBackend>) {
 }
 
 /// Mean KL and top-1 agreement of duet's teacher-forced logits (CPU, `precision`
-/// activations) with transformers' top-k reference.
+/// activations) with transformers' top-k reference, all 512 tokens in one batch.
 fn agreement(path: &Path, reference: &TopK, precision: ActPrecision) -> (f64, f64) {
     let (mut b, model) = load(path);
     b.set_act_precision(precision);
-    let n_vocab = model.config.n_vocab;
     let mut s = model.new_session(&mut b, 512, 512, CacheType::F16, CacheType::F16).unwrap();
     let logits = model.forward(&mut b, &mut s, &reference.tokens, Logits::All).unwrap();
+    score(reference, &logits, 0, &format!("{precision:?} activations"))
+}
+
+/// As [`agreement`], but as a chat goes: the first `prompt` tokens in one batch (a prompt),
+/// the rest one at a time (decoding); scored on the decoded positions only.
+fn decode_agreement(path: &Path, reference: &TopK, precision: ActPrecision, prompt: usize) -> (f64, f64) {
+    let (mut b, model) = load(path);
+    b.set_act_precision(precision);
+    let mut s = model.new_session(&mut b, 512, 512, CacheType::F16, CacheType::F16).unwrap();
+    let tokens = &reference.tokens;
+    let mut logits = model.forward(&mut b, &mut s, &tokens[..prompt], Logits::Last).unwrap();
+    for &t in &tokens[prompt..] {
+        logits.extend(model.forward(&mut b, &mut s, &[t], Logits::Last).unwrap());
+    }
+    let what = format!("{precision:?} activations, {prompt}-token prompt then decoding");
+    score(reference, &logits, prompt - 1, &what)
+}
+
+/// Mean KL and top-1 agreement of `logits` (rows for positions `first..`) with the reference.
+fn score(reference: &TopK, logits: &[f32], first: usize, what: &str) -> (f64, f64) {
+    let n_vocab = logits.len() / (reference.rows.len() - first);
     let (mut kl_sum, mut agree) = (0f64, 0usize);
-    for (t, (lse, top)) in reference.rows.iter().enumerate() {
-        let row = &logits[t * n_vocab..(t + 1) * n_vocab];
+    for (i, (lse, top)) in reference.rows[first..].iter().enumerate() {
+        let row = &logits[i * n_vocab..(i + 1) * n_vocab];
         let lq = log_softmax(row);
         // KL over the reference's top-k tokens plus the rest lumped into one outcome: a lower
         // bound of the full KL that is within a hair of it when the top-k hold most mass.
@@ -81,10 +101,10 @@ fn agreement(path: &Path, reference: &TopK, precision: ActPrecision) -> (f64, f6
         kl_sum += kl;
         agree += usize::from(argmax(row) as u32 == top[0].0);
     }
-    let n = reference.rows.len() as f64;
+    let n = (reference.rows.len() - first) as f64;
     let (mean_kl, top1) = (kl_sum / n, agree as f64 / n);
     eprintln!(
-        "SmolLM2 vs transformers over {n} tokens (k={}), {precision:?} activations: mean KL {mean_kl:.5}, top-1 {:.2}%",
+        "SmolLM2 vs transformers over {n} tokens (k={}), {what}: mean KL {mean_kl:.5}, top-1 {:.2}%",
         reference.k,
         100.0 * top1
     );
@@ -104,6 +124,20 @@ fn teacher_forced_logits_match_transformers() {
     let (kl1, top1) = agreement(&path, &reference, ActPrecision::Q8);
     assert!(top1 >= 0.90 && kl1 <= 0.05, "single Q8: top-1 {:.2}%, KL {kl1}", 100.0 * top1);
     assert!(kl2 < kl1 / 10.0 && top2 > top1, "two levels ({kl2}, {top2}) not clearly better than one ({kl1}, {top1})");
+}
+
+/// `--cpu-acts auto`'s trade (README, CPU arithmetic): a 256-token prompt in single Q8, then
+/// 256 tokens decoded with both levels, scored on the decoded positions beside two levels
+/// throughout (the default) and ggml's single level throughout. The prompt's K/V keep most
+/// of the single level's error: auto lies between the two, on both measures.
+#[test]
+fn decoding_after_a_single_level_prompt() {
+    let Some(path) = smollm2("smollm2 decoding after a single-level prompt") else { return };
+    let reference = read_topk();
+    let [(kl_x2, top_x2), (kl_auto, top_auto), (kl_q8, top_q8)] =
+        [ActPrecision::Q8x2, ActPrecision::Auto, ActPrecision::Q8].map(|p| decode_agreement(&path, &reference, p, 256));
+    assert!(kl_x2 < kl_auto && kl_auto < kl_q8, "KL: two levels {kl_x2}, auto {kl_auto}, one level {kl_q8}");
+    assert!(top_x2 > top_auto && top_auto > top_q8, "top-1: two levels {top_x2}, auto {top_auto}, one level {top_q8}");
 }
 
 /// Every stored greedy token (16 per prompt) of transformers in float32, reproduced with an

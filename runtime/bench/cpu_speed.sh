@@ -3,7 +3,8 @@
 # table. `duet bench` and `llama-bench`, both `-p 128 -n 32 -r 5 -t 2`, the two programs
 # alternating within each round so they share the machine's noise; the table gives the
 # median over rounds of each run's median tokens/s and duet/llama.cpp ratios, for duet's
-# default arithmetic (two-level Q8 activations) and for `--cpu-acts q8` (ggml's). The
+# default arithmetic (two-level Q8 activations) and for `--cpu-acts auto` (two levels in
+# decode, ggml's single Q8 in prompts). The
 # machine's memory read bandwidth (`duet bench --bandwidth`, best of 5 × 1 GiB on 2 threads,
 # median of 3) heads the table, and each decode is also given as the rate at which it streams
 # the model's weights and as a share of that bandwidth.
@@ -55,29 +56,29 @@ bw=$( (bandwidth; bandwidth; bandwidth) | bench_median)
 
 echo "Machine: $(bench_machine); memory read bandwidth $bw GB/s (2 threads). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
 echo
-echo "| model | llama.cpp pp128 | duet pp128 | ratio | llama.cpp tg32 | duet tg32 | ratio | duet tg weights GB/s (of bandwidth) | duet \`--cpu-acts q8\` pp128 | ratio | tg32 | ratio |"
+echo "| model | llama.cpp pp128 | duet pp128 | ratio | llama.cpp tg32 | duet tg32 | ratio | duet tg weights GB/s (of bandwidth) | duet \`--cpu-acts auto\` pp128 | ratio | tg32 | ratio |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
   declare -A pp=() tg=() gbs=()
   for ((r = 0; r < rounds; r++)); do
-    for who in lc duet duet8; do
+    for who in lc duet duetauto; do
       g=
       case $who in
         lc) read -r p t < <(lc_run "$m") ;;
         duet) read -r p t g < <(duet_run "$m") ;;
-        duet8) read -r p t g < <(duet_run "$m" --cpu-acts q8) ;;
+        duetauto) read -r p t g < <(duet_run "$m" --cpu-acts auto) ;;
       esac
       pp[$who]="${pp[$who]:-} $p"
       tg[$who]="${tg[$who]:-} $t"
       gbs[$who]="${gbs[$who]:-} $g"
     done
   done
-  for who in lc duet duet8; do
+  for who in lc duet duetauto; do
     pp[$who]=$(echo "${pp[$who]}" | bench_median)
     tg[$who]=$(echo "${tg[$who]}" | bench_median)
   done
   g=$(echo "${gbs[duet]}" | bench_median)
   share=$(awk -v a="$g" -v b="$bw" 'BEGIN { printf "%.0f%%", 100 * a / b }')
-  echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(bench_ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(bench_ratio "${tg[duet]}" "${tg[lc]}") | $g ($share) | ${pp[duet8]} | $(bench_ratio "${pp[duet8]}" "${pp[lc]}") | ${tg[duet8]} | $(bench_ratio "${tg[duet8]}" "${tg[lc]}") |"
+  echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(bench_ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(bench_ratio "${tg[duet]}" "${tg[lc]}") | $g ($share) | ${pp[duetauto]} | $(bench_ratio "${pp[duetauto]}" "${pp[lc]}") | ${tg[duetauto]} | $(bench_ratio "${tg[duetauto]}" "${tg[lc]}") |"
   unset pp tg gbs
 done

@@ -41,7 +41,9 @@ pub struct ModelArgs {
     /// CPU activation precision for the integer matmuls: q8x2 quantizes each activation to
     /// Q8 and then its rounding error to Q8 again (about 16-bit accurate; twice the multiply
     /// work in prompt processing, decode nearly unchanged); q8 is ggml's single Q8, exactly
-    /// llama.cpp's arithmetic
+    /// llama.cpp's arithmetic; auto is q8x2 where it costs nothing (batches of up to 4 tokens:
+    /// decoding) and q8 in prompts: ggml's prompt speed, but the prompt's K/V carry ggml's
+    /// error into every later token (see the README's CPU arithmetic section)
     #[arg(long = "cpu-acts", value_enum, default_value_t = CpuActs::Q8x2)]
     pub cpu_acts: CpuActs,
     /// Quantize the attention logits (each DIFF softmax branch's) before the softmax, as the
@@ -66,6 +68,7 @@ pub struct ModelArgs {
 pub enum CpuActs {
     Q8x2,
     Q8,
+    Auto,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +240,7 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
     }
     let mut backend = CpuBackend::new(args.threads);
     backend.set_act_precision(match args.cpu_acts {
+        CpuActs::Auto => ActPrecision::Auto,
         CpuActs::Q8x2 => ActPrecision::Q8x2,
         CpuActs::Q8 => ActPrecision::Q8,
     });

@@ -34,6 +34,28 @@ pub enum ActPrecision {
     /// Q8 plus its rounding error quantized to Q8 again (see the module docs).
     #[default]
     Q8x2,
+    /// Q8x2 for products of at most [`TWO_LEVEL_FREE_ROWS`] activation rows (decoding one or a
+    /// few streams), where both levels ride in one token tile and the weights' reading, not
+    /// the multiplies, sets the time; Q8 for larger batches (prompts), whose time is the
+    /// multiplies that a second level would double. Prompts then run at ggml's speed, but
+    /// their K/V carry ggml's error into every later token (SmolLM2: decoded tokens' KL 27×
+    /// that of Q8x2, 4× below Q8's; tests/smollm2.rs), hence not the default.
+    Auto,
+}
+
+/// Rows whose two levels fit one packed token tile (8 columns): up to here the second level
+/// reuses the unpacked weights of the first and costs decode almost nothing.
+pub const TWO_LEVEL_FREE_ROWS: usize = 4;
+
+impl ActPrecision {
+    /// Whether a product of `rows` activation rows uses the second level.
+    pub fn two_level(self, rows: usize) -> bool {
+        match self {
+            ActPrecision::Q8 => false,
+            ActPrecision::Q8x2 => true,
+            ActPrecision::Auto => rows <= TWO_LEVEL_FREE_ROWS,
+        }
+    }
 }
 
 /// Tokens per two-level packed matmul call: bounds the scratch output (2·64 rows of the
@@ -94,7 +116,7 @@ pub fn matmul(
     }
     let t_rows = x.rows;
     let a_ty = act_type(w.ty);
-    let two_level = acts.precision == ActPrecision::Q8x2 && a_ty != GgmlType::F32;
+    let two_level = acts.precision.two_level(t_rows) && a_ty != GgmlType::F32;
     let key = (x.version, a_ty, t_rows);
     if acts.key != Some(key) || acts.lo.is_empty() == two_level {
         if acts.key.map(|k| k.1) != Some(a_ty) {
@@ -159,7 +181,7 @@ fn matmul_packed(
 ) {
     let kind = ActKind::for_weight(w.ty()).expect("packed types have an activation kind");
     let ld = out.cols;
-    if acts.precision == ActPrecision::Q8 || kind == ActKind::F32 {
+    if !acts.precision.two_level(x.rows) || kind == ActKind::F32 {
         let qa = quantized(pool, acts, kind, x, 0, x.rows, false);
         run_groups(pool, gk, w, qa, out.view_mut(), ld);
         return;
@@ -328,6 +350,30 @@ mod tests {
             for gk in [None, gk] {
                 let (e1, e2) = (err(ActPrecision::Q8, gk), err(ActPrecision::Q8x2, gk));
                 assert!(e2 * 30.0 < e1, "{ty} packed={}: Q8x2 error {e2:e} vs Q8 {e1:e}", gk.is_some());
+            }
+        }
+    }
+
+    /// Auto is Q8x2 bit for bit up to TWO_LEVEL_FREE_ROWS rows and Q8 above, on both paths.
+    #[test]
+    fn auto_uses_the_second_level_only_for_small_batches() {
+        let pool = ThreadPool::new(2);
+        let w = weight(GgmlType::Q4_K, 40, 512, 5);
+        for gk in [None, duet_quant::gemm::gemm_kernels()] {
+            for (n_tok, same_as) in
+                [(1, ActPrecision::Q8x2), (TWO_LEVEL_FREE_ROWS, ActPrecision::Q8x2), (5, ActPrecision::Q8)]
+            {
+                let x = acts(n_tok, 512, 11);
+                let run = |precision| {
+                    let mut cache = ActCache::new(precision);
+                    let mut out = CpuTensor::new(n_tok, 40);
+                    matmul(&pool, kernels(), gk, &w, &x, &mut out, &mut cache);
+                    out.data
+                };
+                let (auto, x2, q8) = (run(ActPrecision::Auto), run(ActPrecision::Q8x2), run(ActPrecision::Q8));
+                assert_ne!(x2, q8, "the two precisions must differ for this test to mean anything");
+                let want = if same_as == ActPrecision::Q8x2 { &x2 } else { &q8 };
+                assert_eq!(&auto, want, "{n_tok} tokens, packed={}", gk.is_some());
             }
         }
     }
