@@ -318,24 +318,30 @@ impl<A: Arch, const N: usize> FAcc<A, N> {
 /// groups; past the matrix's end it is a harmless hint about other memory.
 const PREFETCH_BYTES: usize = 32 << 10;
 
-/// Prefetches the `len` bytes (whole lines) that lie [`PREFETCH_BYTES`] past byte `from` of
-/// a group's bulk. Only the first token tile's first slice of a group reads its weights from
-/// memory; later tiles and slices find them in cache and skip the hints. A Q6_K block asks
-/// for its lines a quarter at a time, as it uses them: all 48 hints at once streamed Q6_K
-/// from DRAM at 21.6 GB/s on one thread against Q4_K's 29, a quarter per quarter block at
-/// 27.6-27.9 (`--stream`), and decode of the 1.1B Q6_K file went from 35 to 47 tokens/s.
-/// (Q4_K's 32 hints split the same way decoded Q4_K_M 8% slower; eighths for Q6_K, no
-/// faster than quarters.)
+/// Prefetches the bytes `from..from + len` of a group, [`PREFETCH_BYTES`] ahead: every line
+/// they touch. A group is its blocks' quants and then their scales, so block b of B bytes of
+/// quants and M of scales asks for `b·(B + M)..(b + 1)·(B + M)`: the hints advance at the rate
+/// the group is consumed and, over the group, cover all of it, scales included (hints that
+/// advanced by B per block left M/(B + M) of every matrix, 6-11%, to the hardware: Q4_0 and
+/// Q4_K, 11%, were the slowest to stream from DRAM). Only the first token tile's first slice
+/// of a group reads its weights from memory; later tiles and slices find them in cache and
+/// skip the hints. A Q6_K block asks for its lines a quarter at a time, as it uses them: all
+/// 48 hints at once streamed Q6_K from DRAM at 21.6 GB/s on one thread against Q4_K's 29, a
+/// quarter per quarter block at 27.6-27.9 (`--stream`), and decode of the 1.1B Q6_K file went
+/// from 35 to 47 tokens/s. (Q4_K's 32 hints split the same way decoded Q4_K_M 8% slower;
+/// eighths for Q6_K, no faster than quarters.)
 #[inline(always)]
-unsafe fn prefetch_ahead<A: Arch>(bulk: *const u8, from: usize, len: usize, t0: usize, r0: usize) {
+unsafe fn prefetch_ahead<A: Arch>(group: *const u8, from: usize, len: usize, t0: usize, r0: usize) {
     if t0 != 0 || r0 != 0 {
         return;
     }
-    let mut line = 0;
-    while line < len {
+    let start = group.wrapping_add(from + PREFETCH_BYTES);
+    let end = start.wrapping_add(len);
+    let mut line = start.wrapping_sub(start as usize % 64);
+    while line < end {
         // SAFETY: a prefetch never faults, whatever the address.
-        unsafe { A::prefetch(at(bulk, from + PREFETCH_BYTES + line)) };
-        line += 64;
+        unsafe { A::prefetch(line) };
+        line = line.wrapping_add(64);
     }
 }
 
@@ -365,7 +371,7 @@ unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: boo
             let mask = A::splat8(0x0f);
             let mut acc = [A::zero_f(); N];
             for b in 0..nb {
-                prefetch_ahead::<A>(bulk, b * bb, bb, t0, r0);
+                prefetch_ahead::<A>(bulk, b * (bb + mb), bb + mb, t0, r0);
                 let wb = at(bulk, b * bb);
                 let mut is = IAcc::<A, N, false, PER>::new(std::array::from_fn(|t| {
                     if MIN { A::zero() } else { A::bcast_i32(at(tk[t], off_off + 4 * b)) }
@@ -487,7 +493,7 @@ impl Kern for Q8_0 {
             slices::<A, N>(w, g, t0, out, ld, |r0| {
                 let mut acc = [A::zero_f(); N];
                 for b in 0..nb {
-                    prefetch_ahead::<A>(bulk, 512 * b, 512, t0, r0);
+                    prefetch_ahead::<A>(bulk, (512 + 32) * b, 512 + 32, t0, r0);
                     let wb = at(bulk, b * 512 + 4 * r0);
                     let mut is = IAcc::<A, N, false, 1>::new(std::array::from_fn(|t| {
                         if A::Q8_BIASED { A::bcast_i32(at(tk[t], off_off + 4 * b)) } else { A::zero() }
@@ -524,7 +530,7 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
     ld: usize,
 ) {
     let (bulk, meta) = w.group(g);
-    let (nb, bb) = (w.nb, w.layout.bulk);
+    let (nb, bb, mb) = (w.nb, w.layout.bulk, w.layout.meta);
     let tk = toks::<N>(a, t0);
     let (d_off, x_off) = (a.d_off, a.x_off);
     let qs_at = if FIVE { 512 } else { 0 };
@@ -534,7 +540,7 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
             let m0f = A::splat8(0x0f);
             let mut acc = [A::zero_f(); N];
             for sb in 0..nb {
-                prefetch_ahead::<A>(bulk, sb * bb, bb, t0, r0);
+                prefetch_ahead::<A>(bulk, sb * (bb + mb), bb + mb, t0, r0);
                 let mt = at(meta, sb * 256);
                 let bk = at(bulk, sb * bb);
                 // get_scale_min_k4 for 8 sub-blocks of LANES rows: each lane holds the bytes
@@ -704,7 +710,7 @@ impl Kern for Q6K {
                     let mut sacc = FAcc::<A, N>::new();
                     for h in 0..2 {
                         for q in 0..2 {
-                            prefetch_ahead::<A>(bulk, sb * 3072 + 768 * (2 * h + q), 768, t0, r0);
+                            prefetch_ahead::<A>(bulk, sb * 3360 + 840 * (2 * h + q), 840, t0, r0);
                             // −32·bsums[j] of sub-block j = 8h + 2k + q.
                             let off = |k: usize| x_off + 80 * sb + 16 + 4 * (8 * h + 2 * k + q);
                             let scf = |k: usize| A::load_i8f(at(mt, 16 * (8 * h + 2 * k + q) + r0));
