@@ -26,6 +26,7 @@ mod rounding;
 mod row;
 mod search;
 mod search_x8;
+pub mod second_level;
 
 pub use ggml_type::{GgmlType, UnknownGgmlType};
 pub use row::{QuantError, dequantize, quantize, quantize_with_imatrix, row_bytes};

@@ -23,8 +23,8 @@ use std::sync::OnceLock;
 
 use crate::GgmlType;
 use crate::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, QK, QK_K,
-    as_blocks,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, BlockQ8_1, BlockQ8K, F16Bytes,
+    QK, QK_K, as_blocks,
 };
 
 /// One set of dot kernels. Every function takes whole blocks: both sides describe the same
@@ -136,22 +136,49 @@ impl ActRow {
         }
     }
 
-    /// `r = x − dequantize(self)`: the rounding error of this row as a quantization of `x`
-    /// (all zero for f32 rows). Quantizing `r` again gives the second level of a two-level
-    /// activation: `dot(w, hi) + dot(w, lo)` is the dot product with ~16-bit activations.
-    pub fn residual_into(&self, x: &[f32], r: &mut Vec<f32>) {
-        r.clear();
-        r.extend_from_slice(x);
-        let sub = |r: &mut [f32], d: f32, qs: &[i8]| {
-            for (v, &q) in r.iter_mut().zip(qs) {
-                *v -= d * q as f32;
+    /// The second level of this row as a quantization of `x` ([`crate::second_level`]): `lo`
+    /// gets each block's rounding error on the grid d/128, stored with the block's *first*-level
+    /// scale `d`, so that `vec_dot(w, lo) / second_level::RATIO` is the second level's product
+    /// (the division is exact, a power of two) and `vec_dot(w, self)` plus that is the product
+    /// with ~16-bit activations. F32 rows have no rounding error: `lo` is zeros.
+    pub fn second_level_into(&self, x: &[f32], lo: &mut ActRow) {
+        use crate::second_level::quantize_block;
+        match (self, lo) {
+            (ActRow::Q8_0(hi), ActRow::Q8_0(lo)) => {
+                lo.resize(hi.len(), BlockQ8_0::default());
+                for ((h, l), x) in hi.iter().zip(lo.iter_mut()).zip(x.chunks_exact(QK)) {
+                    quantize_block(x, h.d.get(), &h.qs, &mut l.qs);
+                    l.d = h.d;
+                }
             }
-        };
-        match self {
-            ActRow::Q8_0(b) => b.iter().zip(r.chunks_exact_mut(QK)).for_each(|(b, r)| sub(r, b.d.get(), &b.qs)),
-            ActRow::Q8_1(b) => b.iter().zip(r.chunks_exact_mut(QK)).for_each(|(b, r)| sub(r, b.d.get(), &b.qs)),
-            ActRow::Q8K(b) => b.iter().zip(r.chunks_exact_mut(QK_K)).for_each(|(b, r)| sub(r, b.d, &b.qs)),
-            ActRow::F32(_) => r.fill(0.0),
+            (ActRow::Q8_1(hi), ActRow::Q8_1(lo)) => {
+                lo.resize(hi.len(), BlockQ8_1::default());
+                for ((h, l), x) in hi.iter().zip(lo.iter_mut()).zip(x.chunks_exact(QK)) {
+                    let sum = quantize_block(x, h.d.get(), &h.qs, &mut l.qs);
+                    l.d = h.d;
+                    l.s = F16Bytes::from_f32(h.d.get() * sum as f32);
+                }
+            }
+            (ActRow::Q8K(hi), ActRow::Q8K(lo)) => {
+                lo.resize(hi.len(), BlockQ8K::default());
+                for ((h, l), x) in hi.iter().zip(lo.iter_mut()).zip(x.chunks_exact(QK_K)) {
+                    quantize_block(x, h.d, &h.qs, &mut l.qs);
+                    l.d = h.d;
+                    for (s, q) in l.bsums.iter_mut().zip(l.qs.chunks_exact(16)) {
+                        *s = q.iter().map(|&v| v as i16).sum();
+                    }
+                }
+            }
+            (ActRow::F32(hi), lo) => *lo = ActRow::F32(vec![0.0; hi.len()]),
+            (hi, lo) => {
+                // `lo` of another format: start it over in this row's.
+                *lo = match hi {
+                    ActRow::Q8_0(_) => ActRow::Q8_0(Vec::new()),
+                    ActRow::Q8_1(_) => ActRow::Q8_1(Vec::new()),
+                    _ => ActRow::Q8K(Vec::new()),
+                };
+                hi.second_level_into(x, lo);
+            }
         }
     }
 }

@@ -12,6 +12,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::{GROUP, PackedMatrix, QActs};
+use crate::second_level;
 
 /// Vector operations on `LANES` rows. `V` holds one i32 lane (4 bytes) per row, `F` one f32.
 ///
@@ -44,6 +45,7 @@ pub(super) trait Arch {
     unsafe fn srli16<const S: u32>(a: Self::V) -> Self::V;
     unsafe fn slli16<const S: u32>(a: Self::V) -> Self::V;
     unsafe fn srli32<const S: u32>(a: Self::V) -> Self::V;
+    unsafe fn slli32<const S: u32>(a: Self::V) -> Self::V;
     unsafe fn add32(a: Self::V, b: Self::V) -> Self::V;
     /// Byte `j` of every 32-bit lane, zero-extended.
     unsafe fn byte_lane(a: Self::V, j: u32) -> Self::V;
@@ -144,7 +146,8 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
                 }
             }
             while n - t >= 2 {
-                if n - t >= 3 && nmax >= 3 {
+                // Two-level rows stay in pairs (tiles of 8, 4, 2): kernels may merge a pair.
+                if n - t >= 3 && nmax >= 3 && !a.pairs {
                     K::tile::<A, 3>(w, a, g, t, out, ld);
                     t += 3;
                 } else {
@@ -347,6 +350,40 @@ unsafe fn prefetch_ahead<A: Arch>(group: *const u8, from: usize, len: usize, t0:
 
 // --- 32-element formats -----------------------------------------------------------------------
 
+/// Adds a block's integer sums to the float accumulators of a 32-element format: `acc[t] +=
+/// is[t] · dw · d_t`, `d_t` the activation scale of row t at byte `d_at` of its segment. For
+/// two-level activations (`pairs`) rows 2p and 2p+1 are one token's two levels, the second's
+/// step exactly 1/128 of the first's ([`crate::second_level`]): `is[2p] · 128 + is[2p+1]` is
+/// the pair's sum on the fine grid (at most 32·255·127·128 < 2³¹), so one conversion and one
+/// scale serve both levels and the pair's result goes to row 2p (row 2p+1 keeps only what the
+/// caller adds itself; only the pair's sum means anything). Per block and pair that is 3 float
+/// operations instead of 6: +4-5% on the 1.1B Q4_0 prompt speed with two levels.
+#[inline(always)]
+unsafe fn fold_block<A: Arch, const N: usize>(
+    acc: &mut [A::F; N],
+    is: [A::V; N],
+    dw: A::F,
+    tk: &[*const u8; N],
+    d_at: usize,
+    pairs: bool,
+) {
+    // SAFETY: `d_at` lies inside every token's segment (the caller's block index).
+    unsafe {
+        if pairs && N.is_multiple_of(2) {
+            for p in 0..N / 2 {
+                let fine = A::add32(A::slli32::<{ second_level::SHIFT }>(is[2 * p]), is[2 * p + 1]);
+                let d2 = A::bcast_f32(at(tk[2 * p + 1], d_at));
+                acc[2 * p] = A::fmadd(A::cvt(fine), A::mul(dw, d2), acc[2 * p]);
+            }
+        } else {
+            for t in 0..N {
+                let da = A::bcast_f32(at(tk[t], d_at));
+                acc[t] = A::fmadd(A::cvt(is[t]), A::mul(dw, da), acc[t]);
+            }
+        }
+    }
+}
+
 /// Q4_0, Q4_1, Q5_0, Q5_1: `FIVE` adds the fifth bit; `MIN` uses d·q + m (Q8_1 activations)
 /// instead of d·(q − offset). `PER`: dots per 16-bit partial (see [`IAcc`]).
 #[inline(always)]
@@ -390,19 +427,13 @@ unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: boo
                         is.dot(2 * s + 1, t, hi, at(q, 16));
                     }
                 }
-                let is = is.sum();
                 let dw = A::load_f16(at(meta, b * mb + 2 * r0));
+                fold_block::<A, N>(&mut acc, is.sum(), dw, &tk, d_off + 4 * b, a.pairs);
                 if MIN {
+                    // Q8_1's s = d·Σq of each row (either level).
                     let mw = A::load_f16(at(meta, b * mb + 32 + 2 * r0));
                     for t in 0..N {
-                        let da = A::bcast_f32(at(tk[t], d_off + 4 * b));
-                        acc[t] = A::fmadd(A::cvt(is[t]), A::mul(dw, da), acc[t]);
                         acc[t] = A::fmadd(mw, A::bcast_f32(at(tk[t], x_off + 4 * b)), acc[t]);
-                    }
-                } else {
-                    for t in 0..N {
-                        let da = A::bcast_f32(at(tk[t], d_off + 4 * b));
-                        acc[t] = A::fmadd(A::cvt(is[t]), A::mul(dw, da), acc[t]);
                     }
                 }
             }
@@ -504,12 +535,8 @@ impl Kern for Q8_0 {
                             is.dot_q8(s, t, x, at(tk[t], 32 * b + 4 * s));
                         }
                     }
-                    let is = is.sum();
                     let dw = A::load_f16(at(meta, b * 32 + 2 * r0));
-                    for t in 0..N {
-                        let da = A::bcast_f32(at(tk[t], d_off + 4 * b));
-                        acc[t] = A::fmadd(A::cvt(is[t]), A::mul(dw, da), acc[t]);
-                    }
+                    fold_block::<A, N>(&mut acc, is.sum(), dw, &tk, d_off + 4 * b, a.pairs);
                 }
                 acc
             })
@@ -851,6 +878,7 @@ impl<A: Arch, const NMAX: usize, const CHAINS: usize, const CHAINS_K: usize> Arc
         fn srli16<const S: u32>(a: A::V) -> A::V;
         fn slli16<const S: u32>(a: A::V) -> A::V;
         fn srli32<const S: u32>(a: A::V) -> A::V;
+        fn slli32<const S: u32>(a: A::V) -> A::V;
         fn add32(a: A::V, b: A::V) -> A::V;
         fn byte_lane(a: A::V, j: u32) -> A::V;
         fn bcast_i32(p: *const u8) -> A::V;

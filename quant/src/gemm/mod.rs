@@ -55,6 +55,7 @@ use crate::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK, QK_K, WeightBlock,
     as_blocks,
 };
+use crate::second_level;
 
 /// Rows per packed group.
 pub const GROUP: usize = 16;
@@ -468,6 +469,9 @@ impl ActKind {
 #[derive(Clone)]
 pub struct QActs {
     kind: ActKind,
+    /// Two-level: row 2t is token t's first level, row 2t+1 its second, whose step is
+    /// exactly 1/[`second_level::RATIO`] of the first's (kernels may merge the pair).
+    pairs: bool,
     n_tok: usize,
     cols: usize,
     nb: usize,
@@ -486,7 +490,17 @@ impl std::fmt::Debug for QActs {
 impl QActs {
     /// An empty set of activations of `kind`.
     pub fn new(kind: ActKind) -> QActs {
-        QActs { kind, n_tok: 0, cols: 0, nb: 0, stride: 0, d_off: 0, x_off: 0, buf: AlignedBytes::zeroed(0) }
+        QActs {
+            kind,
+            pairs: false,
+            n_tok: 0,
+            cols: 0,
+            nb: 0,
+            stride: 0,
+            d_off: 0,
+            x_off: 0,
+            buf: AlignedBytes::zeroed(0),
+        }
     }
 
     pub fn kind(&self) -> ActKind {
@@ -507,10 +521,11 @@ impl QActs {
 
     /// Two-level quantization: 2·`n_tok` rows, row 2t holding token t exactly as
     /// [`QActs::quantize`] does and row 2t+1 that row's rounding error (`x − d·q` per block)
-    /// quantized the same way. Summing a matmul's outputs for the two rows gives the product
-    /// with the activations known to ~1/127² of each block's absmax instead of ~1/127: the
-    /// integer kernels stay, the activation error all but vanishes. (F32: the second row is
-    /// zeros.)
+    /// on the grid d/128 ([`crate::second_level`]), with scale d/128. Summing a matmul's
+    /// outputs for the two rows gives the product with the activations known to ~1/(2·127·128)
+    /// of each block's absmax instead of ~1/254: the integer kernels stay, the activation error
+    /// all but vanishes. Kernels that merge the pair write the sum to row 2t and zero to row
+    /// 2t+1. (F32: the second row is zeros.)
     pub fn quantize_two_level(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
         self.fill(x, n_tok, cols, true, par);
     }
@@ -532,28 +547,28 @@ impl QActs {
             self.buf = AlignedBytes::zeroed(rows * stride);
         }
         (self.n_tok, self.cols, self.nb, self.stride, self.d_off, self.x_off) = (rows, cols, nb, stride, d_off, x_off);
+        self.pairs = two_level;
         let base = SendPtr(self.buf.as_mut_ptr());
         let this = &*self;
         // SAFETY: row segments are disjoint (each token's rows are written by one thread)
         // and lie inside `buf`.
         let seg = |row: usize| unsafe { std::slice::from_raw_parts_mut(base.get().add(row * stride), stride) };
         par(n_tok, &|range| {
-            let mut residual = Vec::new();
             for t in range {
                 let xt = &x[t * cols..(t + 1) * cols];
                 if two_level {
-                    residual.resize(cols, 0.0);
-                    this.quantize_token(xt, seg(2 * t), Some(&mut residual));
-                    this.quantize_token(&residual, seg(2 * t + 1), None);
+                    let hi = seg(2 * t);
+                    this.quantize_token(xt, hi);
+                    this.second_level(xt, hi, seg(2 * t + 1));
                 } else {
-                    this.quantize_token(xt, seg(t), None);
+                    this.quantize_token(xt, seg(t));
                 }
             }
         });
     }
 
-    /// Quantizes one token into `seg`; with `residual`, also writes `x − dequantized`.
-    fn quantize_token(&self, x: &[f32], seg: &mut [u8], mut residual: Option<&mut Vec<f32>>) {
+    /// Quantizes one token into `seg`.
+    fn quantize_token(&self, x: &[f32], seg: &mut [u8]) {
         let (cols, nb) = (self.cols, self.nb);
         let (qs, rest) = seg.split_at_mut(cols);
         let (d, extra) = rest.split_at_mut(self.x_off - self.d_off);
@@ -564,12 +579,6 @@ impl QActs {
                 for b in 0..nb {
                     let xb: &[f32; QK] = x[QK * b..QK * (b + 1)].try_into().expect("32 values");
                     let y = quantize::q8_block(xb);
-                    if let Some(r) = residual.as_deref_mut() {
-                        let d = y.d.get();
-                        for (i, &q) in y.qs.iter().enumerate() {
-                            r[QK * b + i] = xb[i] - d * q as f32;
-                        }
-                    }
                     qs[QK * b..QK * (b + 1)].copy_from_slice(bytemuck::cast_slice(&y.qs));
                     put_f32(d, b, y.d.get());
                     if self.kind == ActKind::Q8_0 {
@@ -585,30 +594,56 @@ impl QActs {
                 for b in 0..nb {
                     let xb: &[f32; QK_K] = x[QK_K * b..QK_K * (b + 1)].try_into().expect("256 values");
                     let y = quantize::q8_k_block(xb);
-                    if let Some(r) = residual.as_deref_mut() {
-                        for (i, &q) in y.qs.iter().enumerate() {
-                            r[QK_K * b + i] = xb[i] - y.d * q as f32;
-                        }
-                    }
                     qs[QK_K * b..QK_K * (b + 1)].copy_from_slice(bytemuck::cast_slice(&y.qs));
                     put_f32(d, b, y.d);
-                    let e = &mut extra[80 * b..80 * (b + 1)];
-                    let bs = |j: usize| y.bsums[2 * j] as i32 + y.bsums[2 * j + 1] as i32;
-                    for (i, (lo, hi)) in [(0, 2), (1, 3), (4, 6), (5, 7)].into_iter().enumerate() {
-                        let pair = (bs(lo) as u16 as u32) | ((bs(hi) as u16 as u32) << 16);
-                        put_i32(e, i, pair as i32);
-                    }
-                    for j in 0..16 {
-                        put_i32(e, 4 + j, -32 * y.bsums[j] as i32);
-                    }
+                    put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &y.bsums);
                 }
             }
             ActKind::F32 => {
                 for (i, &v) in x.iter().enumerate() {
                     put_f32(seg, i, v);
                 }
-                if let Some(r) = residual {
-                    r.fill(0.0);
+            }
+        }
+    }
+
+    /// Writes into `lo` the second level of `x`, whose first level is `hi` (a segment written
+    /// by [`QActs::quantize_token`]): the quants of [`crate::second_level`], scale d/128 (exact
+    /// in f32), and the same cached sums as a first level's.
+    fn second_level(&self, x: &[f32], hi: &[u8], lo: &mut [u8]) {
+        let (cols, nb) = (self.cols, self.nb);
+        if self.kind == ActKind::F32 {
+            lo[..4 * cols].fill(0);
+            return;
+        }
+        let get_f32 = |src: &[u8], i: usize| f32::from_le_bytes(src[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        let put_i32 = |dst: &mut [u8], i: usize, v: i32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        let put_f32 = |dst: &mut [u8], i: usize, v: f32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        let (q1, hi_rest) = hi.split_at(cols);
+        let q1: &[i8] = bytemuck::cast_slice(q1);
+        let (qs, rest) = lo.split_at_mut(cols);
+        let qs: &mut [i8] = bytemuck::cast_slice_mut(qs);
+        let (d, extra) = rest.split_at_mut(self.x_off - self.d_off);
+        let bs = self.kind.block();
+        for b in 0..nb {
+            let e = b * bs..(b + 1) * bs;
+            let d1 = get_f32(hi_rest, b);
+            let sum = second_level::quantize_block(&x[e.clone()], d1, &q1[e.clone()], &mut qs[e.clone()]);
+            let d2 = d1 / second_level::RATIO;
+            put_f32(d, b, d2);
+            match self.kind {
+                ActKind::Q8_0 => {
+                    put_i32(extra, b, -8 * sum);
+                    put_i32(extra, nb + b, -16 * sum);
+                    put_i32(extra, 2 * nb + b, -128 * sum);
+                }
+                ActKind::Q8_1 => put_f32(extra, b, d2 * sum as f32),
+                _ => {
+                    let mut bsums = [0i16; QK_K / 16];
+                    for (s, q) in bsums.iter_mut().zip(qs[e].chunks_exact(16)) {
+                        *s = q.iter().map(|&v| v as i16).sum();
+                    }
+                    put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &bsums);
                 }
             }
         }
@@ -620,6 +655,20 @@ impl QActs {
         debug_assert!(t < self.n_tok);
         // SAFETY (pointer arithmetic only): t < n_tok, inside `buf`.
         unsafe { self.buf.as_ptr().add(t * self.stride) }
+    }
+}
+
+/// A Q8_K block's cached sums (see [`QActs`]): the four i16 pairs of 32-sub-block sums, then
+/// `−32·bsums[j]` for its 16 sub-blocks of 16.
+fn put_q8k_sums(e: &mut [u8], bsums: &[i16; QK_K / 16]) {
+    let put_i32 = |dst: &mut [u8], i: usize, v: i32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    let bs = |j: usize| bsums[2 * j] as i32 + bsums[2 * j + 1] as i32;
+    for (i, (lo, hi)) in [(0, 2), (1, 3), (4, 6), (5, 7)].into_iter().enumerate() {
+        let pair = (bs(lo) as u16 as u32) | ((bs(hi) as u16 as u32) << 16);
+        put_i32(e, i, pair as i32);
+    }
+    for (j, &b) in bsums.iter().enumerate() {
+        put_i32(e, 4 + j, -32 * b as i32);
     }
 }
 

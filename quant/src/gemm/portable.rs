@@ -79,6 +79,9 @@ impl Arch for Portable {
     unsafe fn srli32<const S: u32>(a: V) -> V {
         map(a, |x| x >> S)
     }
+    unsafe fn slli32<const S: u32>(a: V) -> V {
+        map(a, |x| x << S)
+    }
     unsafe fn add32(a: V, b: V) -> V {
         zip(a, b, |x, y| x.wrapping_add(y))
     }

@@ -96,6 +96,10 @@ impl Arch for Avx512 {
         unsafe { _mm512_srli_epi32::<S>(a) }
     }
     #[inline(always)]
+    unsafe fn slli32<const S: u32>(a: __m512i) -> __m512i {
+        unsafe { _mm512_slli_epi32::<S>(a) }
+    }
+    #[inline(always)]
     unsafe fn add32(a: __m512i, b: __m512i) -> __m512i {
         unsafe { _mm512_add_epi32(a, b) }
     }
@@ -234,6 +238,10 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
     #[inline(always)]
     unsafe fn srli32<const S: u32>(a: __m256i) -> __m256i {
         unsafe { _mm256_srl_epi32(a, _mm_cvtsi32_si128(S as i32)) }
+    }
+    #[inline(always)]
+    unsafe fn slli32<const S: u32>(a: __m256i) -> __m256i {
+        unsafe { _mm256_sll_epi32(a, _mm_cvtsi32_si128(S as i32)) }
     }
     #[inline(always)]
     unsafe fn add32(a: __m256i, b: __m256i) -> __m256i {
