@@ -39,7 +39,7 @@ pub struct ModelArgs {
     #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16", value_parser = parse_cache_type)]
     pub cache_type_v: CacheType,
     /// CPU activation precision for the integer matmuls: q8x2 quantizes each activation to
-    /// Q8 and then its rounding error to Q8 again (about 16-bit accurate; twice the multiply
+    /// Q8 and then its rounding error on a grid 128 times finer (about 16-bit accurate; twice the multiply
     /// work in prompt processing, decode nearly unchanged); q8 is ggml's single Q8, exactly
     /// llama.cpp's arithmetic; auto is q8x2 where it costs nothing (batches of up to 4 tokens:
     /// decoding) and q8 in prompts: ggml's prompt speed, but the prompt's K/V carry ggml's

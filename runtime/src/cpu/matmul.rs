@@ -33,14 +33,14 @@ use super::tensor::{CpuTensor, CpuWeight};
 pub enum ActPrecision {
     /// ggml's single Q8 quantization (llama.cpp's arithmetic).
     Q8,
-    /// Q8 plus its rounding error quantized to Q8 again (see the module docs).
+    /// Q8 plus its rounding error on a grid 128 times finer (see the module docs).
     #[default]
     Q8x2,
     /// Q8x2 for products of at most [`TWO_LEVEL_FREE_ROWS`] activation rows (decoding one or a
     /// few streams), where both levels ride in one token tile and the weights' reading, not
     /// the multiplies, sets the time; Q8 for larger batches (prompts), whose time is the
     /// multiplies that a second level would double. Prompts then run at ggml's speed, but
-    /// their K/V carry ggml's error into every later token (SmolLM2: decoded tokens' KL 27×
+    /// their K/V carry ggml's error into every later token (SmolLM2: decoded tokens' KL 40×
     /// that of Q8x2, 4× below Q8's; tests/smollm2.rs), hence not the default.
     Auto,
 }
