@@ -66,7 +66,8 @@ fn agreement(path: &Path, reference: &TopK, precision: ActPrecision) -> (f64, f6
 }
 
 /// As [`agreement`], but as a chat goes: the first `prompt` tokens in one batch (a prompt),
-/// the rest one at a time (decoding); scored on the decoded positions only.
+/// the rest one at a time (decoding); scored from the prompt's last position (the first
+/// token the chat would generate) on.
 fn decode_agreement(path: &Path, reference: &TopK, precision: ActPrecision, prompt: usize) -> (f64, f64) {
     let (mut b, model) = load(path);
     b.set_act_precision(precision);

@@ -25,7 +25,7 @@ const ROUND: f32 = 12_582_912.0;
 
 /// Second-level quants of one block: `x` its values, `d` the first level's step as it
 /// dequantizes (the stored scale) and `q` the first level's quants. Writes `q2` and returns
-/// Σq2. A zero or non-finite `d`, or a non-finite value, gives zeros there.
+/// Σq2. A zero or non-finite `d` gives zeros; a NaN value gives 0 and ±∞ clamps to ±127.
 pub fn quantize_block(x: &[f32], d: f32, q: &[i8], q2: &mut [i8]) -> i32 {
     debug_assert!(x.len() == q.len() && q.len() == q2.len());
     let inv = if d != 0.0 && d.is_finite() { RATIO / d } else { 0.0 };

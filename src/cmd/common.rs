@@ -42,7 +42,7 @@ pub struct ModelArgs {
     /// Q8 and then its rounding error on a grid 128 times finer (about 16-bit accurate; twice the multiply
     /// work in prompt processing, decode nearly unchanged); q8 is ggml's single Q8, exactly
     /// llama.cpp's arithmetic; auto is q8x2 where it costs nothing (batches of up to 4 tokens:
-    /// decoding) and q8 in prompts: ggml's prompt speed, but the prompt's K/V carry ggml's
+    /// decoding) and q8 for larger batches (prompts): ggml's prompt speed, but the prompt's K/V carry ggml's
     /// error into every later token (see the README's CPU arithmetic section)
     #[arg(long = "cpu-acts", value_enum, default_value_t = CpuActs::Q8x2)]
     pub cpu_acts: CpuActs,

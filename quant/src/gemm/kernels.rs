@@ -23,7 +23,7 @@ pub(super) trait Arch {
     const LANES: usize;
     /// Largest token tile worth using (register budget).
     const NMAX: usize;
-    /// Integer accumulation chains per token in tiles of 3+ tokens (latency vs registers),
+    /// Integer accumulation chains per token in tiles of 3 to 7 tokens (latency vs registers),
     /// for the 32-element formats and for the K-quants (which hold more accumulators).
     const CHAINS: usize;
     const CHAINS_K: usize;
@@ -129,6 +129,7 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
 ) {
     let n = a.n_tok;
     let nmax = A::NMAX.min(K::MAX_N);
+    debug_assert!(!a.pairs || n.is_multiple_of(2), "two-level activations come in pairs of rows");
     // SAFETY: forwarded from the caller.
     unsafe {
         for g in groups {
@@ -329,7 +330,7 @@ const PREFETCH_BYTES: usize = 32 << 10;
 /// they touch. A group is its blocks' quants and then their scales, so block b of B bytes of
 /// quants and M of scales asks for `b·(B + M)..(b + 1)·(B + M)`: the hints advance at the rate
 /// the group is consumed and, over the group, cover all of it, scales included (hints that
-/// advanced by B per block left M/(B + M) of every matrix, 6-11%, to the hardware: Q4_0 and
+/// advanced by B per block left M/(B + M) of every matrix, 6-20%, to the hardware: Q4_0 and
 /// Q4_K, 11%, were the slowest to stream from DRAM). Only the first token tile's first slice
 /// of a group reads its weights from memory; later tiles and slices find them in cache and
 /// skip the hints. A Q6_K block asks for its lines a quarter at a time, as it uses them: all
@@ -523,12 +524,13 @@ impl Kern for Q8_0 {
         let nb = w.nb;
         let tk = toks::<N>(a, t0);
         let (d_off, off_off) = (a.d_off, a.x_off + 8 * nb); // −128·Σq
+        let per_block = w.layout.bulk + w.layout.meta;
         // SAFETY: as in tile_legacy4.
         unsafe {
             slices::<A, N>(w, g, t0, out, ld, |r0| {
                 let mut acc = [A::zero_f(); N];
                 for b in 0..nb {
-                    prefetch_ahead::<A>(bulk, (512 + 32) * b, 512 + 32, t0, r0);
+                    prefetch_ahead::<A>(bulk, per_block * b, per_block, t0, r0);
                     let wb = at(bulk, b * 512 + 4 * r0);
                     let mut is = IAcc::<A, N, false, 1>::new(std::array::from_fn(|t| {
                         if A::Q8_BIASED { A::bcast_i32(at(tk[t], off_off + 4 * b)) } else { A::zero() }
@@ -730,6 +732,8 @@ impl Kern for Q6K {
         let nb = w.nb;
         let tk = toks::<N>(a, t0);
         let (d_off, x_off) = (a.d_off, a.x_off);
+        let per_block = w.layout.bulk + w.layout.meta;
+        let quarter = per_block / 4;
         // SAFETY: pointers stay inside the group and the token segments.
         unsafe {
             slices::<A, N>(w, g, t0, out, ld, |r0| {
@@ -741,7 +745,7 @@ impl Kern for Q6K {
                     let mut sacc = FAcc::<A, N>::new();
                     for h in 0..2 {
                         for q in 0..2 {
-                            prefetch_ahead::<A>(bulk, sb * 3360 + 840 * (2 * h + q), 840, t0, r0);
+                            prefetch_ahead::<A>(bulk, sb * per_block + quarter * (2 * h + q), quarter, t0, r0);
                             // −32·bsums[j] of sub-block j = 8h + 2k + q.
                             let off = |k: usize| x_off + 80 * sb + 16 + 4 * (8 * h + 2 * k + q);
                             let scf = |k: usize| A::load_i8f(at(mt, 16 * (8 * h + 2 * k + q) + r0));

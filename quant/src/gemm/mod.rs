@@ -17,7 +17,8 @@
 //! activation quantization itself is the bit-exact reference ([`crate::legacy::quantize_row_q8_0`],
 //! [`crate::legacy::quantize_row_q8_1`], [`crate::kquants::quantize_row_q8_k`]). Only the
 //! order and grouping of float operations differ from the scalar reference; `tests.rs` states
-//! the bound for every type.
+//! the bound for every type. (Two-level Q8_0 is the one place where an integer is rounded: a
+//! merged pair's sum reaches ~6.7e7 > 2²⁴ before its conversion to f32, a relative 2⁻²⁴.)
 //!
 //! Memory layout of a [`PackedMatrix`]: groups one after the other, each
 //! `[bulk: nb × BULK bytes][meta: nb × META bytes]` (padded to 64 bytes), where `nb` is the
@@ -52,8 +53,8 @@ use std::sync::OnceLock;
 
 use crate::GgmlType;
 use crate::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, QK, QK_K, WeightBlock,
-    as_blocks,
+    BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0, F16Bytes, QK, QK_K,
+    WeightBlock, as_blocks,
 };
 use crate::second_level;
 
@@ -524,8 +525,9 @@ impl QActs {
     /// on the grid d/128 ([`crate::second_level`]), with scale d/128. Summing a matmul's
     /// outputs for the two rows gives the product with the activations known to ~1/(2·127·128)
     /// of each block's absmax instead of ~1/254: the integer kernels stay, the activation error
-    /// all but vanishes. Kernels that merge the pair write the sum to row 2t and zero to row
-    /// 2t+1. (F32: the second row is zeros.)
+    /// all but vanishes. Kernels that merge the pair put most of it in row 2t, and row 2t+1
+    /// keeps what is left (zero, or Q8_1's `m·s` term): only the pair's sum means anything.
+    /// (F32: the second row is zeros.)
     pub fn quantize_two_level(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
         self.fill(x, n_tok, cols, true, par);
     }
@@ -637,7 +639,9 @@ impl QActs {
                     put_i32(extra, nb + b, -16 * sum);
                     put_i32(extra, 2 * nb + b, -128 * sum);
                 }
-                ActKind::Q8_1 => put_f32(extra, b, d2 * sum as f32),
+                // As the per-row path has it: Q8_1's f16 s = d1·Σq2 on the first level's
+                // scale, divided by 128 (ActRow::second_level_into).
+                ActKind::Q8_1 => put_f32(extra, b, F16Bytes::from_f32(d1 * sum as f32).get() / second_level::RATIO),
                 _ => {
                     let mut bsums = [0i16; QK_K / 16];
                     for (s, q) in bsums.iter_mut().zip(qs[e].chunks_exact(16)) {

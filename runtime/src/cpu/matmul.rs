@@ -6,12 +6,11 @@
 //!
 //! By default ([`ActPrecision::Q8x2`]) each activation is quantized at two levels: the Q8
 //! row, then that row's rounding error on a grid 128 times finer ([`second_level`]); a matmul
-//! sums the products of both. The integer kernels are unchanged and the activation error drops
-//! ~128-fold, which
-//! takes the whole-model agreement with an f32 reference from ggml's level (SmolLM2: top-1
-//! ~95%, KL ~0.015) to ~99.8% / 1e-4, at twice the multiply work (decode reads the weights
-//! once either way: both levels ride in one token tile). [`ActPrecision::Q8`] is ggml's
-//! arithmetic exactly.
+//! sums the products of both (the packed 32-element kernels add the two levels' integer sums
+//! first). The activation error drops ~128-fold, which takes the whole-model agreement with an
+//! f32 reference from ggml's level (SmolLM2: top-1 ~94%, KL ~0.012) to ~99.8% / 1e-4, at twice
+//! the multiply work (decode reads the weights once either way: both levels ride in one token
+//! tile). [`ActPrecision::Q8`] is ggml's arithmetic exactly.
 //!
 //! Matrices of the common types are repacked at load into interleaved 16-row groups
 //! ([`duet_quant::gemm`]); their matmul is split over the pool by groups of rows, each group
@@ -37,16 +36,17 @@ pub enum ActPrecision {
     #[default]
     Q8x2,
     /// Q8x2 for products of at most [`TWO_LEVEL_FREE_ROWS`] activation rows (decoding one or a
-    /// few streams), where both levels ride in one token tile and the weights' reading, not
+    /// few streams; also a prompt's single-row output head), where the weights' reading, not
     /// the multiplies, sets the time; Q8 for larger batches (prompts), whose time is the
     /// multiplies that a second level would double. Prompts then run at ggml's speed, but
-    /// their K/V carry ggml's error into every later token (SmolLM2: decoded tokens' KL 40×
+    /// their K/V carry ggml's error into every later token (SmolLM2: decoded tokens' KL 50×
     /// that of Q8x2, 4× below Q8's; tests/smollm2.rs), hence not the default.
     Auto,
 }
 
-/// Rows whose two levels fit one packed token tile (8 columns): up to here the second level
-/// reuses the unpacked weights of the first and costs decode almost nothing.
+/// Rows whose two levels fit one AVX-512 token tile (8 columns): up to here the second level
+/// reuses the unpacked weights of the first and costs decode almost nothing. (AVX2's tiles of
+/// 4 take them in two, unpacking the weights twice but still reading them from memory once.)
 pub const TWO_LEVEL_FREE_ROWS: usize = 4;
 
 impl ActPrecision {
@@ -70,7 +70,7 @@ pub struct ActCache {
     pub precision: ActPrecision,
     key: Option<(u64, GgmlType, usize)>,
     rows: Vec<ActRow>,
-    /// Second level of `rows` (Q8x2), else empty.
+    /// Second level of `rows` when the last product was two-level, else empty.
     lo: Vec<ActRow>,
     /// (tensor version, kind, tokens, first token, two-level)
     packed_key: Option<(u64, ActKind, usize, usize, bool)>,

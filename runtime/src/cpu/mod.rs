@@ -108,7 +108,7 @@ impl Backend for CpuBackend {
         let acts = match self.acts.precision {
             ActPrecision::Q8 => "Q8 activations",
             ActPrecision::Q8x2 => "two-level Q8 activations",
-            ActPrecision::Auto => "two-level Q8 activations in decode, Q8 in prompts",
+            ActPrecision::Auto => "two-level Q8 activations for up to 4 rows, Q8 for more",
         };
         let threads = match self.pool.n_threads() {
             1 => "1 thread".to_string(),
