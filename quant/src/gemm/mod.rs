@@ -35,7 +35,7 @@
 //! | Q8_0 | 8 lines: line s = `qs[4s..4s+4] ^ 0x80` (unsigned: q + 128) | d[16] |
 //! | Q4_K | 32 lines: line 8c+s = `qs[32c+4s..+4]` (low: elements 64c+4s.., high: 64c+32+4s..) | d[16], dmin[16], 3 lines of `scales[4p..4p+4]` |
 //! | Q5_K | 64 × u64 masks (index 2(8c+s)+h, bit 4r+j = bit 2c+h of `qh[4s+j]`), then as Q4_K | as Q4_K |
-//! | Q6_K | for half h, step s: 3 lines `ql[64h+4s..]`, `ql[64h+32+4s..]`, `qh[32h+4s..]` | scales as `[sub-block][row]` i8 (256 bytes), d[16] |
+//! | Q6_K | for half h, step s: 3 lines; byte j of line k: 6-bit level `q[128h+32k+4s+j]` in bits 0-5, bits 2k..2k+2 of `q[128h+96+4s+j]` in bits 6-7 | scales as `[sub-block][row]` i8 (256 bytes), d[16] |
 //! | F16/BF16 | blocks of 16 columns: for column k, the 16 rows' values (32 bytes) | — |
 //!
 //! Rows past the end of the matrix (the last group) are zero and their results are dropped.
@@ -388,13 +388,23 @@ fn pack_group(ty: GgmlType, nb: usize, l: Layout, src: &[u8], row_bytes: usize, 
                         meta[16 * j + r] = x.scales[j] as u8;
                     }
                     put_f16(&mut meta[256..], r, x.d.0);
+                    // The four 6-bit levels of quarter k = 0..4 of half h, element l = 0..32.
+                    let level = |h: usize, k: usize, l: usize| {
+                        let low = x.ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1)) & 0x0f;
+                        low | (x.qh[32 * h + l] >> (2 * k) & 3) << 4
+                    };
+                    // Three whole levels a byte, the fourth spread over their spare bits: the
+                    // kernels take the first three with one AND each (ggml's split into
+                    // nibbles and 2-bit pieces cost 4-5 operations a register).
                     for h in 0..2 {
                         for s in 0..8 {
                             let line = 3 * (8 * h + s);
                             for j in 0..4 {
-                                bulk[lane(line, j)] = x.ql[64 * h + 4 * s + j];
-                                bulk[lane(line + 1, j)] = x.ql[64 * h + 32 + 4 * s + j];
-                                bulk[lane(line + 2, j)] = x.qh[32 * h + 4 * s + j];
+                                let l = 4 * s + j;
+                                let fourth = level(h, 3, l);
+                                for k in 0..3 {
+                                    bulk[lane(line + k, j)] = level(h, k, l) | (fourth >> (2 * k) & 3) << 6;
+                                }
                             }
                         }
                     }

@@ -70,12 +70,6 @@ impl Arch for Portable {
             ((lo >> S) & 0xffff) | (((hi >> S) & 0xffff) << 16)
         })
     }
-    unsafe fn slli16<const S: u32>(a: V) -> V {
-        map(a, |x| {
-            let (lo, hi) = (x & 0xffff, x >> 16);
-            ((lo << S) & 0xffff) | (((hi << S) & 0xffff) << 16)
-        })
-    }
     unsafe fn srli32<const S: u32>(a: V) -> V {
         map(a, |x| x >> S)
     }

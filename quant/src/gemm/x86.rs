@@ -53,7 +53,7 @@ impl Arch for Avx512 {
     const LANES: usize = 16;
     const NMAX: usize = 8;
     const CHAINS: usize = 2;
-    const CHAINS_K: usize = 1;
+    const CHAINS_K: usize = 2;
     const Q8_BIASED: bool = true;
     type V = __m512i;
     type F = __m512;
@@ -86,10 +86,6 @@ impl Arch for Avx512 {
     #[inline(always)]
     unsafe fn srli16<const S: u32>(a: __m512i) -> __m512i {
         unsafe { _mm512_srli_epi16::<S>(a) }
-    }
-    #[inline(always)]
-    unsafe fn slli16<const S: u32>(a: __m512i) -> __m512i {
-        unsafe { _mm512_slli_epi16::<S>(a) }
     }
     #[inline(always)]
     unsafe fn srli32<const S: u32>(a: __m512i) -> __m512i {
@@ -230,10 +226,6 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
     #[inline(always)]
     unsafe fn srli16<const S: u32>(a: __m256i) -> __m256i {
         unsafe { _mm256_srl_epi16(a, _mm_cvtsi32_si128(S as i32)) }
-    }
-    #[inline(always)]
-    unsafe fn slli16<const S: u32>(a: __m256i) -> __m256i {
-        unsafe { _mm256_sll_epi16(a, _mm_cvtsi32_si128(S as i32)) }
     }
     #[inline(always)]
     unsafe fn srli32<const S: u32>(a: __m256i) -> __m256i {
