@@ -152,6 +152,11 @@ fn main() {
             let mut aq = QActs::new(kind);
             let tq = median_time(reps.min(7), || aq.quantize(&x, n_pp, cols, &serial));
             println!("| {label} | quantize 128×{cols} activations ({kind:?}) | | | | {:.3} | |", tq * 1e3);
+            let tq2 = median_time(reps.min(7), || aq.quantize_two_level(&x, n_pp, cols, &serial));
+            println!(
+                "| {label} | quantize 128×{cols} activations at two levels ({kind:?}) | | | | {:.3} | |",
+                tq2 * 1e3
+            );
         }
     }
     eprintln!("total {:.1} s", start.elapsed().as_secs_f64());
