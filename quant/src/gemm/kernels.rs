@@ -109,6 +109,9 @@ pub(super) trait Arch {
 pub(super) trait Kern {
     /// Largest token tile (register budget of this kernel).
     const MAX_N: usize;
+    /// Largest tile of two-level rows (pairs), where a kernel that merges a pair into one
+    /// accumulator holds half the accumulators of MAX_N rows.
+    const MAX_N_PAIRS: usize = Self::MAX_N;
     /// Rows of group `g` × tokens `t0..t0+N` into `out[t·ld + r]`.
     unsafe fn tile<A: Arch, const N: usize>(w: &PackedMatrix, a: &QActs, g: usize, t0: usize, out: *mut f32, ld: usize);
 }
@@ -127,7 +130,7 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
     ld: usize,
 ) {
     let n = a.n_tok;
-    let nmax = A::NMAX.min(K::MAX_N);
+    let nmax = A::NMAX.min(if a.pairs { K::MAX_N_PAIRS } else { K::MAX_N });
     debug_assert!(!a.pairs || n.is_multiple_of(2), "two-level activations come in pairs of rows");
     // SAFETY: forwarded from the caller.
     unsafe {
@@ -163,7 +166,11 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
 }
 
 /// Runs `f(r0)` for each LANES-row slice of group `g` that holds rows of the matrix and
-/// stores the N result vectors (tokens t0..t0+N).
+/// stores the N result vectors (tokens t0..t0+N). A closure the compiler leaves out of line
+/// is compiled without the kernel set's target features, every intrinsic in it a call: the
+/// Q6_K tile marks its `f` `#[inline(always)]` (its pair tile of 8 ran 60 times slower
+/// without); forcing it on the others made the AVX2 Q4_K prompt kernel slower (128 → 82
+/// GMAC/s, `--ab`), so they are left to the compiler.
 #[inline(always)]
 unsafe fn slices<A: Arch, const N: usize>(
     w: &PackedMatrix,
@@ -695,17 +702,7 @@ unsafe fn q6_sub<A: Arch, const N: usize, const K: usize>(
         // of single-level speed on AVX-512.)
         for i in 0..4 {
             let s = 4 * q + i;
-            // Levels 0-2: a byte's bits 0-5; level 3: bits 6-7 of the three bytes (see the
-            // layout in mod.rs). 16-bit shifts carry the next byte's bits in; the masks drop them.
-            let line = at(bk, 64 * 3 * (8 * h + s));
-            let wq = if K < 3 {
-                A::and(A::load(at(line, 64 * K)), m3f)
-            } else {
-                let b0 = A::and(A::srli16::<6>(A::load(line)), A::splat8(0x03));
-                let b1 = A::and(A::srli16::<4>(A::load(at(line, 64))), A::splat8(0x0c));
-                let b2 = A::and(A::srli16::<2>(A::load(at(line, 128))), A::splat8(0x30));
-                A::or(A::or(b0, b1), b2)
-            };
+            let wq = q6_levels::<A, K>(bk, h, s, m3f);
             for t in 0..N {
                 is.dot(i, t, wq, at(tk[t], qoff + 128 * h + 32 * K + 4 * s));
             }
@@ -714,11 +711,83 @@ unsafe fn q6_sub<A: Arch, const N: usize, const K: usize>(
     }
 }
 
+/// Quarter `K`'s 6-bit levels of step `s` of half `h`: levels 0-2 are a byte's bits 0-5,
+/// level 3 bits 6-7 of the three bytes (see the layout in mod.rs). 16-bit shifts carry the
+/// next byte's bits in; the masks drop them.
+#[inline(always)]
+unsafe fn q6_levels<A: Arch, const K: usize>(bk: *const u8, h: usize, s: usize, m3f: A::V) -> A::V {
+    // SAFETY: the three lines of (h, s) lie inside the block (forwarded from the tile).
+    unsafe {
+        let line = at(bk, 64 * 3 * (8 * h + s));
+        if K < 3 {
+            A::and(A::load(at(line, 64 * K)), m3f)
+        } else {
+            let b0 = A::and(A::srli16::<6>(A::load(line)), A::splat8(0x03));
+            let b1 = A::and(A::srli16::<4>(A::load(at(line, 64))), A::splat8(0x0c));
+            let b2 = A::and(A::srli16::<2>(A::load(at(line, 128))), A::splat8(0x30));
+            A::or(A::or(b0, b1), b2)
+        }
+    }
+}
+
+/// [`q6_sub`] for two-level rows (pairs 2p, 2p+1 of one token, the second level's step 1/128
+/// of the first's): each token's two levels go into one accumulator, the first level's sum
+/// shifted onto the fine grid before the second's dots (|sum| ≤ 32·127·16·128 + 63·127·16 <
+/// 2³¹), so the tile's unpacked weights serve twice the tokens of separate rows and the fold
+/// runs once a token. The merged sum is in entry 2p; odd entries are zero.
+#[inline(always)]
+unsafe fn q6_sub_pairs<A: Arch, const N: usize, const K: usize>(
+    bk: *const u8,
+    tk: &[*const u8; N],
+    qoff: usize,
+    off_at: usize,
+    h: usize,
+    q: usize,
+) -> [A::V; N] {
+    // SAFETY: forwarded from tile_q6k.
+    unsafe {
+        let m3f = A::splat8(0x3f);
+        let wq: [A::V; 4] = std::array::from_fn(|i| q6_levels::<A, K>(bk, h, 4 * q + i, m3f));
+        let act = |t: usize, i: usize| at(tk[t], qoff + 128 * h + 32 * K + 4 * (4 * q + i));
+        // Two chains a token (even and odd steps), as IAcc keeps for short tiles.
+        let mut even = [A::zero(); N];
+        let mut odd = [A::zero(); N];
+        for p in 0..N / 2 {
+            even[2 * p] = A::bcast_i32(at(tk[2 * p], off_at));
+        }
+        for i in 0..4 {
+            for p in 0..N / 2 {
+                if i % 2 == 0 {
+                    even[2 * p] = A::dot(even[2 * p], wq[i], act(2 * p, i));
+                } else {
+                    odd[2 * p] = A::dot(odd[2 * p], wq[i], act(2 * p, i));
+                }
+            }
+        }
+        for p in 0..N / 2 {
+            let first = A::slli32::<{ second_level::SHIFT }>(A::add32(even[2 * p], odd[2 * p]));
+            even[2 * p] = A::add32(first, A::bcast_i32(at(tk[2 * p + 1], off_at)));
+            odd[2 * p] = A::zero();
+        }
+        for i in 0..4 {
+            for p in 0..N / 2 {
+                if i % 2 == 0 {
+                    even[2 * p] = A::dot(even[2 * p], wq[i], act(2 * p + 1, i));
+                } else {
+                    odd[2 * p] = A::dot(odd[2 * p], wq[i], act(2 * p + 1, i));
+                }
+            }
+        }
+        std::array::from_fn(|t| if t % 2 == 0 { A::add32(even[t], odd[t]) } else { A::zero() })
+    }
+}
+
 pub(super) struct Q6K;
 impl Kern for Q6K {
     /// Tiles of 4 tokens with two chains each (AVX-512) beat tiles of 8 with one: 270 against
     /// 242 GMAC/s in prompts (`cargo bench -p duet-quant --bench gemm -- --ab Q6_K`).
     const MAX_N: usize = 4;
+    const MAX_N_PAIRS: usize = 8;
     #[inline(always)]
     unsafe fn tile<A: Arch, const N: usize>(
         w: &PackedMatrix,
@@ -728,6 +797,31 @@ impl Kern for Q6K {
         out: *mut f32,
         ld: usize,
     ) {
+        // Two-level rows merged a token at a time (not where the arch sums 16-bit partials:
+        // there `A::dot` widens every product). A type parameter, so that every loop over
+        // the tile's rows stays unrolled with its accumulators in registers.
+        // SAFETY: forwarded.
+        unsafe {
+            if a.pairs && N.is_multiple_of(2) && !A::PARTIAL16 {
+                tile_q6k::<A, N, true>(w, a, g, t0, out, ld)
+            } else {
+                tile_q6k::<A, N, false>(w, a, g, t0, out, ld)
+            }
+        }
+    }
+}
+
+/// The Q6_K tile; `PAIRS`: rows 2p, 2p+1 are one token's two levels, merged.
+#[inline(always)]
+unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool>(
+    w: &PackedMatrix,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    {
         let (bulk, meta) = w.group(g);
         let nb = w.nb;
         let tk = toks::<N>(a, t0);
@@ -736,40 +830,61 @@ impl Kern for Q6K {
         let quarter = per_block / 4;
         // SAFETY: pointers stay inside the group and the token segments.
         unsafe {
-            slices::<A, N>(w, g, t0, out, ld, |r0| {
-                let mut acc = [A::zero_f(); N];
-                for sb in 0..nb {
-                    let mt = at(meta, sb * 288);
-                    let bk = at(bulk, sb * 3072 + 4 * r0);
-                    let qoff = 256 * sb;
-                    let mut sacc = FAcc::<A, N>::new();
-                    for h in 0..2 {
-                        for q in 0..2 {
-                            prefetch_ahead::<A>(bulk, sb * per_block + quarter * (2 * h + q), quarter, t0, r0);
-                            // −32·bsums[j] of sub-block j = 8h + 2k + q.
-                            let off = |k: usize| x_off + 80 * sb + 16 + 4 * (8 * h + 2 * k + q);
-                            let scf = |k: usize| A::load_i8f(at(mt, 16 * (8 * h + 2 * k + q) + r0));
-                            let mut fold = |is: [A::V; N], k: usize| {
-                                let f = scf(k);
-                                for t in 0..N {
-                                    sacc.fmadd(k, t, A::cvt(is[t]), f);
+            slices::<A, N>(
+                w,
+                g,
+                t0,
+                out,
+                ld,
+                #[inline(always)]
+                |r0| {
+                    let mut acc = [A::zero_f(); N];
+                    for sb in 0..nb {
+                        let mt = at(meta, sb * 288);
+                        let bk = at(bulk, sb * 3072 + 4 * r0);
+                        let qoff = 256 * sb;
+                        let mut sacc = FAcc::<A, N>::new();
+                        for h in 0..2 {
+                            for q in 0..2 {
+                                prefetch_ahead::<A>(bulk, sb * per_block + quarter * (2 * h + q), quarter, t0, r0);
+                                // −32·bsums[j] of sub-block j = 8h + 2k + q.
+                                let off = |k: usize| x_off + 80 * sb + 16 + 4 * (8 * h + 2 * k + q);
+                                let scf = |k: usize| A::load_i8f(at(mt, 16 * (8 * h + 2 * k + q) + r0));
+                                let mut fold = |is: [A::V; N], k: usize| {
+                                    let f = scf(k);
+                                    for t in 0..N {
+                                        if !PAIRS || t % 2 == 0 {
+                                            sacc.fmadd(k, t, A::cvt(is[t]), f);
+                                        }
+                                    }
+                                };
+                                if PAIRS {
+                                    fold(q6_sub_pairs::<A, N, 0>(bk, &tk, qoff, off(0), h, q), 0);
+                                    fold(q6_sub_pairs::<A, N, 1>(bk, &tk, qoff, off(1), h, q), 1);
+                                    fold(q6_sub_pairs::<A, N, 2>(bk, &tk, qoff, off(2), h, q), 2);
+                                    fold(q6_sub_pairs::<A, N, 3>(bk, &tk, qoff, off(3), h, q), 3);
+                                } else {
+                                    fold(q6_sub::<A, N, 0>(bk, &tk, qoff, off(0), h, q), 0);
+                                    fold(q6_sub::<A, N, 1>(bk, &tk, qoff, off(1), h, q), 1);
+                                    fold(q6_sub::<A, N, 2>(bk, &tk, qoff, off(2), h, q), 2);
+                                    fold(q6_sub::<A, N, 3>(bk, &tk, qoff, off(3), h, q), 3);
                                 }
-                            };
-                            fold(q6_sub::<A, N, 0>(bk, &tk, qoff, off(0), h, q), 0);
-                            fold(q6_sub::<A, N, 1>(bk, &tk, qoff, off(1), h, q), 1);
-                            fold(q6_sub::<A, N, 2>(bk, &tk, qoff, off(2), h, q), 2);
-                            fold(q6_sub::<A, N, 3>(bk, &tk, qoff, off(3), h, q), 3);
+                            }
+                        }
+                        let sacc = sacc.sum();
+                        let dw = A::load_f16(at(mt, 256 + 2 * r0));
+                        for t in 0..N {
+                            if PAIRS && t % 2 == 1 {
+                                continue;
+                            }
+                            // A pair's merged sum is on the second level's grid: its scale.
+                            let da = A::bcast_f32(at(tk[if PAIRS { t + 1 } else { t }], d_off + 4 * sb));
+                            acc[t] = A::fmadd(sacc[t], A::mul(dw, da), acc[t]);
                         }
                     }
-                    let sacc = sacc.sum();
-                    let dw = A::load_f16(at(mt, 256 + 2 * r0));
-                    for t in 0..N {
-                        let da = A::bcast_f32(at(tk[t], d_off + 4 * sb));
-                        acc[t] = A::fmadd(sacc[t], A::mul(dw, da), acc[t]);
-                    }
-                }
-                acc
-            })
+                    acc
+                },
+            )
         }
     }
 }
