@@ -853,8 +853,15 @@ unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool>(
                                 let mut fold = |is: [A::V; N], k: usize| {
                                     let f = scf(k);
                                     for t in 0..N {
-                                        if !PAIRS || t % 2 == 0 {
+                                        // Merged pair sums reach ~2³⁰ once scaled: their f32
+                                        // sum rounds, so it runs in one order whatever the
+                                        // tile (one chain), or a prompt's logits would differ
+                                        // from the same tokens decoded one by one. (A single
+                                        // row's terms are integers below 2²⁴: exact in any order.)
+                                        if !PAIRS {
                                             sacc.fmadd(k, t, A::cvt(is[t]), f);
+                                        } else if t % 2 == 0 {
+                                            sacc.fmadd(0, t, A::cvt(is[t]), f);
                                         }
                                     }
                                 };
