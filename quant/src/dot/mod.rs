@@ -164,9 +164,7 @@ impl ActRow {
                 for ((h, l), x) in hi.iter().zip(lo.iter_mut()).zip(x.chunks_exact(QK_K)) {
                     quantize_block(x, h.d, &h.qs, &mut l.qs);
                     l.d = h.d;
-                    for (s, q) in l.bsums.iter_mut().zip(l.qs.chunks_exact(16)) {
-                        *s = q.iter().map(|&v| v as i16).sum();
-                    }
+                    l.bsums = crate::kquants::q8_k_bsums(&l.qs);
                 }
             }
             (ActRow::F32(hi), lo) => *lo = ActRow::F32(vec![0.0; hi.len()]),

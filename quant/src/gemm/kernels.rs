@@ -755,26 +755,23 @@ unsafe fn q6_sub_pairs<A: Arch, const N: usize, const K: usize>(
         for p in 0..N / 2 {
             even[2 * p] = A::bcast_i32(at(tk[2 * p], off_at));
         }
-        for i in 0..4 {
-            for p in 0..N / 2 {
-                if i % 2 == 0 {
-                    even[2 * p] = A::dot(even[2 * p], wq[i], act(2 * p, i));
-                } else {
-                    odd[2 * p] = A::dot(odd[2 * p], wq[i], act(2 * p, i));
+        // Level 0 is row 2p, level 1 row 2p+1.
+        for level in 0..2 {
+            if level == 1 {
+                for p in 0..N / 2 {
+                    let first = A::slli32::<{ second_level::SHIFT }>(A::add32(even[2 * p], odd[2 * p]));
+                    even[2 * p] = A::add32(first, A::bcast_i32(at(tk[2 * p + 1], off_at)));
+                    odd[2 * p] = A::zero();
                 }
             }
-        }
-        for p in 0..N / 2 {
-            let first = A::slli32::<{ second_level::SHIFT }>(A::add32(even[2 * p], odd[2 * p]));
-            even[2 * p] = A::add32(first, A::bcast_i32(at(tk[2 * p + 1], off_at)));
-            odd[2 * p] = A::zero();
-        }
-        for i in 0..4 {
-            for p in 0..N / 2 {
-                if i % 2 == 0 {
-                    even[2 * p] = A::dot(even[2 * p], wq[i], act(2 * p + 1, i));
-                } else {
-                    odd[2 * p] = A::dot(odd[2 * p], wq[i], act(2 * p + 1, i));
+            for i in 0..4 {
+                for p in 0..N / 2 {
+                    let a = act(2 * p + level, i);
+                    if i % 2 == 0 {
+                        even[2 * p] = A::dot(even[2 * p], wq[i], a);
+                    } else {
+                        odd[2 * p] = A::dot(odd[2 * p], wq[i], a);
+                    }
                 }
             }
         }

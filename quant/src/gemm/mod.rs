@@ -584,8 +584,6 @@ impl QActs {
         let (cols, nb) = (self.cols, self.nb);
         let (qs, rest) = seg.split_at_mut(cols);
         let (d, extra) = rest.split_at_mut(self.x_off - self.d_off);
-        let put_i32 = |dst: &mut [u8], i: usize, v: i32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
-        let put_f32 = |dst: &mut [u8], i: usize, v: f32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
         match self.kind {
             ActKind::Q8_0 | ActKind::Q8_1 => {
                 for b in 0..nb {
@@ -594,9 +592,7 @@ impl QActs {
                     qs[QK * b..QK * (b + 1)].copy_from_slice(bytemuck::cast_slice(&y.qs));
                     put_f32(d, b, y.d.get());
                     if self.kind == ActKind::Q8_0 {
-                        put_i32(extra, b, -8 * y.sum);
-                        put_i32(extra, nb + b, -16 * y.sum);
-                        put_i32(extra, 2 * nb + b, -128 * y.sum);
+                        put_q8_0_sums(extra, nb, b, y.sum);
                     } else {
                         put_f32(extra, b, y.s.get());
                     }
@@ -628,9 +624,6 @@ impl QActs {
             lo[..4 * cols].fill(0);
             return;
         }
-        let get_f32 = |src: &[u8], i: usize| f32::from_le_bytes(src[4 * i..4 * i + 4].try_into().expect("4 bytes"));
-        let put_i32 = |dst: &mut [u8], i: usize, v: i32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
-        let put_f32 = |dst: &mut [u8], i: usize, v: f32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
         let (q1, hi_rest) = hi.split_at(cols);
         let q1: &[i8] = bytemuck::cast_slice(q1);
         let (qs, rest) = lo.split_at_mut(cols);
@@ -639,24 +632,17 @@ impl QActs {
         let bs = self.kind.block();
         for b in 0..nb {
             let e = b * bs..(b + 1) * bs;
-            let d1 = get_f32(hi_rest, b);
+            let d1 = f32::from_le_bytes(hi_rest[4 * b..4 * b + 4].try_into().expect("4 bytes"));
             let sum = second_level::quantize_block(&x[e.clone()], d1, &q1[e.clone()], &mut qs[e.clone()]);
             let d2 = d1 / second_level::RATIO;
             put_f32(d, b, d2);
             match self.kind {
-                ActKind::Q8_0 => {
-                    put_i32(extra, b, -8 * sum);
-                    put_i32(extra, nb + b, -16 * sum);
-                    put_i32(extra, 2 * nb + b, -128 * sum);
-                }
+                ActKind::Q8_0 => put_q8_0_sums(extra, nb, b, sum),
                 // As the per-row path has it: Q8_1's f16 s = d1·Σq2 on the first level's
                 // scale, divided by 128 (ActRow::second_level_into).
                 ActKind::Q8_1 => put_f32(extra, b, F16Bytes::from_f32(d1 * sum as f32).get() / second_level::RATIO),
                 _ => {
-                    let mut bsums = [0i16; QK_K / 16];
-                    for (s, q) in bsums.iter_mut().zip(qs[e].chunks_exact(16)) {
-                        *s = q.iter().map(|&v| v as i16).sum();
-                    }
+                    let bsums = crate::kquants::q8_k_bsums(qs[e].try_into().expect("256 quants"));
                     put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &bsums);
                 }
             }
@@ -672,10 +658,26 @@ impl QActs {
     }
 }
 
+/// Stores `v` as the i-th little-endian 4-byte value of `dst`.
+fn put_i32(dst: &mut [u8], i: usize, v: i32) {
+    dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_f32(dst: &mut [u8], i: usize, v: f32) {
+    dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+/// A Q8_0 block's cached offsets (see [`QActs`]): −8·Σq, −16·Σq, −128·Σq of block b, in the
+/// three arrays of nb values after the scales.
+fn put_q8_0_sums(extra: &mut [u8], nb: usize, b: usize, sum: i32) {
+    put_i32(extra, b, -8 * sum);
+    put_i32(extra, nb + b, -16 * sum);
+    put_i32(extra, 2 * nb + b, -128 * sum);
+}
+
 /// A Q8_K block's cached sums (see [`QActs`]): the four i16 pairs of 32-sub-block sums, then
 /// `−32·bsums[j]` for its 16 sub-blocks of 16.
 fn put_q8k_sums(e: &mut [u8], bsums: &[i16; QK_K / 16]) {
-    let put_i32 = |dst: &mut [u8], i: usize, v: i32| dst[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
     let bs = |j: usize| bsums[2 * j] as i32 + bsums[2 * j + 1] as i32;
     for (i, (lo, hi)) in [(0, 2), (1, 3), (4, 6), (5, 7)].into_iter().enumerate() {
         let pair = (bs(lo) as u16 as u32) | ((bs(hi) as u16 as u32) << 16);

@@ -12,7 +12,7 @@ mod q8_k;
 pub use q4_k::{dequantize_row_q4_k, quantize_row_q4_k, quantize_row_q4_k_imatrix};
 pub use q5_k::{dequantize_row_q5_k, quantize_row_q5_k, quantize_row_q5_k_imatrix};
 pub use q6_k::{dequantize_row_q6_k, quantize_row_q6_k, quantize_row_q6_k_imatrix};
-pub use q8_k::{dequantize_row_q8_k, quantize_row_q8_k};
+pub use q8_k::{dequantize_row_q8_k, q8_k_bsums, quantize_row_q8_k};
 
 use crate::blocks::{K_SCALE_SIZE, QK_K};
 use crate::search::make_qp_quants;

@@ -21,11 +21,14 @@ pub fn quantize_row_q8_k(x: &[f32], y: &mut [BlockQ8K]) {
         for (q, &v) in yb.qs.iter_mut().zip(xb) {
             *q = nearest_int(iscale * v).min(127) as i8;
         }
-        for (j, s) in yb.bsums.iter_mut().enumerate() {
-            *s = yb.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
-        }
+        yb.bsums = q8_k_bsums(&yb.qs);
         yb.d = 1.0 / iscale;
     }
+}
+
+/// Q8_K's `bsums`: the sum of each 16 quants (|sum| ≤ 16·127, an i16).
+pub fn q8_k_bsums(qs: &[i8; QK_K]) -> [i16; QK_K / 16] {
+    std::array::from_fn(|j| qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum())
 }
 
 /// Port of `dequantize_row_q8_K`.
