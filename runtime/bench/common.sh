@@ -143,6 +143,14 @@ bench_llama_cpp() {
   bench_llama_build build-cpu "$@"
 }
 
+# llama.cpp with the SIMD of an AVX2-only CPU, whatever this one has.
+bench_llama_cpp_avx2() {
+  LLAMA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+    -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DLLAMA_OPENSSL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_SERVER=OFF
+    -DLLAMA_BUILD_EXAMPLES=OFF)
+  bench_llama_build build-cpu-avx2 "$@"
+}
+
 bench_machine() {
   local model flags
   model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)

@@ -15,15 +15,27 @@
 #                                             # needs numpy) in Q4_0, Q4_K_M, Q6_K and Q8_0:
 #                                             # ~6 GB under target/bench, ~30 min on 2 cores
 #   ROUNDS=3 runtime/bench/cpu_speed.sh       # rounds (default 2)
+#   SIMD=avx2 runtime/bench/cpu_speed.sh      # both programs limited to AVX2/FMA/F16C
 #
 # llama.cpp is built from the PyPI sdist of llama-cpp-python (runtime/bench/common.sh) with
-# GGML_NATIVE, so it uses whatever SIMD this CPU has, and its weight repacking.
+# GGML_NATIVE, so it uses whatever SIMD this CPU has, and its weight repacking. With
+# SIMD=avx2 it is built without GGML_NATIVE, with AVX2/FMA/F16C/BMI2 only (no AVX-512, no
+# AVX-VNNI), and duet runs with DUET_GEMM=avx2 DUET_ATTN_SIMD=avx2: the kernels an AVX2-only
+# CPU gets, compared on this machine. It stands in for such a CPU in compute (prompts); its
+# memory bandwidth is still this machine's, so decode ratios are not an AVX2 VM's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source runtime/bench/common.sh
 
 duet=$(bench_duet cpu-speed)
-bin=$(bench_llama_cpp llama-bench)
+case ${SIMD:-native} in
+  native) bin=$(bench_llama_cpp llama-bench) ;;
+  avx2)
+    bin=$(bench_llama_cpp_avx2 llama-bench)
+    export DUET_GEMM=avx2 DUET_ATTN_SIMD=avx2
+    ;;
+  *) bench_say "SIMD must be native or avx2, not '$SIMD'"; exit 2 ;;
+esac
 rounds=${ROUNDS:-2}
 
 models=("$(bench_smollm2)")
@@ -54,7 +66,7 @@ bandwidth() {
 }
 bw=$( (bandwidth; bandwidth; bandwidth) | bench_median)
 
-echo "Machine: $(bench_machine); memory read bandwidth $bw GB/s (2 threads). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
+echo "Machine: $(bench_machine)${SIMD:+ (both programs limited to SIMD=$SIMD)}; memory read bandwidth $bw GB/s (2 threads). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
 echo
 echo "| model | llama.cpp pp128 | duet pp128 | ratio | llama.cpp tg32 | duet tg32 | ratio | duet tg weights GB/s (of bandwidth) | duet \`--cpu-acts auto\` pp128 | ratio | tg32 | ratio |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
