@@ -59,6 +59,8 @@ pub(super) trait Arch {
     unsafe fn dot_q8(acc: Self::V, w: Self::W8, a: *const u8) -> Self::V;
     /// `acc + w.lo16·a.lo16 + w.hi16·a.hi16` per lane (i16 × i16), `a` = 4 bytes broadcast.
     unsafe fn dot16(acc: Self::V, w: Self::V, a: *const u8) -> Self::V;
+    /// a − b per 16-bit lane.
+    unsafe fn sub16(a: Self::V, b: Self::V) -> Self::V;
     /// Adds 16 to byte i of `w` where bit i of the 4·LANES bits at `bits` is set (w's bytes
     /// are below 16).
     unsafe fn set_bit4(w: Self::V, bits: *const u8) -> Self::V;
@@ -109,9 +111,9 @@ pub(super) trait Arch {
 pub(super) trait Kern {
     /// Largest token tile (register budget of this kernel).
     const MAX_N: usize;
-    /// Largest tile of two-level rows (pairs), where a kernel that merges a pair into one
-    /// accumulator holds half the accumulators of MAX_N rows.
-    const MAX_N_PAIRS: usize = Self::MAX_N;
+    /// Largest tile of two-level rows (pairs) whatever the arch's [`Arch::NMAX`], for kernels
+    /// that hold a pair in one accumulator (0: as single-level rows).
+    const MAX_N_PAIRS: usize = 0;
     /// Rows of group `g` × tokens `t0..t0+N` into `out[t·ld + r]`.
     unsafe fn tile<A: Arch, const N: usize>(w: &PackedMatrix, a: &QActs, g: usize, t0: usize, out: *mut f32, ld: usize);
 }
@@ -130,7 +132,7 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
     ld: usize,
 ) {
     let n = a.n_tok;
-    let nmax = A::NMAX.min(if a.pairs { K::MAX_N_PAIRS } else { K::MAX_N });
+    let nmax = if a.pairs && K::MAX_N_PAIRS > 0 { K::MAX_N_PAIRS } else { A::NMAX.min(K::MAX_N) };
     debug_assert!(!a.pairs || n.is_multiple_of(2), "two-level activations come in pairs of rows");
     // SAFETY: forwarded from the caller.
     unsafe {
@@ -172,7 +174,7 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
 /// without); forcing it on the others made the AVX2 Q4_K prompt kernel slower (128 → 82
 /// GMAC/s, `--ab`), so they are left to the compiler.
 #[inline(always)]
-unsafe fn slices<A: Arch, const N: usize>(
+pub(super) unsafe fn slices<A: Arch, const N: usize>(
     w: &PackedMatrix,
     g: usize,
     t0: usize,
@@ -204,13 +206,13 @@ unsafe fn slices<A: Arch, const N: usize>(
 }
 
 #[inline(always)]
-fn toks<const N: usize>(a: &QActs, t0: usize) -> [*const u8; N] {
+pub(super) fn toks<const N: usize>(a: &QActs, t0: usize) -> [*const u8; N] {
     std::array::from_fn(|t| a.tok(t0 + t))
 }
 
 /// Pointer `p + off` (no dereference).
 #[inline(always)]
-fn at(p: *const u8, off: usize) -> *const u8 {
+pub(super) fn at(p: *const u8, off: usize) -> *const u8 {
     p.wrapping_add(off)
 }
 
@@ -240,7 +242,7 @@ const fn chains(n: usize, wide: usize) -> usize {
 /// The partial's add chain has latency 1, so no extra chains are needed there. `PER` is a
 /// type parameter, not a field, because tiles of 8 tokens do not get their step loops
 /// unrolled: a run-time grouping there cost more (Q4_K prompts −15%) than it saved.
-struct IAcc<A: Arch, const N: usize, const KQ: bool, const PER: usize> {
+pub(super) struct IAcc<A: Arch, const N: usize, const KQ: bool, const PER: usize> {
     acc: [[A::V; N]; 4],
     part: [A::V; N],
 }
@@ -250,13 +252,13 @@ impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, P
     const PARTIALS: bool = A::PARTIAL16 && PER > 1;
 
     #[inline(always)]
-    unsafe fn new(init: [A::V; N]) -> Self {
+    pub(super) unsafe fn new(init: [A::V; N]) -> Self {
         // SAFETY: no memory access.
         let z = unsafe { A::zero() };
         IAcc { acc: [init, [z; N], [z; N], [z; N]], part: [z; N] }
     }
     #[inline(always)]
-    unsafe fn dot(&mut self, k: usize, t: usize, w: A::V, a: *const u8) {
+    pub(super) unsafe fn dot(&mut self, k: usize, t: usize, w: A::V, a: *const u8) {
         // SAFETY: forwarded.
         unsafe {
             if Self::PARTIALS {
@@ -279,7 +281,7 @@ impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, P
         *c = unsafe { A::dot_q8(*c, w, a) };
     }
     #[inline(always)]
-    unsafe fn sum(self) -> [A::V; N] {
+    pub(super) unsafe fn sum(self) -> [A::V; N] {
         let chains = if Self::PARTIALS { 1 } else { Self::CHAINS };
         std::array::from_fn(|t| {
             let mut s = self.acc[0][t];
@@ -293,24 +295,24 @@ impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, P
 }
 
 /// Float accumulators of N tokens in `chains(N, 1)` chains.
-struct FAcc<A: Arch, const N: usize>([[A::F; N]; 4]);
+pub(super) struct FAcc<A: Arch, const N: usize>([[A::F; N]; 4]);
 
 impl<A: Arch, const N: usize> FAcc<A, N> {
     #[inline(always)]
-    unsafe fn new() -> Self {
+    pub(super) unsafe fn new() -> Self {
         // SAFETY: no memory access.
         let z = unsafe { A::zero_f() };
         FAcc([[z; N]; 4])
     }
     /// chain(k % chains)[t] += a·b.
     #[inline(always)]
-    unsafe fn fmadd(&mut self, k: usize, t: usize, a: A::F, b: A::F) {
+    pub(super) unsafe fn fmadd(&mut self, k: usize, t: usize, a: A::F, b: A::F) {
         let c = &mut self.0[k % chains(N, 1)][t];
         // SAFETY: no memory access.
         *c = unsafe { A::fmadd(a, b, *c) };
     }
     #[inline(always)]
-    unsafe fn sum(self) -> [A::F; N] {
+    pub(super) unsafe fn sum(self) -> [A::F; N] {
         std::array::from_fn(|t| {
             let mut s = self.0[0][t];
             for c in 1..chains(N, 1) {
@@ -345,7 +347,7 @@ const PREFETCH_BYTES: usize = 32 << 10;
 /// from 35 to 47 tokens/s. (Q4_K's 32 hints split the same way decoded Q4_K_M 8% slower;
 /// eighths for Q6_K, no faster than quarters.)
 #[inline(always)]
-unsafe fn prefetch_ahead<A: Arch>(group: *const u8, from: usize, len: usize, t0: usize, r0: usize) {
+pub(super) unsafe fn prefetch_ahead<A: Arch>(group: *const u8, from: usize, len: usize, t0: usize, r0: usize) {
     if t0 != 0 || r0 != 0 {
         return;
     }
@@ -682,216 +684,7 @@ impl Kern for Q5K {
     }
 }
 
-/// One Q6_K sub-block of 16 (quarter `K` of half `h`, l-half `q`) for N tokens.
-#[inline(always)]
-unsafe fn q6_sub<A: Arch, const N: usize, const K: usize>(
-    bk: *const u8,
-    tk: &[*const u8; N],
-    qoff: usize,
-    off_at: usize,
-    h: usize,
-    q: usize,
-) -> [A::V; N] {
-    // SAFETY: forwarded from tile_q6k.
-    unsafe {
-        let m3f = A::splat8(0x3f);
-        let mut is = IAcc::<A, N, true, 2>::new(std::array::from_fn(|t| A::bcast_i32(at(tk[t], off_at))));
-        // `i`, not `s`, picks the accumulation chain: a constant once the loop is unrolled.
-        // (With `s`, whose parity the compiler could not see through the run-time `q`, the
-        // two-chain tiles kept their accumulators in memory: two-level decode ran at a fifth
-        // of single-level speed on AVX-512.)
-        for i in 0..4 {
-            let s = 4 * q + i;
-            let wq = q6_levels::<A, K>(bk, h, s, m3f);
-            for t in 0..N {
-                is.dot(i, t, wq, at(tk[t], qoff + 128 * h + 32 * K + 4 * s));
-            }
-        }
-        is.sum()
-    }
-}
-
-/// Quarter `K`'s 6-bit levels of step `s` of half `h`: levels 0-2 are a byte's bits 0-5,
-/// level 3 bits 6-7 of the three bytes (see the layout in mod.rs). 16-bit shifts carry the
-/// next byte's bits in; the masks drop them.
-#[inline(always)]
-unsafe fn q6_levels<A: Arch, const K: usize>(bk: *const u8, h: usize, s: usize, m3f: A::V) -> A::V {
-    // SAFETY: the three lines of (h, s) lie inside the block (forwarded from the tile).
-    unsafe {
-        let line = at(bk, 64 * 3 * (8 * h + s));
-        if K < 3 {
-            A::and(A::load(at(line, 64 * K)), m3f)
-        } else {
-            let b0 = A::and(A::srli16::<6>(A::load(line)), A::splat8(0x03));
-            let b1 = A::and(A::srli16::<4>(A::load(at(line, 64))), A::splat8(0x0c));
-            let b2 = A::and(A::srli16::<2>(A::load(at(line, 128))), A::splat8(0x30));
-            A::or(A::or(b0, b1), b2)
-        }
-    }
-}
-
-/// [`q6_sub`] for two-level rows (pairs 2p, 2p+1 of one token, the second level's step 1/128
-/// of the first's): each token's two levels go into one accumulator, the first level's sum
-/// shifted onto the fine grid before the second's dots (|sum| ≤ 32·127·16·128 + 63·127·16 <
-/// 2³¹), so the tile's unpacked weights serve twice the tokens of separate rows and the fold
-/// runs once a token. The merged sum is in entry 2p; odd entries are zero.
-#[inline(always)]
-unsafe fn q6_sub_pairs<A: Arch, const N: usize, const K: usize>(
-    bk: *const u8,
-    tk: &[*const u8; N],
-    qoff: usize,
-    off_at: usize,
-    h: usize,
-    q: usize,
-) -> [A::V; N] {
-    // SAFETY: forwarded from tile_q6k.
-    unsafe {
-        let m3f = A::splat8(0x3f);
-        let wq: [A::V; 4] = std::array::from_fn(|i| q6_levels::<A, K>(bk, h, 4 * q + i, m3f));
-        let act = |t: usize, i: usize| at(tk[t], qoff + 128 * h + 32 * K + 4 * (4 * q + i));
-        // Two chains a token (even and odd steps), as IAcc keeps for short tiles.
-        let mut even = [A::zero(); N];
-        let mut odd = [A::zero(); N];
-        for p in 0..N / 2 {
-            even[2 * p] = A::bcast_i32(at(tk[2 * p], off_at));
-        }
-        // Level 0 is row 2p, level 1 row 2p+1.
-        for level in 0..2 {
-            if level == 1 {
-                for p in 0..N / 2 {
-                    let first = A::slli32::<{ second_level::SHIFT }>(A::add32(even[2 * p], odd[2 * p]));
-                    even[2 * p] = A::add32(first, A::bcast_i32(at(tk[2 * p + 1], off_at)));
-                    odd[2 * p] = A::zero();
-                }
-            }
-            for i in 0..4 {
-                for p in 0..N / 2 {
-                    let a = act(2 * p + level, i);
-                    if i % 2 == 0 {
-                        even[2 * p] = A::dot(even[2 * p], wq[i], a);
-                    } else {
-                        odd[2 * p] = A::dot(odd[2 * p], wq[i], a);
-                    }
-                }
-            }
-        }
-        std::array::from_fn(|t| if t % 2 == 0 { A::add32(even[t], odd[t]) } else { A::zero() })
-    }
-}
-
-pub(super) struct Q6K;
-impl Kern for Q6K {
-    /// Tiles of 4 tokens with two chains each (AVX-512) beat tiles of 8 with one: 270 against
-    /// 242 GMAC/s in prompts (`cargo bench -p duet-quant --bench gemm -- --ab Q6_K`).
-    const MAX_N: usize = 4;
-    const MAX_N_PAIRS: usize = 8;
-    #[inline(always)]
-    unsafe fn tile<A: Arch, const N: usize>(
-        w: &PackedMatrix,
-        a: &QActs,
-        g: usize,
-        t0: usize,
-        out: *mut f32,
-        ld: usize,
-    ) {
-        // Two-level rows merged a token at a time (not where the arch sums 16-bit partials:
-        // there `A::dot` widens every product). A type parameter, so that every loop over
-        // the tile's rows stays unrolled with its accumulators in registers.
-        // SAFETY: forwarded.
-        unsafe {
-            if a.pairs && N.is_multiple_of(2) && !A::PARTIAL16 {
-                tile_q6k::<A, N, true>(w, a, g, t0, out, ld)
-            } else {
-                tile_q6k::<A, N, false>(w, a, g, t0, out, ld)
-            }
-        }
-    }
-}
-
-/// The Q6_K tile; `PAIRS`: rows 2p, 2p+1 are one token's two levels, merged.
-#[inline(always)]
-unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool>(
-    w: &PackedMatrix,
-    a: &QActs,
-    g: usize,
-    t0: usize,
-    out: *mut f32,
-    ld: usize,
-) {
-    {
-        let (bulk, meta) = w.group(g);
-        let nb = w.nb;
-        let tk = toks::<N>(a, t0);
-        let (d_off, x_off) = (a.d_off, a.x_off);
-        let per_block = w.layout.bulk + w.layout.meta;
-        let quarter = per_block / 4;
-        // SAFETY: pointers stay inside the group and the token segments.
-        unsafe {
-            slices::<A, N>(
-                w,
-                g,
-                t0,
-                out,
-                ld,
-                #[inline(always)]
-                |r0| {
-                    let mut acc = [A::zero_f(); N];
-                    for sb in 0..nb {
-                        let mt = at(meta, sb * 288);
-                        let bk = at(bulk, sb * 3072 + 4 * r0);
-                        let qoff = 256 * sb;
-                        let mut sacc = FAcc::<A, N>::new();
-                        for h in 0..2 {
-                            for q in 0..2 {
-                                prefetch_ahead::<A>(bulk, sb * per_block + quarter * (2 * h + q), quarter, t0, r0);
-                                // −32·bsums[j] of sub-block j = 8h + 2k + q.
-                                let off = |k: usize| x_off + 80 * sb + 16 + 4 * (8 * h + 2 * k + q);
-                                let scf = |k: usize| A::load_i8f(at(mt, 16 * (8 * h + 2 * k + q) + r0));
-                                let mut fold = |is: [A::V; N], k: usize| {
-                                    let f = scf(k);
-                                    for t in 0..N {
-                                        // Merged pair sums reach ~2³⁰ once scaled: their f32
-                                        // sum rounds, so it runs in one order whatever the
-                                        // tile (one chain), or a prompt's logits would differ
-                                        // from the same tokens decoded one by one. (A single
-                                        // row's terms are integers below 2²⁴: exact in any order.)
-                                        if !PAIRS {
-                                            sacc.fmadd(k, t, A::cvt(is[t]), f);
-                                        } else if t % 2 == 0 {
-                                            sacc.fmadd(0, t, A::cvt(is[t]), f);
-                                        }
-                                    }
-                                };
-                                if PAIRS {
-                                    fold(q6_sub_pairs::<A, N, 0>(bk, &tk, qoff, off(0), h, q), 0);
-                                    fold(q6_sub_pairs::<A, N, 1>(bk, &tk, qoff, off(1), h, q), 1);
-                                    fold(q6_sub_pairs::<A, N, 2>(bk, &tk, qoff, off(2), h, q), 2);
-                                    fold(q6_sub_pairs::<A, N, 3>(bk, &tk, qoff, off(3), h, q), 3);
-                                } else {
-                                    fold(q6_sub::<A, N, 0>(bk, &tk, qoff, off(0), h, q), 0);
-                                    fold(q6_sub::<A, N, 1>(bk, &tk, qoff, off(1), h, q), 1);
-                                    fold(q6_sub::<A, N, 2>(bk, &tk, qoff, off(2), h, q), 2);
-                                    fold(q6_sub::<A, N, 3>(bk, &tk, qoff, off(3), h, q), 3);
-                                }
-                            }
-                        }
-                        let sacc = sacc.sum();
-                        let dw = A::load_f16(at(mt, 256 + 2 * r0));
-                        for t in 0..N {
-                            if PAIRS && t % 2 == 1 {
-                                continue;
-                            }
-                            // A pair's merged sum is on the second level's grid: its scale.
-                            let da = A::bcast_f32(at(tk[if PAIRS { t + 1 } else { t }], d_off + 4 * sb));
-                            acc[t] = A::fmadd(sacc[t], A::mul(dw, da), acc[t]);
-                        }
-                    }
-                    acc
-                },
-            )
-        }
-    }
-}
+pub(super) use super::q6k::Q6K;
 
 // --- float weights ---------------------------------------------------------------------------
 
@@ -1012,6 +805,7 @@ impl<A: Arch, const NMAX: usize, const CHAINS: usize, const CHAINS_K: usize> Arc
         fn prep_q8(w: A::V) -> A::W8;
         fn dot_q8(acc: A::V, w: A::W8, a: *const u8) -> A::V;
         fn dot16(acc: A::V, w: A::V, a: *const u8) -> A::V;
+        fn sub16(a: A::V, b: A::V) -> A::V;
         fn set_bit4(w: A::V, bits: *const u8) -> A::V;
         fn dot_part(w: A::V, a: *const u8) -> A::V;
         fn add_part(p: A::V, q: A::V) -> A::V;

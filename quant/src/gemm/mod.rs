@@ -42,6 +42,7 @@
 
 mod kernels;
 mod portable;
+mod q6k;
 mod quantize;
 #[cfg(test)]
 mod tests;
@@ -475,7 +476,10 @@ impl ActKind {
 /// * Q8_0: `qs[cols]`, `d[nb]` (f32), `−8·Σq`, `−16·Σq`, `−128·Σq` (`[i32; nb]` each);
 /// * Q8_1: `qs[cols]`, `d[nb]`, `s[nb]` (f32, Q8_1's f16 `d·Σq`);
 /// * Q8K: `qs[cols]`, `d[nb]`, then per super-block 4 i32 of i16 pairs of sub-block sums
-///   (Σ of 32: (b0,b2), (b1,b3), (b4,b6), (b5,b7)), then 16 i32 `−32·bsums[j]`;
+///   (Σ of 32: (b0,b2), (b1,b3), (b4,b6), (b5,b7)), then 16 i32 `−32·bsums[j]`; in the
+///   second row of a two-level pair, then also (64-byte aligned) the pair's *merged*
+///   activations `128·q1 + q2` as i16, each 4 elements in the order (a0, a2, a1, a3), for the
+///   Q6_K kernels' 16-bit form;
 /// * F32: the values.
 #[derive(Clone)]
 pub struct QActs {
@@ -489,6 +493,8 @@ pub struct QActs {
     stride: usize,
     d_off: usize,
     x_off: usize,
+    /// Offset of the merged i16 activations in a pair's second row (Q8K pairs; else 0).
+    merged_off: usize,
     buf: AlignedBytes,
 }
 
@@ -510,6 +516,7 @@ impl QActs {
             stride: 0,
             d_off: 0,
             x_off: 0,
+            merged_off: 0,
             buf: AlignedBytes::zeroed(0),
         }
     }
@@ -553,12 +560,19 @@ impl QActs {
             ActKind::Q8K => (cols, cols + 4 * nb, cols + 4 * nb + 80 * nb),
             ActKind::F32 => (0, 0, 4 * cols),
         };
+        let (merged_off, end) = if two_level && self.kind == ActKind::Q8K {
+            let at = end.next_multiple_of(LINE);
+            (at, at + 2 * cols)
+        } else {
+            (0, end)
+        };
         let stride = end.next_multiple_of(LINE);
         let rows = if two_level { 2 * n_tok } else { n_tok };
         if self.buf.len < rows * stride {
             self.buf = AlignedBytes::zeroed(rows * stride);
         }
         (self.n_tok, self.cols, self.nb, self.stride, self.d_off, self.x_off) = (rows, cols, nb, stride, d_off, x_off);
+        self.merged_off = merged_off;
         self.pairs = two_level;
         let base = SendPtr(self.buf.as_mut_ptr());
         let this = &*self;
@@ -642,11 +656,21 @@ impl QActs {
                 // scale, divided by 128 (ActRow::second_level_into).
                 ActKind::Q8_1 => put_f32(extra, b, F16Bytes::from_f32(d1 * sum as f32).get() / second_level::RATIO),
                 _ => {
-                    let bsums = crate::kquants::q8_k_bsums(qs[e].try_into().expect("256 quants"));
+                    let bsums = crate::kquants::q8_k_bsums(qs[e.clone()].try_into().expect("256 quants"));
                     put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &bsums);
+                    let at = self.merged_off - self.x_off;
+                    let merged = &mut extra[at + 2 * e.start..at + 2 * e.end];
+                    put_merged(merged, &q1[e.clone()], &qs[e]);
                 }
             }
         }
+    }
+
+    /// Pair row `t` (a second level)'s merged i16 activations of super-block `sb` (Q8K pairs).
+    #[inline(always)]
+    fn merged(&self, t: usize, sb: usize) -> *const u8 {
+        debug_assert!(self.pairs && self.kind == ActKind::Q8K && t % 2 == 1);
+        self.tok(t).wrapping_add(self.merged_off + 2 * QK_K * sb)
     }
 
     /// Start of token t's segment.
@@ -655,6 +679,18 @@ impl QActs {
         debug_assert!(t < self.n_tok);
         // SAFETY (pointer arithmetic only): t < n_tok, inside `buf`.
         unsafe { self.buf.as_ptr().add(t * self.stride) }
+    }
+}
+
+/// A pair's merged activations `128·q1 + q2` (|·| ≤ 127·129 < 2¹⁵) as little-endian i16,
+/// each 4 elements as (a0, a2, a1, a3): a lane of packed Q6_K weights splits into the i16
+/// pairs (w0, w2), (w1, w3) with one AND and one shift.
+fn put_merged(dst: &mut [u8], q1: &[i8], q2: &[i8]) {
+    for (g, d) in dst.chunks_exact_mut(8).enumerate() {
+        for (slot, j) in [0, 2, 1, 3].into_iter().enumerate() {
+            let v = ((q1[4 * g + j] as i16) << second_level::SHIFT) + q2[4 * g + j] as i16;
+            d[2 * slot..2 * slot + 2].copy_from_slice(&v.to_le_bytes());
+        }
     }
 }
 

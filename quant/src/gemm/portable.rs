@@ -107,6 +107,9 @@ impl Arch for Portable {
             (acc as i32).wrapping_add(w0 * a0 + w1 * a1) as u32
         })
     }
+    unsafe fn sub16(a: V, b: V) -> V {
+        zip(a, b, |x, y| halves(x, y, i16::wrapping_sub))
+    }
     unsafe fn set_bit4(w: V, bits: *const u8) -> V {
         let m = u64::from_le_bytes(unsafe { rd(bits) });
         std::array::from_fn(|i| {
@@ -155,6 +158,14 @@ impl Arch for Portable {
     unsafe fn store(a: F, p: *mut f32) {
         unsafe { (p as *mut [f32; 16]).write_unaligned(a) }
     }
+}
+
+/// `f` on the two 16-bit halves of x and y.
+#[inline(always)]
+fn halves(x: u32, y: u32, f: impl Fn(i16, i16) -> i16) -> u32 {
+    let lo = f(x as u16 as i16, y as u16 as i16) as u16 as u32;
+    let hi = f((x >> 16) as u16 as i16, (y >> 16) as u16 as i16) as u16 as u32;
+    lo | hi << 16
 }
 
 #[inline(always)]

@@ -329,6 +329,48 @@ fn extreme_levels_sum_exactly() {
     }
 }
 
+/// Q6_K's two-level pair kernels at their largest products, (0 − 32)·(−128) against merged
+/// activations |128·q1 + q2| ≈ 16 200 (the 16-bit form's i16 near its limit), checked against
+/// the per-row reference (first level + second level / 128) in tiles of every size (17
+/// tokens: 34 rows), both signs.
+#[test]
+fn q6_k_pairs_hold_their_largest_sums() {
+    let (rows, cols, n_tok) = (16, 512, 17);
+    let ty = GgmlType::Q6_K;
+    // ql = qh = 0 (level 0), scales −128, d = 1.
+    let mut block = vec![0u8; ty.type_size()];
+    block[192..208].fill(0x80);
+    block[208..210].copy_from_slice(&F16Bytes::from_f32(1.0).0);
+    let wb: Vec<u8> = block.repeat(rows * cols / QK_K);
+    // The absmax (±1) first, then values half a first-level step off the grid: q2 = ±64.
+    let x: Vec<f32> = (0..n_tok * cols)
+        .map(|i| {
+            let sign = if (i / cols) % 2 == 0 { 1.0 } else { -1.0 };
+            sign * if i % QK_K == 0 { 1.0 } else { 126.5 / 127.0 }
+        })
+        .collect();
+    let mut acts = QActs::new(ActKind::Q8K);
+    acts.quantize_two_level(&x, n_tok, cols, &par_threads);
+    let packed = PackedMatrix::pack(ty, &wb, rows, cols, &par_threads).unwrap();
+    for k in available().into_iter().chain(variants()) {
+        let mut out = vec![f32::NAN; 2 * n_tok * rows];
+        k.gemm(&packed, &acts, &mut out).unwrap();
+        for t in 0..n_tok {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let hi = ActRow::quantize_for(ty, xt);
+            let mut lo = ActRow::empty_for(ty);
+            hi.second_level_into(xt, &mut lo);
+            let row = &wb[..crate::row_bytes(ty, cols).unwrap()];
+            let want = scalar::KERNELS.vec_dot(ty, row, &hi).unwrap() as f64
+                + scalar::KERNELS.vec_dot(ty, row, &lo).unwrap() as f64 / crate::second_level::RATIO as f64;
+            for r in 0..rows {
+                let got = out[2 * t * rows + r] as f64 + out[(2 * t + 1) * rows + r] as f64;
+                assert!((got - want).abs() <= 1e-5 * want.abs(), "{} token {t} row {r}: {got} vs {want}", k.name);
+            }
+        }
+    }
+}
+
 #[test]
 fn activation_quantization_is_the_reference() {
     let x = normal(4 * 512, 77);
@@ -481,7 +523,7 @@ fn simd_activation_quantizers_are_bit_exact() {
 /// again, and the result is far closer to the exact product than single-level Q8.
 #[test]
 fn two_level_activations_recover_the_rounding_error() {
-    let (rows, n_tok) = (33, 5);
+    let (rows, n_tok) = (33, 9);
     for ty in GgmlType::WEIGHT_TYPES.into_iter().filter(|&ty| ActKind::for_weight(ty) != Some(ActKind::F32)) {
         let cols = 2 * QK_K;
         let w = normal(rows * cols, 31);
@@ -588,7 +630,7 @@ fn large_buffers_are_zeroed_and_huge_page_aligned() {
 /// terms above 2²⁴ in f32, which rounds: their order must not depend on the tile.
 #[test]
 fn a_token_is_multiplied_the_same_alone_and_in_a_batch() {
-    let (rows, cols, n_tok) = (40, 512, 7);
+    let (rows, cols, n_tok) = (40, 512, 11);
     for ty in GgmlType::WEIGHT_TYPES.into_iter().filter(|&ty| packable(ty)) {
         let kind = ActKind::for_weight(ty).unwrap();
         let wb = quantize_matrix(ty, &normal(rows * cols, 3), cols);

@@ -42,6 +42,45 @@ unsafe fn rd_f32(p: *const u8) -> f32 {
     unsafe { (p as *const f32).read_unaligned() }
 }
 
+/// `vpdpwssd` with the 4 bytes at `a` broadcast, in assembly: LLVM turns the intrinsic into
+/// `acc + vpmaddwd(w, a)` and reassociates the sums of a chain of them, which in the Q6_K
+/// pair tile became a zeroed register, a dot and an add per step, with the broadcasts hoisted
+/// and spilled (two-level prompts at half speed). Opaque, it stays one instruction with the
+/// broadcast in its memory operand. (`#[inline]`, not always: it carries target features; it
+/// is inlined into the kernel set's entry points, which have them.)
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn dpwssd_bcast(mut acc: __m512i, w: __m512i, a: *const u8) -> __m512i {
+    // SAFETY: `a` is valid for 4 bytes (the trait's contract); the CPU has the features.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {w}, dword ptr [{a}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            w = in(zmm_reg) w,
+            a = in(reg) a,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// AVX-VNNI's `vpdpwssd`, in assembly for the reason [`dpwssd_bcast`] is.
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+unsafe fn dpwssd_avx(mut acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+    // SAFETY: register operands only; the CPU has the features.
+    unsafe {
+        std::arch::asm!(
+            "{{vex}} vpdpwssd {acc}, {w}, {a}",
+            acc = inout(ymm_reg) acc,
+            w = in(ymm_reg) w,
+            a = in(ymm_reg) a,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
 /// AVX-512 F/BW/VL + VNNI, with F16C for the scales.
 #[derive(Clone, Copy)]
 pub(super) struct Avx512;
@@ -121,7 +160,11 @@ impl Arch for Avx512 {
     }
     #[inline(always)]
     unsafe fn dot16(acc: __m512i, w: __m512i, a: *const u8) -> __m512i {
-        unsafe { _mm512_dpwssd_epi32(acc, w, Self::bcast_i32(a)) }
+        unsafe { dpwssd_bcast(acc, w, a) }
+    }
+    #[inline(always)]
+    unsafe fn sub16(a: __m512i, b: __m512i) -> __m512i {
+        unsafe { _mm512_sub_epi16(a, b) }
     }
     #[inline(always)]
     unsafe fn set_bit4(w: __m512i, bits: *const u8) -> __m512i {
@@ -286,11 +329,15 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
     unsafe fn dot16(acc: __m256i, w: __m256i, a: *const u8) -> __m256i {
         unsafe {
             if VNNI {
-                _mm256_dpwssd_avx_epi32(acc, w, Self::bcast_i32(a))
+                dpwssd_avx(acc, w, Self::bcast_i32(a))
             } else {
                 _mm256_add_epi32(acc, _mm256_madd_epi16(w, Self::bcast_i32(a)))
             }
         }
+    }
+    #[inline(always)]
+    unsafe fn sub16(a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_sub_epi16(a, b) }
     }
     const PARTIAL16: bool = !VNNI;
     #[inline(always)]
