@@ -111,9 +111,12 @@ pub(super) trait Arch {
 pub(super) trait Kern {
     /// Largest token tile (register budget of this kernel).
     const MAX_N: usize;
-    /// Largest tile of two-level rows (pairs) whatever the arch's [`Arch::NMAX`], for kernels
-    /// that hold a pair in one accumulator (0: as single-level rows).
-    const MAX_N_PAIRS: usize = 0;
+    /// Largest tile of two-level rows (pairs) on arch `A`, where a kernel holds a pair in one
+    /// accumulator (0: as for single-level rows).
+    #[inline(always)]
+    fn max_n_pairs<A: Arch>() -> usize {
+        0
+    }
     /// Rows of group `g` × tokens `t0..t0+N` into `out[t·ld + r]`.
     unsafe fn tile<A: Arch, const N: usize>(w: &PackedMatrix, a: &QActs, g: usize, t0: usize, out: *mut f32, ld: usize);
 }
@@ -132,7 +135,7 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
     ld: usize,
 ) {
     let n = a.n_tok;
-    let nmax = if a.pairs && K::MAX_N_PAIRS > 0 { K::MAX_N_PAIRS } else { A::NMAX.min(K::MAX_N) };
+    let nmax = if a.pairs && K::max_n_pairs::<A>() > 0 { K::max_n_pairs::<A>() } else { A::NMAX.min(K::MAX_N) };
     debug_assert!(!a.pairs || n.is_multiple_of(2), "two-level activations come in pairs of rows");
     // SAFETY: forwarded from the caller.
     unsafe {
@@ -275,7 +278,7 @@ impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, P
         }
     }
     #[inline(always)]
-    unsafe fn dot_q8(&mut self, k: usize, t: usize, w: A::W8, a: *const u8) {
+    pub(super) unsafe fn dot_q8(&mut self, k: usize, t: usize, w: A::W8, a: *const u8) {
         let c = &mut self.acc[k % Self::CHAINS][t];
         // SAFETY: forwarded.
         *c = unsafe { A::dot_q8(*c, w, a) };
@@ -372,7 +375,7 @@ pub(super) unsafe fn prefetch_ahead<A: Arch>(group: *const u8, from: usize, len:
 /// caller adds itself; only the pair's sum means anything). Per block and pair that is 3 float
 /// operations instead of 6: +4-5% on the 1.1B Q4_0 prompt speed with two levels.
 #[inline(always)]
-unsafe fn fold_block<A: Arch, const N: usize>(
+pub(super) unsafe fn fold_block<A: Arch, const N: usize>(
     acc: &mut [A::F; N],
     is: [A::V; N],
     dw: A::F,
@@ -385,8 +388,7 @@ unsafe fn fold_block<A: Arch, const N: usize>(
         if pairs && N.is_multiple_of(2) {
             for p in 0..N / 2 {
                 let fine = A::add32(A::slli32::<{ second_level::SHIFT }>(is[2 * p]), is[2 * p + 1]);
-                let d2 = A::bcast_f32(at(tk[2 * p + 1], d_at));
-                acc[2 * p] = A::fmadd(A::cvt(fine), A::mul(dw, d2), acc[2 * p]);
+                fold_pair::<A, N>(acc, p, fine, dw, tk, d_at);
             }
         } else {
             for t in 0..N {
@@ -394,6 +396,24 @@ unsafe fn fold_block<A: Arch, const N: usize>(
                 acc[t] = A::fmadd(A::cvt(is[t]), A::mul(dw, da), acc[t]);
             }
         }
+    }
+}
+
+/// Pair p's part of [`fold_block`]: `acc[2p] += fine · dw · d2`, `fine` the block's integer
+/// on the second level's grid and d2 that level's scale (row 2p+1's, at byte `d_at`).
+#[inline(always)]
+pub(super) unsafe fn fold_pair<A: Arch, const N: usize>(
+    acc: &mut [A::F; N],
+    p: usize,
+    fine: A::V,
+    dw: A::F,
+    tk: &[*const u8; N],
+    d_at: usize,
+) {
+    // SAFETY: `d_at` lies inside the token's segment (forwarded).
+    unsafe {
+        let d2 = A::bcast_f32(at(tk[2 * p + 1], d_at));
+        acc[2 * p] = A::fmadd(A::cvt(fine), A::mul(dw, d2), acc[2 * p]);
     }
 }
 
@@ -516,47 +536,7 @@ impl Kern for Q5_1 {
     }
 }
 
-pub(super) struct Q8_0;
-impl Kern for Q8_0 {
-    const MAX_N: usize = 8;
-    #[inline(always)]
-    unsafe fn tile<A: Arch, const N: usize>(
-        w: &PackedMatrix,
-        a: &QActs,
-        g: usize,
-        t0: usize,
-        out: *mut f32,
-        ld: usize,
-    ) {
-        let (bulk, meta) = w.group(g);
-        let nb = w.nb;
-        let tk = toks::<N>(a, t0);
-        let (d_off, off_off) = (a.d_off, a.x_off + 8 * nb); // −128·Σq
-        let per_block = w.layout.bulk + w.layout.meta;
-        // SAFETY: as in tile_legacy4.
-        unsafe {
-            slices::<A, N>(w, g, t0, out, ld, |r0| {
-                let mut acc = [A::zero_f(); N];
-                for b in 0..nb {
-                    prefetch_ahead::<A>(bulk, per_block * b, per_block, t0, r0);
-                    let wb = at(bulk, b * 512 + 4 * r0);
-                    let mut is = IAcc::<A, N, false, 1>::new(std::array::from_fn(|t| {
-                        if A::Q8_BIASED { A::bcast_i32(at(tk[t], off_off + 4 * b)) } else { A::zero() }
-                    }));
-                    for s in 0..8 {
-                        let x = A::prep_q8(A::load(at(wb, 64 * s)));
-                        for t in 0..N {
-                            is.dot_q8(s, t, x, at(tk[t], 32 * b + 4 * s));
-                        }
-                    }
-                    let dw = A::load_f16(at(meta, b * 32 + 2 * r0));
-                    fold_block::<A, N>(&mut acc, is.sum(), dw, &tk, d_off + 4 * b, a.pairs);
-                }
-                acc
-            })
-        }
-    }
-}
+pub(super) use super::q8_0::Q8_0;
 
 // --- K-quants --------------------------------------------------------------------------------
 

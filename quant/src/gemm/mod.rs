@@ -43,6 +43,7 @@
 mod kernels;
 mod portable;
 mod q6k;
+mod q8_0;
 mod quantize;
 #[cfg(test)]
 mod tests;
@@ -476,10 +477,10 @@ impl ActKind {
 /// * Q8_0: `qs[cols]`, `d[nb]` (f32), `−8·Σq`, `−16·Σq`, `−128·Σq` (`[i32; nb]` each);
 /// * Q8_1: `qs[cols]`, `d[nb]`, `s[nb]` (f32, Q8_1's f16 `d·Σq`);
 /// * Q8K: `qs[cols]`, `d[nb]`, then per super-block 4 i32 of i16 pairs of sub-block sums
-///   (Σ of 32: (b0,b2), (b1,b3), (b4,b6), (b5,b7)), then 16 i32 `−32·bsums[j]`; in the
-///   second row of a two-level pair, then also (64-byte aligned) the pair's *merged*
-///   activations `128·q1 + q2` as i16, each 4 elements in the order (a0, a2, a1, a3), for the
-///   Q6_K kernels' 16-bit form;
+///   (Σ of 32: (b0,b2), (b1,b3), (b4,b6), (b5,b7)), then 16 i32 `−32·bsums[j]`;
+/// * Q8_0 and Q8K, second row of a two-level pair: then also (64-byte aligned) the pair's
+///   *merged* activations `128·q1 + q2` as i16, each 4 elements in the order (a0, a2, a1,
+///   a3), for the kernels' 16-bit forms (Q6_K; Q8_0 on plain AVX2);
 /// * F32: the values.
 #[derive(Clone)]
 pub struct QActs {
@@ -493,7 +494,7 @@ pub struct QActs {
     stride: usize,
     d_off: usize,
     x_off: usize,
-    /// Offset of the merged i16 activations in a pair's second row (Q8K pairs; else 0).
+    /// Offset of the merged i16 activations in a pair's second row (Q8_0 and Q8K pairs; else 0).
     merged_off: usize,
     buf: AlignedBytes,
 }
@@ -560,7 +561,7 @@ impl QActs {
             ActKind::Q8K => (cols, cols + 4 * nb, cols + 4 * nb + 80 * nb),
             ActKind::F32 => (0, 0, 4 * cols),
         };
-        let (merged_off, end) = if two_level && self.kind == ActKind::Q8K {
+        let (merged_off, end) = if two_level && matches!(self.kind, ActKind::Q8_0 | ActKind::Q8K) {
             let at = end.next_multiple_of(LINE);
             (at, at + 2 * cols)
         } else {
@@ -651,7 +652,11 @@ impl QActs {
             let d2 = d1 / second_level::RATIO;
             put_f32(d, b, d2);
             match self.kind {
-                ActKind::Q8_0 => put_q8_0_sums(extra, nb, b, sum),
+                ActKind::Q8_0 => {
+                    put_q8_0_sums(extra, nb, b, sum);
+                    let at = self.merged_off - self.x_off;
+                    put_merged(&mut extra[at + 2 * e.start..at + 2 * e.end], &q1[e.clone()], &qs[e]);
+                }
                 // As the per-row path has it: Q8_1's f16 s = d1·Σq2 on the first level's
                 // scale, divided by 128 (ActRow::second_level_into).
                 ActKind::Q8_1 => put_f32(extra, b, F16Bytes::from_f32(d1 * sum as f32).get() / second_level::RATIO),
@@ -666,11 +671,11 @@ impl QActs {
         }
     }
 
-    /// Pair row `t` (a second level)'s merged i16 activations of super-block `sb` (Q8K pairs).
+    /// Pair row `t` (a second level)'s merged i16 activations (Q8_0 and Q8K pairs).
     #[inline(always)]
-    fn merged(&self, t: usize, sb: usize) -> *const u8 {
-        debug_assert!(self.pairs && self.kind == ActKind::Q8K && t % 2 == 1);
-        self.tok(t).wrapping_add(self.merged_off + 2 * QK_K * sb)
+    fn merged(&self, t: usize) -> *const u8 {
+        debug_assert!(self.pairs && self.merged_off > 0 && t % 2 == 1);
+        self.tok(t).wrapping_add(self.merged_off)
     }
 
     /// Start of token t's segment.

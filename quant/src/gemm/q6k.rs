@@ -30,7 +30,10 @@ impl Kern for Q6K {
     const MAX_N: usize = 4;
     /// The 16-bit form's tiles: 4 tokens, on AVX2 too (tiles of 8 tokens on AVX-512 were no
     /// faster: 174 against 178 GMAC/s, `--ab Q6_K`).
-    const MAX_N_PAIRS: usize = 8;
+    #[inline(always)]
+    fn max_n_pairs<A: Arch>() -> usize {
+        8
+    }
     #[inline(always)]
     unsafe fn tile<A: Arch, const N: usize>(
         w: &PackedMatrix,
@@ -227,12 +230,9 @@ unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool, const WIDE: bool>
                     let mt = at(meta, sb * 288);
                     let bk = at(bulk, sb * 3072 + 4 * r0);
                     let qoff = 256 * sb;
-                    let m: [*const u8; N] =
-                        std::array::from_fn(
-                            |p| {
-                                if WIDE && 2 * p + 1 < N { a.merged(t0 + 2 * p + 1, sb) } else { tk[0] }
-                            },
-                        );
+                    let m: [*const u8; N] = std::array::from_fn(|p| {
+                        if WIDE && 2 * p + 1 < N { at(a.merged(t0 + 2 * p + 1), 2 * 256 * sb) } else { tk[0] }
+                    });
                     let mut sacc = FAcc::<A, N>::new();
                     for h in 0..2 {
                         for q in 0..2 {
