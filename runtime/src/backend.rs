@@ -283,4 +283,6 @@ pub trait Backend {
     /// Shows the activations at `probe` of `layer` (positions pos0..) to the installed
     /// observer, if it wants them.
     fn observe(&mut self, probe: Probe, layer: usize, pos0: usize, t: &Self::Tensor);
+    /// Whether an installed observer wants `probe` of `layer`.
+    fn observes(&self, probe: Probe, layer: usize) -> bool;
 }

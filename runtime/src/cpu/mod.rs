@@ -349,6 +349,10 @@ impl Backend for CpuBackend {
         std::mem::replace(&mut self.observer, observer)
     }
 
+    fn observes(&self, probe: crate::backend::Probe, layer: usize) -> bool {
+        self.observer.as_ref().is_some_and(|o| o.wants(probe, layer))
+    }
+
     fn observe(&mut self, probe: crate::backend::Probe, layer: usize, pos0: usize, t: &CpuTensor) {
         if let Some(o) = self.observer.as_mut().filter(|o| o.wants(probe, layer)) {
             o.observe(probe, layer, pos0, t.view(), t.rows, t.cols);

@@ -383,6 +383,10 @@ impl Backend for GpuBackend {
 
     /// Reads the tensor back (submitting the work recorded so far) when the observer wants
     /// it: slow, meant for tools that look at activations, not for generation.
+    fn observes(&self, probe: crate::backend::Probe, layer: usize) -> bool {
+        self.observer.as_ref().is_some_and(|o| o.wants(probe, layer))
+    }
+
     fn observe(&mut self, probe: crate::backend::Probe, layer: usize, pos0: usize, t: &GpuTensor) {
         if self.observe_error.is_some() || !self.observer.as_ref().is_some_and(|o| o.wants(probe, layer)) {
             return;

@@ -158,14 +158,19 @@ impl<B: Backend> Model<B> {
             b.observe(Probe::Q, il, pos0, &a.q);
             b.attention(&a.q, &a.k, &a.v, &mut cache.kv, seq, il, pos0, &specs[il], &mut a.att);
         };
-        self.run_layers(b, a, tokens, pos0, &mut attend);
+        let narrowed = self.run_layers(b, a, tokens, pos0, want == Logits::Last, &mut attend);
         drop(cache);
         s.n_past += n;
         let a = &mut s.acts;
         let output = self.output.as_ref().unwrap_or(&self.token_embd);
         match want {
             Logits::Last => {
-                b.copy_row(&a.x, n - 1, &mut a.last, 0);
+                if narrowed {
+                    // The last layer left the one row in `last`'s tensor: swap them back.
+                    std::mem::swap(&mut a.x, &mut a.last);
+                } else {
+                    b.copy_row(&a.x, n - 1, &mut a.last, 0);
+                }
                 b.set_rows(&mut a.xn, 1);
                 b.rms_norm(&a.last, &self.output_norm, c.rms_eps, &mut a.xn);
                 self.output_logits(b, a, 1, output)
@@ -294,7 +299,7 @@ impl<B: Backend> Model<B> {
                 first += t.len();
             }
         };
-        self.run_layers(b, a, &tokens, usize::MAX, &mut attend);
+        self.run_layers(b, a, &tokens, usize::MAX, false, &mut attend);
         // Each chunk's last row (gathered into `proj`, free after the layers) gets logits.
         b.set_rows(&mut a.proj, n_seq);
         let mut first = 0;
@@ -319,9 +324,12 @@ impl<B: Backend> Model<B> {
         a: &mut Acts<B>,
         tokens: &[u32],
         pos0: usize,
+        last_row_only: bool,
         attend: &mut dyn FnMut(&mut B, usize, &mut Acts<B>),
-    ) {
+    ) -> bool {
         let c = &self.config;
+        let n = tokens.len();
+        let mut narrowed = false;
         let probes = pos0 != usize::MAX;
         let observe = |b: &mut B, probe: Probe, il: usize, t: &B::Tensor| {
             if probes {
@@ -363,6 +371,22 @@ impl<B: Backend> Model<B> {
                 b.add_bias(&mut a.proj, bias);
             }
             b.add(&mut a.x, &a.proj);
+            // Only the last row's logits wanted: the last layer's feed-forward block (~80% of
+            // a layer's multiplies) runs on that row alone, as llama.cpp's does. `x` trades
+            // places with the one-row `last` until the caller swaps them back. (Not when an
+            // observer wants this block's rows.)
+            if last_row_only
+                && n > 1
+                && il + 1 == self.layers.len()
+                && ![Probe::FfnIn, Probe::FfnDownIn, Probe::Hidden].into_iter().any(|p| probes && b.observes(p, il))
+            {
+                b.copy_row(&a.x, n - 1, &mut a.last, 0);
+                std::mem::swap(&mut a.x, &mut a.last);
+                for t in [&mut a.xn, &mut a.gate, &mut a.up, &mut a.proj] {
+                    b.set_rows(t, 1);
+                }
+                narrowed = true;
+            }
             // Feed-forward block (SwiGLU).
             b.rms_norm(&a.x, &l.ffn_norm, c.rms_eps, &mut a.xn);
             observe(b, Probe::FfnIn, il, &a.xn);
@@ -383,5 +407,6 @@ impl<B: Backend> Model<B> {
             b.add(&mut a.x, &a.proj);
             observe(b, Probe::Hidden, il, &a.x);
         }
+        narrowed
     }
 }
