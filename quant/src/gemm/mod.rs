@@ -655,7 +655,7 @@ impl QActs {
                 ActKind::Q8_0 => {
                     put_q8_0_sums(extra, nb, b, sum);
                     let at = self.merged_off - self.x_off;
-                    put_merged(&mut extra[at + 2 * e.start..at + 2 * e.end], &q1[e.clone()], &qs[e]);
+                    quantize::merged(&mut extra[at + 2 * e.start..at + 2 * e.end], &q1[e.clone()], &qs[e]);
                 }
                 // As the per-row path has it: Q8_1's f16 s = d1·Σq2 on the first level's
                 // scale, divided by 128 (ActRow::second_level_into).
@@ -665,7 +665,7 @@ impl QActs {
                     put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &bsums);
                     let at = self.merged_off - self.x_off;
                     let merged = &mut extra[at + 2 * e.start..at + 2 * e.end];
-                    put_merged(merged, &q1[e.clone()], &qs[e]);
+                    quantize::merged(merged, &q1[e.clone()], &qs[e]);
                 }
             }
         }
@@ -684,18 +684,6 @@ impl QActs {
         debug_assert!(t < self.n_tok);
         // SAFETY (pointer arithmetic only): t < n_tok, inside `buf`.
         unsafe { self.buf.as_ptr().add(t * self.stride) }
-    }
-}
-
-/// A pair's merged activations `128·q1 + q2` (|·| ≤ 127·129 < 2¹⁵) as little-endian i16,
-/// each 4 elements as (a0, a2, a1, a3): a lane of packed Q6_K weights splits into the i16
-/// pairs (w0, w2), (w1, w3) with one AND and one shift.
-fn put_merged(dst: &mut [u8], q1: &[i8], q2: &[i8]) {
-    for (g, d) in dst.chunks_exact_mut(8).enumerate() {
-        for (slot, j) in [0, 2, 1, 3].into_iter().enumerate() {
-            let v = ((q1[4 * g + j] as i16) << second_level::SHIFT) + q2[4 * g + j] as i16;
-            d[2 * slot..2 * slot + 2].copy_from_slice(&v.to_le_bytes());
-        }
     }
 }
 

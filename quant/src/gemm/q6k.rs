@@ -8,13 +8,15 @@
 //! a super-block's `f` is scaled once, by `d_w · d/128`. So a token decoded alone gets the
 //! bits it gets in a prompt's batch (test `a_token_is_multiplied_the_same_alone_and_in_a_batch`).
 //!
-//! * **Merged bytes** (small tiles on VNNI: decode): `vpdpbusd` over the two levels' i8
-//!   quants, the first level's sum shifted onto the fine grid before the second's dots.
-//! * **16-bit** (tiles of 4-8 tokens, and every tile where `dot` is two instructions):
-//!   `vpdpwssd` over `a` as i16 (QActs' merged segment) and the weights' `w − 32` as i16,
-//!   unpacked once per tile. As many dots as two i8 levels (a 16-bit dot does half the
-//!   elements of an 8-bit one), but no offsets or shifts per token: 1.1B Q6_K prompts
-//!   +18-28% on AVX-512 and AVX-VNNI, +13% on plain AVX2 (`--ab Q6_K`).
+//! * **Merged bytes** (tiles of 1-2 tokens where `dot` is one instruction, VNNI: decode):
+//!   `vpdpbusd` over the two levels' i8 quants, the first level's sum shifted onto the fine
+//!   grid before the second's dots.
+//! * **16-bit** (tiles of 4 tokens, and every tile on plain AVX2): `vpdpwssd` (`vpmaddwd` +
+//!   add) over `a` as i16 (QActs' merged segment) and the weights' `w − 32` as i16, unpacked
+//!   once per tile. As many dots as two i8 levels (a 16-bit dot does half the elements of an
+//!   8-bit one), but no offsets, shifts or merges per token, and on plain AVX2 no u8×i8
+//!   partials: one thread's two-level prompt kernel (`cargo bench -p duet-quant --bench gemm
+//!   -- --ab Q6_K`) 145 → 184 GMAC/s on AVX-512, 63 → 86 on AVX2+AVX-VNNI, 53 → 69 on AVX2.
 
 // Accumulator arrays, token pointers and results are parallel arrays indexed by token.
 #![allow(clippy::needless_range_loop)]

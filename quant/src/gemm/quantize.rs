@@ -60,6 +60,29 @@ pub(super) fn reference_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
     blk[0]
 }
 
+/// A pair's merged activations `128·q1 + q2` (|·| ≤ 127·129 < 2¹⁵) as little-endian i16 into
+/// `dst` (2 bytes per value), each 4 values in the order (a0, a2, a1, a3): a lane of packed
+/// weights splits into the i16 pairs (w0, w2), (w1, w3) with one AND and one shift.
+pub(super) fn merged(dst: &mut [u8], q1: &[i8], q2: &[i8]) {
+    assert!(q1.len() == q2.len() && dst.len() == 2 * q1.len() && q1.len().is_multiple_of(16));
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: the CPU has AVX2 (checked); lengths checked above.
+        return unsafe { x86::merged(dst, q1, q2) };
+    }
+    reference_merged(dst, q1, q2)
+}
+
+/// [`merged`] one value at a time.
+pub(super) fn reference_merged(dst: &mut [u8], q1: &[i8], q2: &[i8]) {
+    for (g, d) in dst.chunks_exact_mut(8).enumerate() {
+        for (slot, j) in [0, 2, 1, 3].into_iter().enumerate() {
+            let v = ((q1[4 * g + j] as i16) << crate::second_level::SHIFT) + q2[4 * g + j] as i16;
+            d[2 * slot..2 * slot + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn simd() -> bool {
@@ -101,6 +124,23 @@ mod x86 {
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
         _mm_cvtsi128_si32(s)
+    }
+
+    /// [`super::merged`], 16 values at a time (it was 2% of a 1.1B Q4_0 decode one value at a
+    /// time, on the critical path: one thread quantizes a decoded token).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn merged(dst: &mut [u8], q1: &[i8], q2: &[i8]) {
+        // Within each 128-bit lane, i16 slots 0..8 → 0, 2, 1, 3, 4, 6, 5, 7.
+        let order = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+        for i in (0..q1.len()).step_by(16) {
+            // SAFETY: i + 16 ≤ len for q1 and q2, 2·(i + 16) ≤ dst.len() (checked by the caller).
+            unsafe {
+                let h = _mm256_cvtepi8_epi16(_mm_loadu_si128(q1.as_ptr().add(i) as *const __m128i));
+                let l = _mm256_cvtepi8_epi16(_mm_loadu_si128(q2.as_ptr().add(i) as *const __m128i));
+                let a = _mm256_add_epi16(_mm256_slli_epi16::<{ crate::second_level::SHIFT as i32 }>(h), l);
+                _mm256_storeu_si256(dst.as_mut_ptr().add(2 * i) as *mut __m256i, _mm256_shuffle_epi8(a, order));
+            }
+        }
     }
 
     /// 32 i32 in −128..=127 → 32 i8 in order.

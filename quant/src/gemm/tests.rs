@@ -503,6 +503,17 @@ fn simd_activation_quantizers_are_bit_exact() {
         assert_eq!(got.d.to_bits(), want.d.to_bits(), "{x:?}");
         assert_eq!(got.bsums, want.bsums, "{x:?}");
     }
+    // The merged i16 activations of two-level pairs, at the levels' extremes too.
+    for seed in 0..200u64 {
+        let n = 16 * (1 + seed as usize % 20);
+        let q: Vec<i8> =
+            (0..2 * n).map(|_| if seed < 4 { [-127, 127, -128, 0][seed as usize] } else { rng.next() as i8 }).collect();
+        let (q1, q2) = q.split_at(n);
+        let (mut got, mut want) = (vec![0u8; 2 * n], vec![1u8; 2 * n]);
+        quantize::merged(&mut got, q1, q2);
+        quantize::reference_merged(&mut want, q1, q2);
+        assert_eq!(got, want, "seed {seed}");
+    }
     // And many random blocks at many scales.
     for seed in 0..2000u64 {
         let s = 2f32.powi((seed % 40) as i32 - 20);
