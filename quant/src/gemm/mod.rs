@@ -478,7 +478,8 @@ impl ActKind {
 /// * Q8_1: `qs[cols]`, `d[nb]`, `s[nb]` (f32, Q8_1's f16 `d·Σq`);
 /// * Q8K: `qs[cols]`, `d[nb]`, then per super-block 4 i32 of i16 pairs of sub-block sums
 ///   (Σ of 32: (b0,b2), (b1,b3), (b4,b6), (b5,b7)), then 16 i32 `−32·bsums[j]`;
-/// * Q8_0 and Q8K, second row of a two-level pair: then also (64-byte aligned) the pair's
+/// * Q8_0 and Q8K, second row of a two-level pair of at least [`MERGED_FROM_TOKENS`]
+///   tokens: then also (64-byte aligned) the pair's
 ///   *merged* activations `128·q1 + q2` as i16, each 4 elements in the order (a0, a2, a1,
 ///   a3), for the kernels' 16-bit forms (Q6_K; Q8_0 on plain AVX2);
 /// * F32: the values.
@@ -561,12 +562,13 @@ impl QActs {
             ActKind::Q8K => (cols, cols + 4 * nb, cols + 4 * nb + 80 * nb),
             ActKind::F32 => (0, 0, 4 * cols),
         };
-        let (merged_off, end) = if two_level && matches!(self.kind, ActKind::Q8_0 | ActKind::Q8K) {
-            let at = end.next_multiple_of(LINE);
-            (at, at + 2 * cols)
-        } else {
-            (0, end)
-        };
+        let (merged_off, end) =
+            if two_level && n_tok >= MERGED_FROM_TOKENS && matches!(self.kind, ActKind::Q8_0 | ActKind::Q8K) {
+                let at = end.next_multiple_of(LINE);
+                (at, at + 2 * cols)
+            } else {
+                (0, end)
+            };
         let stride = end.next_multiple_of(LINE);
         let rows = if two_level { 2 * n_tok } else { n_tok };
         if self.buf.len < rows * stride {
@@ -652,23 +654,26 @@ impl QActs {
             let d2 = d1 / second_level::RATIO;
             put_f32(d, b, d2);
             match self.kind {
-                ActKind::Q8_0 => {
-                    put_q8_0_sums(extra, nb, b, sum);
-                    let at = self.merged_off - self.x_off;
-                    quantize::merged(&mut extra[at + 2 * e.start..at + 2 * e.end], &q1[e.clone()], &qs[e]);
-                }
+                ActKind::Q8_0 => put_q8_0_sums(extra, nb, b, sum),
                 // As the per-row path has it: Q8_1's f16 s = d1·Σq2 on the first level's
                 // scale, divided by 128 (ActRow::second_level_into).
                 ActKind::Q8_1 => put_f32(extra, b, F16Bytes::from_f32(d1 * sum as f32).get() / second_level::RATIO),
                 _ => {
                     let bsums = crate::kquants::q8_k_bsums(qs[e.clone()].try_into().expect("256 quants"));
                     put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &bsums);
-                    let at = self.merged_off - self.x_off;
-                    let merged = &mut extra[at + 2 * e.start..at + 2 * e.end];
-                    quantize::merged(merged, &q1[e.clone()], &qs[e]);
                 }
             }
+            if self.has_merged() {
+                let at = self.merged_off - self.x_off;
+                quantize::merged(&mut extra[at + 2 * e.start..at + 2 * e.end], &q1[e.clone()], &qs[e]);
+            }
         }
+    }
+
+    /// Whether the pairs carry their merged i16 activations (see [`MERGED_FROM_TOKENS`]).
+    #[inline(always)]
+    fn has_merged(&self) -> bool {
+        self.merged_off != 0
     }
 
     /// Pair row `t` (a second level)'s merged i16 activations (Q8_0 and Q8K pairs).
@@ -686,6 +691,12 @@ impl QActs {
         unsafe { self.buf.as_ptr().add(t * self.stride) }
     }
 }
+
+/// Two-level activations of this many tokens and more also carry the pair's merged i16
+/// values, for the kernels' 16-bit forms. Fewer (decoding) do without: writing them was 1-1.5%
+/// of a 1.1B decode (cold lines, on the one thread that quantizes a token), and the kernels
+/// take their 8-bit forms instead, which give the same bits.
+const MERGED_FROM_TOKENS: usize = 4;
 
 /// Stores `v` as the i-th little-endian 4-byte value of `dst`.
 fn put_i32(dst: &mut [u8], i: usize, v: i32) {

@@ -11,7 +11,8 @@
 //! * **Merged bytes** (tiles of 1-2 tokens where `dot` is one instruction, VNNI: decode):
 //!   `vpdpbusd` over the two levels' i8 quants, the first level's sum shifted onto the fine
 //!   grid before the second's dots.
-//! * **16-bit** (tiles of 4 tokens, and every tile on plain AVX2): `vpdpwssd` (`vpmaddwd` +
+//! * **16-bit** (tiles of 4 tokens, and every tile on plain AVX2, of activations that carry
+//!   their merged form: prompts, see `MERGED_FROM_TOKENS`): `vpdpwssd` (`vpmaddwd` +
 //!   add) over `a` as i16 (QActs' merged segment) and the weights' `w − 32` as i16, unpacked
 //!   once per tile. As many dots as two i8 levels (a 16-bit dot does half the elements of an
 //!   8-bit one), but no offsets, shifts or merges per token, and on plain AVX2 no u8×i8
@@ -51,7 +52,7 @@ impl Kern for Q6K {
         unsafe {
             if !a.pairs {
                 tile_q6k::<A, N, false, false>(w, a, g, t0, out, ld)
-            } else if N >= WIDE_FROM_ROWS || A::PARTIAL16 {
+            } else if a.has_merged() && (N >= WIDE_FROM_ROWS || A::PARTIAL16) {
                 tile_q6k::<A, N, true, true>(w, a, g, t0, out, ld)
             } else {
                 tile_q6k::<A, N, true, false>(w, a, g, t0, out, ld)

@@ -7,6 +7,7 @@
 //! adds. The block's integer is the same as the merged bytes' `128·Σq·q1 + Σq·q2` (|·| ≤
 //! 32·128·16383 < 2²⁷), folded the same way ([`fold_pair`]), so every tile size gives the
 //! same bits. On VNNI the i8 levels stay: `vpdpbusd` does 4 elements a lane, `vpdpwssd` 2.
+//! Decoding (activations without their merged form, see `MERGED_FROM_TOKENS`) keeps them too.
 
 // Accumulator arrays, token pointers and results are parallel arrays indexed by token.
 #![allow(clippy::needless_range_loop)]
@@ -33,7 +34,7 @@ impl Kern for Q8_0 {
     ) {
         // SAFETY: forwarded.
         unsafe {
-            if a.pairs && A::PARTIAL16 {
+            if a.pairs && A::PARTIAL16 && a.has_merged() {
                 tile_wide::<A, N>(w, a, g, t0, out, ld)
             } else {
                 tile_bytes::<A, N>(w, a, g, t0, out, ld)
