@@ -13,7 +13,9 @@
 //! Integer arithmetic is exact, as in [`crate::dot::scalar`]: nibbles and 6-bit levels are
 //! multiplied unsigned (u8 × i8), and each format's offset (−8 for Q4_0, −16 for Q5_0, −32 for
 //! Q6_K, and −128 for Q8_0 whose bytes are stored with the sign bit flipped) is subtracted
-//! through per-block activation sums that [`QActs`] caches next to the activations. The
+//! through per-block activation sums that [`QActs`] caches next to the activations. (The
+//! 16-bit forms of two-level prompts, q6k.rs and q8_0.rs, multiply i16 × i16 and take the
+//! offset off the unpacked weights instead.) The
 //! activation quantization itself is the bit-exact reference ([`crate::legacy::quantize_row_q8_0`],
 //! [`crate::legacy::quantize_row_q8_1`], [`crate::kquants::quantize_row_q8_k`]). Only the
 //! order and grouping of float operations differ from the scalar reference; `tests.rs` states
@@ -663,10 +665,10 @@ impl QActs {
                     put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &bsums);
                 }
             }
-            if self.has_merged() {
-                let at = self.merged_off - self.x_off;
-                quantize::merged(&mut extra[at + 2 * e.start..at + 2 * e.end], &q1[e.clone()], &qs[e]);
-            }
+        }
+        if self.has_merged() {
+            let at = self.merged_off - self.x_off;
+            quantize::merged(&mut extra[at..at + 2 * cols], q1, qs);
         }
     }
 

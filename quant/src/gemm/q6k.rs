@@ -8,11 +8,12 @@
 //! a super-block's `f` is scaled once, by `d_w · d/128`. So a token decoded alone gets the
 //! bits it gets in a prompt's batch (test `a_token_is_multiplied_the_same_alone_and_in_a_batch`).
 //!
-//! * **Merged bytes** (tiles of 1-2 tokens where `dot` is one instruction, VNNI: decode):
-//!   `vpdpbusd` over the two levels' i8 quants, the first level's sum shifted onto the fine
-//!   grid before the second's dots.
-//! * **16-bit** (tiles of 4 tokens, and every tile on plain AVX2, of activations that carry
-//!   their merged form: prompts, see `MERGED_FROM_TOKENS`): `vpdpwssd` (`vpmaddwd` +
+//! * **Merged bytes** (activations without their merged form — fewer than
+//!   `MERGED_FROM_TOKENS` tokens: decode — on every arch, and tiles of 1-2 tokens on VNNI):
+//!   `vpdpbusd` (`vpmaddubsw` + `vpmaddwd` + add on plain AVX2) over the two levels' i8
+//!   quants, the first level's sum shifted onto the fine grid before the second's dots.
+//! * **16-bit** (activations that carry their merged form, prompts: tiles of 4 tokens, and
+//!   every tile on plain AVX2): `vpdpwssd` (`vpmaddwd` +
 //!   add) over `a` as i16 (QActs' merged segment) and the weights' `w − 32` as i16, unpacked
 //!   once per tile. As many dots as two i8 levels (a 16-bit dot does half the elements of an
 //!   8-bit one), but no offsets, shifts or merges per token, and on plain AVX2 no u8×i8
@@ -31,11 +32,11 @@ impl Kern for Q6K {
     /// Tiles of 4 tokens with two chains each (AVX-512) beat tiles of 8 with one: 270 against
     /// 242 GMAC/s in prompts (`cargo bench -p duet-quant --bench gemm -- --ab Q6_K`).
     const MAX_N: usize = 4;
-    /// The 16-bit form's tiles: 4 tokens, on AVX2 too (tiles of 8 tokens on AVX-512 were no
-    /// faster: 174 against 178 GMAC/s, `--ab Q6_K`).
+    /// The 16-bit form's tiles: 4 tokens on every arch, whatever its NMAX (tiles of 8 tokens
+    /// on AVX-512 were no faster: 174 against 178 GMAC/s in one `--ab Q6_K` run).
     #[inline(always)]
     fn max_n_pairs<A: Arch>() -> usize {
-        8
+        WIDE_FROM_ROWS
     }
     #[inline(always)]
     unsafe fn tile<A: Arch, const N: usize>(
@@ -50,7 +51,8 @@ impl Kern for Q6K {
         // accumulators in registers.
         // SAFETY: forwarded.
         unsafe {
-            if !a.pairs {
+            // (Pair tiles have an even N: drive keeps pairs whole.)
+            if !a.pairs || !N.is_multiple_of(2) {
                 tile_q6k::<A, N, false, false>(w, a, g, t0, out, ld)
             } else if a.has_merged() && (N >= WIDE_FROM_ROWS || A::PARTIAL16) {
                 tile_q6k::<A, N, true, true>(w, a, g, t0, out, ld)

@@ -34,7 +34,7 @@ impl Kern for Q8_0 {
     ) {
         // SAFETY: forwarded.
         unsafe {
-            if a.pairs && A::PARTIAL16 && a.has_merged() {
+            if a.pairs && N.is_multiple_of(2) && A::PARTIAL16 && a.has_merged() {
                 tile_wide::<A, N>(w, a, g, t0, out, ld)
             } else {
                 tile_bytes::<A, N>(w, a, g, t0, out, ld)

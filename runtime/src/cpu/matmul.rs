@@ -36,7 +36,8 @@ pub enum ActPrecision {
     #[default]
     Q8x2,
     /// Q8x2 for products of at most [`TWO_LEVEL_FREE_ROWS`] activation rows (decoding one or a
-    /// few streams; also a prompt's single-row output head), where the weights' reading, not
+    /// few streams; also a prompt's single-row output head and its last layer's feed-forward
+    /// block, which runs on the last row only), where the weights' reading, not
     /// the multiplies, sets the time; Q8 for larger batches (prompts), whose time is the
     /// multiplies that a second level would double. Prompts then run at ggml's speed, but
     /// their K/V carry ggml's error into every later token (SmolLM2: decoded tokens' KL 50×

@@ -354,7 +354,10 @@ impl Backend for CpuBackend {
     }
 
     fn observe(&mut self, probe: crate::backend::Probe, layer: usize, pos0: usize, t: &CpuTensor) {
-        if let Some(o) = self.observer.as_mut().filter(|o| o.wants(probe, layer)) {
+        if !self.observes(probe, layer) {
+            return;
+        }
+        if let Some(o) = self.observer.as_mut() {
             o.observe(probe, layer, pos0, t.view(), t.rows, t.cols);
         }
     }

@@ -381,14 +381,14 @@ impl Backend for GpuBackend {
         std::mem::replace(&mut self.observer, observer)
     }
 
-    /// Reads the tensor back (submitting the work recorded so far) when the observer wants
-    /// it: slow, meant for tools that look at activations, not for generation.
     fn observes(&self, probe: crate::backend::Probe, layer: usize) -> bool {
         self.observer.as_ref().is_some_and(|o| o.wants(probe, layer))
     }
 
+    /// Reads the tensor back (submitting the work recorded so far) when the observer wants
+    /// it: slow, meant for tools that look at activations, not for generation.
     fn observe(&mut self, probe: crate::backend::Probe, layer: usize, pos0: usize, t: &GpuTensor) {
-        if self.observe_error.is_some() || !self.observer.as_ref().is_some_and(|o| o.wants(probe, layer)) {
+        if self.observe_error.is_some() || !self.observes(probe, layer) {
             return;
         }
         match self.read_rows(t, 0..t.rows) {

@@ -158,17 +158,14 @@ impl<B: Backend> Model<B> {
             b.observe(Probe::Q, il, pos0, &a.q);
             b.attention(&a.q, &a.k, &a.v, &mut cache.kv, seq, il, pos0, &specs[il], &mut a.att);
         };
-        let narrowed = self.run_layers(b, a, tokens, pos0, want == Logits::Last, &mut attend);
+        let last_done = self.run_layers(b, a, tokens, pos0, want == Logits::Last, &mut attend);
         drop(cache);
         s.n_past += n;
         let a = &mut s.acts;
         let output = self.output.as_ref().unwrap_or(&self.token_embd);
         match want {
             Logits::Last => {
-                if narrowed {
-                    // The last layer left the one row in `last`'s tensor: swap them back.
-                    std::mem::swap(&mut a.x, &mut a.last);
-                } else {
+                if !last_done {
                     b.copy_row(&a.x, n - 1, &mut a.last, 0);
                 }
                 b.set_rows(&mut a.xn, 1);
@@ -317,7 +314,9 @@ impl<B: Backend> Model<B> {
 
     /// Embeds `tokens` into `a.x` and runs every layer on those rows; `attend` fills `a.att`
     /// from `a.q`, `a.k`, `a.v` (before RoPE) for layer `il`. Probes report positions from
-    /// `pos0` (`usize::MAX`: rows of several sequences, not reported).
+    /// `pos0` (`usize::MAX`: rows of several sequences, not reported). With `last_row_only`
+    /// the last layer's feed-forward block may run on the last row alone: then the result
+    /// is that row, in `a.last` (1 × n_embd), `a.x`'s rows are stale, and this returns true.
     fn run_layers(
         &self,
         b: &mut B,
@@ -373,9 +372,10 @@ impl<B: Backend> Model<B> {
             b.add(&mut a.x, &a.proj);
             // Only the last row's logits wanted: the last layer's feed-forward block (~80% of
             // a layer's multiplies) runs on that row alone, as llama.cpp's does. `x` trades
-            // places with the one-row `last` until the caller swaps them back. (Not when an
-            // observer wants this block's rows.)
+            // places with the one-row `last` until the loop ends. (Not when an observer wants
+            // this block's rows.)
             if last_row_only
+                && !narrowed
                 && n > 1
                 && il + 1 == self.layers.len()
                 && ![Probe::FfnIn, Probe::FfnDownIn, Probe::Hidden].into_iter().any(|p| probes && b.observes(p, il))
@@ -406,6 +406,10 @@ impl<B: Backend> Model<B> {
             }
             b.add(&mut a.x, &a.proj);
             observe(b, Probe::Hidden, il, &a.x);
+        }
+        if narrowed {
+            // Back: `a.x` the full tensor again, `a.last` the row.
+            std::mem::swap(&mut a.x, &mut a.last);
         }
         narrowed
     }
