@@ -135,7 +135,10 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
     ld: usize,
 ) {
     let n = a.n_tok;
-    let nmax = if a.pairs && K::max_n_pairs::<A>() > 0 { K::max_n_pairs::<A>() } else { A::NMAX.min(K::MAX_N) };
+    let nmax = match K::max_n_pairs::<A>() {
+        n_pairs if a.pairs && n_pairs > 0 => n_pairs,
+        _ => A::NMAX.min(K::MAX_N),
+    };
     debug_assert!(!a.pairs || n.is_multiple_of(2), "two-level activations come in pairs of rows");
     // SAFETY: forwarded from the caller.
     unsafe {
@@ -211,6 +214,22 @@ pub(super) unsafe fn slices<A: Arch, const N: usize>(
 #[inline(always)]
 pub(super) fn toks<const N: usize>(a: &QActs, t0: usize) -> [*const u8; N] {
     std::array::from_fn(|t| a.tok(t0 + t))
+}
+
+/// Pair p's merged i16 activations (QActs, in its second row) for the first N/2 pairs of a
+/// tile from row t0; later entries are never read (the first row's segment stands in).
+#[inline(always)]
+pub(super) fn merged_pairs<const N: usize>(a: &QActs, t0: usize) -> [*const u8; N] {
+    std::array::from_fn(|p| if 2 * p + 1 < N { a.merged(t0 + 2 * p + 1) } else { a.tok(t0) })
+}
+
+/// `acc + Σ w·a` over merged activation elements 4g..4g+4 at `m`, which lie as 8 bytes at
+/// 8g in the order (a0, a2), (a1, a3): `lo` holds each lane's weights (w0, w2), `hi` (w1, w3)
+/// as i16.
+#[inline(always)]
+pub(super) unsafe fn dot16_quad<A: Arch>(acc: A::V, lo: A::V, hi: A::V, m: *const u8, g: usize) -> A::V {
+    // SAFETY: the 8 bytes at m + 8g lie inside the merged segment (forwarded).
+    unsafe { A::dot16(A::dot16(acc, lo, at(m, 8 * g)), hi, at(m, 8 * g + 4)) }
 }
 
 /// Pointer `p + off` (no dereference).

@@ -23,7 +23,7 @@
 // Accumulator arrays, token pointers and results are parallel arrays indexed by token.
 #![allow(clippy::needless_range_loop)]
 
-use super::kernels::{Arch, FAcc, IAcc, Kern, at, prefetch_ahead, slices, toks};
+use super::kernels::{Arch, FAcc, IAcc, Kern, at, dot16_quad, merged_pairs, prefetch_ahead, slices, toks};
 use super::{PackedMatrix, QActs};
 use crate::second_level;
 
@@ -179,12 +179,13 @@ unsafe fn q6_words<A: Arch, const K: usize>(bk: *const u8, h: usize, s: usize) -
     }
 }
 
-/// [`q6_sub`] for N/2 pairs from 16-bit activations (the 16-bit form): `m[p]`, pair p's
-/// merged activations of this super-block. The pair's sum is in entry 2p.
+/// [`q6_sub`] of super-block `sb` for N/2 pairs from 16-bit activations (the 16-bit form):
+/// `m[p]`, pair p's merged activations. The pair's sum is in entry 2p.
 #[inline(always)]
 unsafe fn q6_sub_wide<A: Arch, const N: usize, const K: usize>(
     bk: *const u8,
     m: &[*const u8; N],
+    sb: usize,
     h: usize,
     q: usize,
 ) -> [A::V; N] {
@@ -194,10 +195,10 @@ unsafe fn q6_sub_wide<A: Arch, const N: usize, const K: usize>(
         for i in 0..4 {
             let s = 4 * q + i;
             let (lo, hi) = q6_words::<A, K>(bk, h, s);
-            // Elements 4g..4g+4, g = 32h + 8K + s, are 8 bytes at 8g: (a0, a2), (a1, a3).
-            let e = 8 * (32 * h + 8 * K + s);
+            // Elements 256sb + 128h + 32K + 4s.. of the row.
+            let g = 64 * sb + 32 * h + 8 * K + s;
             for p in 0..N / 2 {
-                is[2 * p] = A::dot16(A::dot16(is[2 * p], lo, at(m[p], e)), hi, at(m[p], e + 4));
+                is[2 * p] = dot16_quad::<A>(is[2 * p], lo, hi, m[p], g);
             }
         }
         is
@@ -217,6 +218,7 @@ unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool, const WIDE: bool>
 ) {
     let (bulk, meta) = w.group(g);
     let tk = toks::<N>(a, t0);
+    let m = if WIDE { merged_pairs::<N>(a, t0) } else { tk };
     let (d_off, x_off) = (a.d_off, a.x_off);
     let per_block = w.layout.bulk + w.layout.meta;
     let quarter = per_block / 4;
@@ -235,9 +237,6 @@ unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool, const WIDE: bool>
                     let mt = at(meta, sb * 288);
                     let bk = at(bulk, sb * 3072 + 4 * r0);
                     let qoff = 256 * sb;
-                    let m: [*const u8; N] = std::array::from_fn(|p| {
-                        if WIDE && 2 * p + 1 < N { at(a.merged(t0 + 2 * p + 1), 2 * 256 * sb) } else { tk[0] }
-                    });
                     let mut sacc = FAcc::<A, N>::new();
                     for h in 0..2 {
                         for q in 0..2 {
@@ -264,7 +263,7 @@ unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool, const WIDE: bool>
                                 ($k:literal) => {
                                     fold(
                                         if WIDE {
-                                            q6_sub_wide::<A, N, $k>(bk, &m, h, q)
+                                            q6_sub_wide::<A, N, $k>(bk, &m, sb, h, q)
                                         } else if PAIRS {
                                             q6_sub_merged::<A, N, $k>(bk, &tk, qoff, off($k), h, q)
                                         } else {

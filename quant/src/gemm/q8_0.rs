@@ -12,7 +12,9 @@
 // Accumulator arrays, token pointers and results are parallel arrays indexed by token.
 #![allow(clippy::needless_range_loop)]
 
-use super::kernels::{Arch, IAcc, Kern, at, fold_block, fold_pair, prefetch_ahead, slices, toks};
+use super::kernels::{
+    Arch, IAcc, Kern, at, dot16_quad, fold_block, fold_pair, merged_pairs, prefetch_ahead, slices, toks,
+};
 use super::{PackedMatrix, QActs};
 
 pub(super) struct Q8_0;
@@ -94,7 +96,7 @@ unsafe fn tile_wide<A: Arch, const N: usize>(
 ) {
     let (bulk, meta) = w.group(g);
     let tk = toks::<N>(a, t0);
-    let m: [*const u8; N] = std::array::from_fn(|p| if 2 * p + 1 < N { a.merged(t0 + 2 * p + 1) } else { tk[0] });
+    let m = merged_pairs::<N>(a, t0);
     let per_block = w.layout.bulk + w.layout.meta;
     // SAFETY: pointers stay inside the group and the token segments.
     unsafe {
@@ -110,10 +112,8 @@ unsafe fn tile_wide<A: Arch, const N: usize>(
                     let x = A::load(at(wb, 64 * s));
                     let lo = A::sub16(A::and(x, low), bias);
                     let hi = A::sub16(A::srli16::<8>(x), bias);
-                    // Elements 4g..4g+4, g = 8b + s, are 8 bytes at 8g: (a0, a2), (a1, a3).
-                    let e = 8 * (8 * b + s);
                     for p in 0..N / 2 {
-                        is[2 * p] = A::dot16(A::dot16(is[2 * p], lo, at(m[p], e)), hi, at(m[p], e + 4));
+                        is[2 * p] = dot16_quad::<A>(is[2 * p], lo, hi, m[p], 8 * b + s);
                     }
                 }
                 let dw = A::load_f16(at(meta, b * 32 + 2 * r0));
