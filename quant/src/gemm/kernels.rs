@@ -174,14 +174,19 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
 }
 
 /// Runs `f(r0)` for each LANES-row slice of group `g` that holds rows of the matrix and
-/// stores the N result vectors (tokens t0..t0+N). A closure the compiler leaves out of line
-/// is compiled without the kernel set's target features, every intrinsic in it a call: the
-/// Q6_K tile marks its `f` `#[inline(always)]` (its pair tile of 8 ran 60 times slower
-/// without); forcing it on the others made the AVX2 Q4_K prompt kernel slower (128 → 82
-/// GMAC/s, `--ab`), so they are left to the compiler.
+/// stores the N result vectors (rows t0..t0+N of the activations). Two-level activations
+/// (`pairs`; N and t0 even) store each pair's sum, as token t0/2 + p: the kernels keep a pair's
+/// levels in two accumulators, and summing them here, in registers, spares the caller a pass
+/// over twice the output (summed afterwards by the runtime, the pairs had left the cache).
+///
+/// A closure the compiler leaves out of line is compiled without the kernel set's target
+/// features, every intrinsic in it a call: the Q6_K tile marks its `f` `#[inline(always)]`
+/// (its pair tile of 8 ran 60 times slower without); forcing it on the others made the AVX2
+/// Q4_K prompt kernel slower (128 → 82 GMAC/s, `--ab`), so they are left to the compiler.
 #[inline(always)]
 pub(super) unsafe fn slices<A: Arch, const N: usize>(
     w: &PackedMatrix,
+    pairs: bool,
     g: usize,
     t0: usize,
     out: *mut f32,
@@ -193,21 +198,38 @@ pub(super) unsafe fn slices<A: Arch, const N: usize>(
     while r0 < here {
         let acc = f(r0);
         let valid = here - r0;
-        for (t, v) in acc.into_iter().enumerate() {
-            // SAFETY: the caller of `drive` guarantees out[(t0+t)·ld + row] for the rows of
-            // this group; only `valid` rows are written.
-            unsafe {
-                let p = out.add((t0 + t) * ld + g * GROUP + r0);
-                if valid >= A::LANES {
-                    A::store(v, p);
-                } else {
-                    let mut tmp = [0f32; 16];
-                    A::store(v, tmp.as_mut_ptr());
-                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), p, valid);
-                }
+        let p = out.wrapping_add(g * GROUP + r0);
+        if pairs {
+            debug_assert!(N.is_multiple_of(2) && t0.is_multiple_of(2));
+            for q in 0..N / 2 {
+                // SAFETY: see store_slice.
+                unsafe {
+                    store_slice::<A>(A::add_f(acc[2 * q], acc[2 * q + 1]), p.wrapping_add((t0 / 2 + q) * ld), valid)
+                };
+            }
+        } else {
+            for (t, v) in acc.into_iter().enumerate() {
+                // SAFETY: see store_slice.
+                unsafe { store_slice::<A>(v, p.wrapping_add((t0 + t) * ld), valid) };
             }
         }
         r0 += A::LANES;
+    }
+}
+
+/// Stores the first `valid` (all if ≥ LANES) of `v`'s lanes at `p`. The caller of [`drive`]
+/// guarantees the output rows of the tile and the rows of the group.
+#[inline(always)]
+unsafe fn store_slice<A: Arch>(v: A::F, p: *mut f32, valid: usize) {
+    // SAFETY: `p..p + valid` is this slice's part of an output row (above).
+    unsafe {
+        if valid >= A::LANES {
+            A::store(v, p);
+        } else {
+            let mut tmp = [0f32; 16];
+            A::store(v, tmp.as_mut_ptr());
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), p, valid);
+        }
     }
 }
 
@@ -391,7 +413,7 @@ pub(super) unsafe fn prefetch_ahead<A: Arch>(group: *const u8, from: usize, len:
 /// step exactly 1/128 of the first's ([`crate::second_level`]): `is[2p] · 128 + is[2p+1]` is
 /// the pair's sum on the fine grid (at most 32·255·127·128 < 2³¹), so one conversion and one
 /// scale serve both levels and the pair's result goes to row 2p (row 2p+1 keeps only what the
-/// caller adds itself; only the pair's sum means anything). Per block and pair that is 3 float
+/// caller adds itself; [`slices`] stores the pair's sum). Per block and pair that is 3 float
 /// operations instead of 6: +4-5% on the 1.1B Q4_0 prompt speed with two levels.
 #[inline(always)]
 pub(super) unsafe fn fold_block<A: Arch, const N: usize>(
@@ -456,7 +478,7 @@ unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: boo
     let qs_at = if FIVE { 64 } else { 0 };
     // SAFETY: all pointers stay inside the group (nb blocks) and the token segments.
     unsafe {
-        slices::<A, N>(w, g, t0, out, ld, |r0| {
+        slices::<A, N>(w, a.pairs, g, t0, out, ld, |r0| {
             let mask = A::splat8(0x0f);
             let mut acc = [A::zero_f(); N];
             for b in 0..nb {
@@ -576,7 +598,7 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
     let qs_at = if FIVE { 512 } else { 0 };
     // SAFETY: pointers stay inside the group and the token segments.
     unsafe {
-        slices::<A, N>(w, g, t0, out, ld, |r0| {
+        slices::<A, N>(w, a.pairs, g, t0, out, ld, |r0| {
             let m0f = A::splat8(0x0f);
             let mut acc = [A::zero_f(); N];
             for sb in 0..nb {
@@ -701,7 +723,7 @@ unsafe fn tile_float<A: Arch, const N: usize, const BF: bool>(
     let tk = toks::<N>(a, t0);
     // SAFETY: pointers stay inside the group and the token segments.
     unsafe {
-        slices::<A, N>(w, g, t0, out, ld, |r0| {
+        slices::<A, N>(w, a.pairs, g, t0, out, ld, |r0| {
             let load = |p| if BF { A::load_bf16(p) } else { A::load_f16(p) };
             if N == 1 {
                 // One token: four chains hide the FMA latency.

@@ -528,8 +528,13 @@ impl QActs {
     pub fn kind(&self) -> ActKind {
         self.kind
     }
+    /// Activation rows (two-level: two per token).
     pub fn n_tok(&self) -> usize {
         self.n_tok
+    }
+    /// Tokens, i.e. rows of a product's output.
+    pub fn tokens(&self) -> usize {
+        if self.pairs { self.n_tok / 2 } else { self.n_tok }
     }
     pub fn cols(&self) -> usize {
         self.cols
@@ -546,8 +551,7 @@ impl QActs {
     /// on the grid d/128 ([`crate::second_level`]), with scale d/128. Summing a matmul's
     /// outputs for the two rows gives the product with the activations known to ~1/(2·127·128)
     /// of each block's absmax instead of ~1/254: the integer kernels stay, the activation error
-    /// all but vanishes. Kernels that merge the pair put most of it in row 2t, and row 2t+1
-    /// keeps what is left (zero, or Q8_1's `m·s` term): only the pair's sum means anything.
+    /// all but vanishes. A product's output has one row per token, the pair's sum.
     /// (F32: the second row is zeros.)
     pub fn quantize_two_level(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
         self.fill(x, n_tok, cols, true, par);
@@ -807,10 +811,11 @@ impl GemmKernels {
         Ok(())
     }
 
-    /// `out[t·rows + r] = Σ_k W[r][k]·x[t][k]` for all rows and tokens, on this thread.
+    /// `out[t·rows + r] = Σ_k W[r][k]·x[t][k]` for all rows and tokens, on this thread
+    /// (two-level activations: one output row per token, the sum of its pair's products).
     pub fn gemm(&self, w: &PackedMatrix, acts: &QActs, out: &mut [f32]) -> Result<(), GemmError> {
         self.check(w, acts, &(0..w.groups()))?;
-        let want = acts.n_tok * w.rows;
+        let want = acts.tokens() * w.rows;
         if out.len() < want {
             return Err(GemmError::Output { got: out.len(), want });
         }
@@ -820,10 +825,10 @@ impl GemmKernels {
     }
 
     /// The rows of `groups` (rows 16·g.., clipped to the matrix) for every token:
-    /// `out[t·ld + r]`. For splitting one matmul over threads.
+    /// `out[t·ld + r]` (as [`GemmKernels::gemm`]). For splitting one matmul over threads.
     ///
     /// # Safety
-    /// `out` must be valid for writes of `out[t·ld + r]` for every token t < `acts.n_tok()`
+    /// `out` must be valid for writes of `out[t·ld + r]` for every token t < `acts.tokens()`
     /// and every row r of `groups`, and no other thread may access those elements during
     /// the call. `ld` must be at least `w.rows()`.
     pub unsafe fn gemm_groups(

@@ -226,6 +226,7 @@ unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool, const WIDE: bool>
     unsafe {
         slices::<A, N>(
             w,
+            a.pairs,
             g,
             t0,
             out,

@@ -62,7 +62,7 @@ unsafe fn tile_bytes<A: Arch, const N: usize>(
     let per_block = w.layout.bulk + w.layout.meta;
     // SAFETY: pointers stay inside the group and the token segments.
     unsafe {
-        slices::<A, N>(w, g, t0, out, ld, |r0| {
+        slices::<A, N>(w, a.pairs, g, t0, out, ld, |r0| {
             let mut acc = [A::zero_f(); N];
             for b in 0..nb {
                 prefetch_ahead::<A>(bulk, per_block * b, per_block, t0, r0);
@@ -100,7 +100,7 @@ unsafe fn tile_wide<A: Arch, const N: usize>(
     let per_block = w.layout.bulk + w.layout.meta;
     // SAFETY: pointers stay inside the group and the token segments.
     unsafe {
-        slices::<A, N>(w, g, t0, out, ld, |r0| {
+        slices::<A, N>(w, a.pairs, g, t0, out, ld, |r0| {
             let mut acc = [A::zero_f(); N];
             let (low, bias) = (A::splat32(0x00ff_00ff), A::splat32(0x0080_0080));
             for b in 0..w.nb {
