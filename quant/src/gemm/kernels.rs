@@ -117,6 +117,12 @@ pub(super) trait Kern {
     fn max_n_pairs<A: Arch>() -> usize {
         0
     }
+    /// Whether this kernel on arch `A` reads two-level pairs' merged activations (see
+    /// [`QActs::add_merged`]).
+    #[inline(always)]
+    fn reads_merged<A: Arch>() -> bool {
+        false
+    }
     /// Rows of group `g` × tokens `t0..t0+N` into `out[t·ld + r]`.
     unsafe fn tile<A: Arch, const N: usize>(w: &PackedMatrix, a: &QActs, g: usize, t0: usize, out: *mut f32, ld: usize);
 }
@@ -862,8 +868,27 @@ macro_rules! kernel_set {
             $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, q6_k, Q6K);
             $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, f16, F16);
             $crate::gemm::kernels::kernel_set!(@entry [$(#[$attr])*] $arch, bf16, BF16);
+            /// `Kern::reads_merged` of each type's kernel on this arch.
+            fn reads_merged(ty: $crate::GgmlType) -> bool {
+                use $crate::gemm::kernels::{Kern, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K, F16, BF16};
+                use $crate::GgmlType as T;
+                match ty {
+                    T::Q4_0 => Q4_0::reads_merged::<$arch>(),
+                    T::Q4_1 => Q4_1::reads_merged::<$arch>(),
+                    T::Q5_0 => Q5_0::reads_merged::<$arch>(),
+                    T::Q5_1 => Q5_1::reads_merged::<$arch>(),
+                    T::Q8_0 => Q8_0::reads_merged::<$arch>(),
+                    T::Q4_K => Q4K::reads_merged::<$arch>(),
+                    T::Q5_K => Q5K::reads_merged::<$arch>(),
+                    T::Q6_K => Q6K::reads_merged::<$arch>(),
+                    T::F16 => F16::reads_merged::<$arch>(),
+                    T::BF16 => BF16::reads_merged::<$arch>(),
+                    _ => false,
+                }
+            }
             pub(crate) const KERNELS: $crate::gemm::GemmKernels = $crate::gemm::GemmKernels {
                 name: $label,
+                reads_merged,
                 q4_0,
                 q4_1,
                 q5_0,

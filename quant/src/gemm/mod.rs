@@ -481,9 +481,10 @@ impl ActKind {
 /// * Q8K: `qs[cols]`, `d[nb]`, then per super-block 4 i32 of i16 pairs of sub-block sums
 ///   (Σ of 32: (b0,b2), (b1,b3), (b4,b6), (b5,b7)), then 16 i32 `−32·bsums[j]`;
 /// * Q8_0 and Q8K, second row of a two-level pair of at least [`MERGED_FROM_TOKENS`]
-///   tokens: then also (64-byte aligned) the pair's
-///   *merged* activations `128·q1 + q2` as i16, each 4 elements in the order (a0, a2, a1,
-///   a3), for the kernels' 16-bit forms (Q6_K; Q8_0 on plain AVX2);
+///   tokens: then also (64-byte aligned) room for the pair's *merged* activations
+///   `128·q1 + q2` as i16, each 4 elements in the order (a0, a2, a1, a3), for the kernels'
+///   16-bit forms (Q6_K; Q8_0 on plain AVX2), written by [`QActs::quantize_two_level`] or
+///   [`QActs::add_merged`];
 /// * F32: the values.
 #[derive(Clone)]
 pub struct QActs {
@@ -497,8 +498,11 @@ pub struct QActs {
     stride: usize,
     d_off: usize,
     x_off: usize,
-    /// Offset of the merged i16 activations in a pair's second row (Q8_0 and Q8K pairs; else 0).
+    /// Offset of the room for the merged i16 activations in a pair's second row (Q8_0 and Q8K
+    /// pairs of at least [`MERGED_FROM_TOKENS`] tokens; else 0).
     merged_off: usize,
+    /// Whether the merged activations are written (see [`QActs::add_merged`]).
+    merged: bool,
     buf: AlignedBytes,
 }
 
@@ -521,6 +525,7 @@ impl QActs {
             d_off: 0,
             x_off: 0,
             merged_off: 0,
+            merged: false,
             buf: AlignedBytes::zeroed(0),
         }
     }
@@ -543,7 +548,7 @@ impl QActs {
     /// Quantizes `x` (`n_tok` rows of `cols`), reusing this allocation; tokens are spread
     /// over `par`. `cols` must be a multiple of the format's block (32, 256, or 16 for F32).
     pub fn quantize(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
-        self.fill(x, n_tok, cols, false, par);
+        self.fill(x, n_tok, cols, false, false, par);
     }
 
     /// Two-level quantization: 2·`n_tok` rows, row 2t holding token t exactly as
@@ -553,11 +558,44 @@ impl QActs {
     /// of each block's absmax instead of ~1/254: the integer kernels stay, the activation error
     /// all but vanishes. A product's output has one row per token, the pair's sum.
     /// (F32: the second row is zeros.)
+    ///
+    /// Batches of at least [`MERGED_FROM_TOKENS`] tokens also get the pairs' merged i16
+    /// activations, which some kernels read ([`GemmKernels::reads_merged`]).
     pub fn quantize_two_level(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
-        self.fill(x, n_tok, cols, true, par);
+        self.fill(x, n_tok, cols, true, true, par);
     }
 
-    fn fill(&mut self, x: &[f32], n_tok: usize, cols: usize, two_level: bool, par: ParFor) {
+    /// [`QActs::quantize_two_level`] without the merged activations, which
+    /// [`QActs::add_merged`] can add when a kernel that reads them comes: most kernels do not
+    /// (writing them is a pass over 2 bytes an element), and the kernels that do fall back to
+    /// their 8-bit forms without them, with the same results.
+    pub fn quantize_two_level_unmerged(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
+        self.fill(x, n_tok, cols, true, false, par);
+    }
+
+    /// Writes the pairs' merged activations if this batch has room for them
+    /// ([`MERGED_FROM_TOKENS`]) and they are not written yet.
+    pub fn add_merged(&mut self, par: ParFor) {
+        if self.merged_off == 0 || self.merged {
+            return;
+        }
+        let (base, stride, cols, off) = (SendPtr(self.buf.as_mut_ptr()), self.stride, self.cols, self.merged_off);
+        par(self.n_tok / 2, &|range| {
+            for p in range {
+                // SAFETY: pair p's rows lie inside `buf`; only this thread touches them, and
+                // the merged bytes (after `off`) do not overlap the quants read (before `cols`).
+                unsafe {
+                    let q1 = std::slice::from_raw_parts(base.get().add(2 * p * stride) as *const i8, cols);
+                    let lo = base.get().add((2 * p + 1) * stride);
+                    let q2 = std::slice::from_raw_parts(lo as *const i8, cols);
+                    quantize::merged(std::slice::from_raw_parts_mut(lo.add(off), 2 * cols), q1, q2);
+                }
+            }
+        });
+        self.merged = true;
+    }
+
+    fn fill(&mut self, x: &[f32], n_tok: usize, cols: usize, two_level: bool, merged: bool, par: ParFor) {
         let bs = self.kind.block();
         assert!(cols.is_multiple_of(bs), "{:?} activations need a multiple of {bs} columns, got {cols}", self.kind);
         assert_eq!(x.len(), n_tok * cols, "activation buffer is not n_tok × cols");
@@ -582,6 +620,7 @@ impl QActs {
         }
         (self.n_tok, self.cols, self.nb, self.stride, self.d_off, self.x_off) = (rows, cols, nb, stride, d_off, x_off);
         self.merged_off = merged_off;
+        self.merged = merged && merged_off != 0;
         self.pairs = two_level;
         let base = SendPtr(self.buf.as_mut_ptr());
         let this = &*self;
@@ -670,7 +709,7 @@ impl QActs {
                 }
             }
         }
-        if self.has_merged() {
+        if self.merged {
             let at = self.merged_off - self.x_off;
             quantize::merged(&mut extra[at..at + 2 * cols], q1, qs);
         }
@@ -679,13 +718,13 @@ impl QActs {
     /// Whether the pairs carry their merged i16 activations (see [`MERGED_FROM_TOKENS`]).
     #[inline(always)]
     fn has_merged(&self) -> bool {
-        self.merged_off != 0
+        self.merged
     }
 
     /// Pair row `t` (a second level)'s merged i16 activations (Q8_0 and Q8K pairs).
     #[inline(always)]
     fn merged(&self, t: usize) -> *const u8 {
-        debug_assert!(self.pairs && self.merged_off > 0 && t % 2 == 1);
+        debug_assert!(self.pairs && self.merged && t % 2 == 1);
         self.tok(t).wrapping_add(self.merged_off)
     }
 
@@ -746,6 +785,8 @@ type GemmFn = unsafe fn(&PackedMatrix, &QActs, Range<usize>, *mut f32, usize);
 pub struct GemmKernels {
     /// "avx512vnni", "avx2+avxvnni", "avx2" or "portable".
     pub name: &'static str,
+    /// Whether this set's kernel for a weight type reads two-level pairs' merged activations.
+    reads_merged: fn(GgmlType) -> bool,
     q4_0: GemmFn,
     q4_1: GemmFn,
     q5_0: GemmFn,
@@ -795,6 +836,12 @@ impl GemmKernels {
             GgmlType::BF16 => self.bf16,
             _ => unreachable!("a PackedMatrix has a packable type"),
         }
+    }
+
+    /// Whether this set's kernel for `ty` reads the merged activations of two-level batches
+    /// (see [`QActs::add_merged`]); without them it takes a slower form with the same results.
+    pub fn reads_merged(&self, ty: GgmlType) -> bool {
+        (self.reads_merged)(ty)
     }
 
     fn check(&self, w: &PackedMatrix, acts: &QActs, groups: &Range<usize>) -> Result<(), GemmError> {

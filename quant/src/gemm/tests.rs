@@ -666,3 +666,33 @@ fn a_token_is_multiplied_the_same_alone_and_in_a_batch() {
         }
     }
 }
+
+/// Merged activations added after the fact ([`QActs::add_merged`]) are the bytes
+/// `quantize_two_level` writes, and the kernels that read them give the same bits without
+/// them (their 8-bit forms): the runtime adds them only for the kernels that read them.
+#[test]
+fn merged_activations_are_optional_and_the_same_when_added_later() {
+    let (rows, cols, n_tok) = (40, 512, 9);
+    for ty in [GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q4_0] {
+        let kind = ActKind::for_weight(ty).unwrap();
+        let wb = quantize_matrix(ty, &normal(rows * cols, 5), cols);
+        let packed = PackedMatrix::pack(ty, &wb, rows, cols, &par_threads).unwrap();
+        let x = normal(n_tok * cols, 6);
+        let mut full = QActs::new(kind);
+        full.quantize_two_level(&x, n_tok, cols, &par_threads);
+        let mut lean = QActs::new(kind);
+        lean.quantize_two_level_unmerged(&x, n_tok, cols, &par_threads);
+        assert!(full.has_merged() && !lean.has_merged(), "{ty}");
+        for k in available().into_iter().chain(variants()) {
+            let (mut a, mut b) = (vec![0f32; n_tok * rows], vec![0f32; n_tok * rows]);
+            k.gemm(&packed, &full, &mut a).unwrap();
+            k.gemm(&packed, &lean, &mut b).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "{ty} {}: with and without the merged activations", k.name);
+        }
+        lean.add_merged(&par_threads);
+        assert!(lean.has_merged());
+        let rows_bytes = full.n_tok() * full.stride;
+        assert_eq!(full.buf.as_slice()[..rows_bytes], lean.buf.as_slice()[..rows_bytes], "{ty}");
+    }
+}

@@ -203,12 +203,16 @@ fn matmul_packed(
     for t0 in (0..x.rows).step_by(TWO_LEVEL_CHUNK) {
         let n = TWO_LEVEL_CHUNK.min(x.rows - t0);
         let qa = quantized(pool, acts, kind, x, t0, n, true);
+        if gk.reads_merged(w.ty()) {
+            qa.add_merged(&par(pool));
+        }
         run_groups(pool, gk, w, qa, &mut out.view_mut()[t0 * ld..(t0 + n) * ld], ld);
     }
 }
 
-/// Tokens `t0..t0 + n` of `x` quantized for `kind` (two-level: 2·n rows), reused while the
-/// tensor version and the range stay the same (q, k and v read one normed tensor).
+/// Tokens `t0..t0 + n` of `x` quantized for `kind` (two-level: 2·n rows, without the merged
+/// activations that only some kernels read), reused while the tensor version and the range
+/// stay the same (q, k and v read one normed tensor).
 fn quantized<'a>(
     pool: &ThreadPool,
     acts: &'a mut ActCache,
@@ -217,7 +221,7 @@ fn quantized<'a>(
     t0: usize,
     n: usize,
     two_level: bool,
-) -> &'a QActs {
+) -> &'a mut QActs {
     let key = (x.version, kind, x.rows, t0, two_level);
     let same_slot = |k: &PackedKey| k.1 == kind && k.3 == t0 && k.4 == two_level;
     let slot = match acts.packed.iter().position(|p| same_slot(&p.key)) {
@@ -229,16 +233,20 @@ fn quantized<'a>(
     };
     let p = &mut acts.packed[slot];
     if p.key != key || p.acts.n_tok() == 0 {
-        let par = |n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)| pool.for_chunks(n, 1, f);
         let xs = &x.view()[t0 * x.cols..(t0 + n) * x.cols];
         if two_level {
-            p.acts.quantize_two_level(xs, n, x.cols, &par);
+            p.acts.quantize_two_level_unmerged(xs, n, x.cols, &par(pool));
         } else {
-            p.acts.quantize(xs, n, x.cols, &par);
+            p.acts.quantize(xs, n, x.cols, &par(pool));
         }
         p.key = key;
     }
-    &p.acts
+    &mut p.acts
+}
+
+/// The pool as the parallel for-loop `duet_quant` takes: one token (or pair) a chunk.
+fn par(pool: &ThreadPool) -> impl Fn(usize, &(dyn Fn(std::ops::Range<usize>) + Sync)) + '_ {
+    |n, f| pool.for_chunks(n, 1, f)
 }
 
 /// `out[t·ld + r]` for every token of `qa` and row of `w`, split over the pool by groups.
