@@ -59,19 +59,25 @@ fn scalar(x: &[f32], d: f32, inv: f32, q: &[i8], q2: &mut [i8]) -> i32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// None when a value or `d` is not finite: [`super::scalar`] handles those.
+    /// None when a value or `d` is not finite: [`super::scalar`] handles those (and rewrites
+    /// all of `q2`). The values are checked as they are loaded: checked first, one at a time,
+    /// they cost as much as the rest (0.9% of a 1.1B Q4_K_M prompt).
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn quantize_block(x: &[f32], d: f32, inv: f32, q: &[i8], q2: &mut [i8]) -> Option<i32> {
-        if !d.is_finite() || !x.iter().all(|v| v.is_finite()) {
+        if !d.is_finite() {
             return None;
         }
         let (vd, vinv) = (_mm256_set1_ps(d), _mm256_set1_ps(inv));
         let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        let (abs_mask, inf) = (_mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff)), _mm256_set1_ps(f32::INFINITY));
+        let mut finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
         let mut sums = _mm256_setzero_si256();
         for i in (0..x.len()).step_by(8) {
             // SAFETY: i + 8 ≤ len for all three slices (len a multiple of 8, equal lengths).
             unsafe {
                 let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+                // |x| < ∞ is false for ±∞ and NaN.
+                finite = _mm256_and_ps(finite, _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_and_ps(xv, abs_mask), inf));
                 let qv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(i) as *const __m128i)));
                 let r = _mm256_mul_ps(_mm256_sub_ps(xv, _mm256_mul_ps(vd, qv)), vinv);
                 let r = _mm256_max_ps(_mm256_min_ps(r, hi), lo);
@@ -81,6 +87,9 @@ mod x86 {
                 let w = _mm_packs_epi32(_mm256_castsi256_si128(n), _mm256_extracti128_si256::<1>(n));
                 _mm_storel_epi64(q2.as_mut_ptr().add(i) as *mut __m128i, _mm_packs_epi16(w, w));
             }
+        }
+        if _mm256_movemask_ps(finite) != 0xff {
+            return None;
         }
         let s = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256::<1>(sums));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
@@ -157,5 +166,17 @@ mod tests {
         q2 = [9; 4];
         quantize_block(&[f32::NAN, 1.0, f32::INFINITY, 1.0], 0.5, &[0, 2, 0, 2], &mut q2);
         assert_eq!(q2, [0, 0, 127, 0]);
+        // The same in blocks the SIMD path takes (multiples of 8), a bad value in any lane.
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 5, 13, 31] {
+                let mut x = [1.25f32; 32];
+                x[at] = bad;
+                let mut q2 = [9i8; 32];
+                let sum = quantize_block(&x, 0.5, &[2; 32], &mut q2);
+                let mut want = [(0.25f32 * RATIO / 0.5) as i8; 32];
+                want[at] = if bad.is_nan() { 0 } else { 127 * bad.signum() as i8 };
+                assert_eq!((sum, q2), (want.iter().map(|&v| v as i32).sum(), want), "{bad} at {at}");
+            }
+        }
     }
 }

@@ -704,7 +704,7 @@ impl QActs {
                 // scale, divided by 128 (ActRow::second_level_into).
                 ActKind::Q8_1 => put_f32(extra, b, F16Bytes::from_f32(d1 * sum as f32).get() / second_level::RATIO),
                 _ => {
-                    let bsums = crate::kquants::q8_k_bsums(qs[e.clone()].try_into().expect("256 quants"));
+                    let bsums = quantize::q8_k_bsums(qs[e.clone()].try_into().expect("256 quants"));
                     put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &bsums);
                 }
             }

@@ -60,6 +60,17 @@ pub(super) fn reference_q8_k(x: &[f32; QK_K]) -> BlockQ8K {
     blk[0]
 }
 
+/// Q8_K's `bsums` of 256 quants (the second level's: the first level's come with
+/// [`q8_k_block`]).
+pub(super) fn q8_k_bsums(qs: &[i8; QK_K]) -> [i16; QK_K / 16] {
+    #[cfg(target_arch = "x86_64")]
+    if simd() {
+        // SAFETY: the CPU has AVX2 (checked).
+        return unsafe { x86::q8_k_bsums(qs) };
+    }
+    crate::kquants::q8_k_bsums(qs)
+}
+
 /// A pair's merged activations `128·q1 + q2` (|·| ≤ 127·129 < 2¹⁵) as little-endian i16 into
 /// `dst` (2 bytes per value), each 4 values in the order (a0, a2, a1, a3): a lane of packed
 /// weights splits into the i16 pairs (w0, w2), (w1, w3) with one AND and one shift.
@@ -141,6 +152,24 @@ mod x86 {
                 _mm256_storeu_si256(dst.as_mut_ptr().add(2 * i) as *mut __m256i, _mm256_shuffle_epi8(a, order));
             }
         }
+    }
+
+    /// [`super::q8_k_bsums`], 32 quants at a time (one at a time it was 0.4% of a 1.1B
+    /// Q4_K_M prompt): offset to unsigned, `vpsadbw` sums each 8, minus 16·128 a sum of 16.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q8_k_bsums(qs: &[i8; QK_K]) -> [i16; QK_K / 16] {
+        let mut out = [0i16; QK_K / 16];
+        let bias = _mm256_set1_epi8(-128);
+        for k in 0..QK_K / 32 {
+            // SAFETY: 32 bytes at 32k inside the 256 quants.
+            let v = unsafe { _mm256_loadu_si256(qs.as_ptr().add(32 * k) as *const __m256i) };
+            // q + 128 as u8, summed per 8 bytes into the four 64-bit lanes.
+            let s8 = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
+            let s16 = _mm256_add_epi64(s8, _mm256_shuffle_epi32::<0b01_00_11_10>(s8));
+            out[2 * k] = (_mm256_extract_epi32::<0>(s16) - 16 * 128) as i16;
+            out[2 * k + 1] = (_mm256_extract_epi32::<4>(s16) - 16 * 128) as i16;
+        }
+        out
     }
 
     /// 32 i32 in −128..=127 → 32 i8 in order.

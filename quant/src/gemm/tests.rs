@@ -514,6 +514,12 @@ fn simd_activation_quantizers_are_bit_exact() {
         quantize::reference_merged(&mut want, q1, q2);
         assert_eq!(got, want, "seed {seed}");
     }
+    // Q8_K's bsums (the second level's), at the extremes too.
+    for seed in 0..200u64 {
+        let q: [i8; QK_K] =
+            std::array::from_fn(|_| if seed < 4 { [-127, 127, -128, 0][seed as usize] } else { rng.next() as i8 });
+        assert_eq!(quantize::q8_k_bsums(&q), crate::kquants::q8_k_bsums(&q), "seed {seed}");
+    }
     // And many random blocks at many scales.
     for seed in 0..2000u64 {
         let s = 2f32.powi((seed % 40) as i32 - 20);
