@@ -48,6 +48,9 @@ pub(super) trait Arch {
     unsafe fn add32(a: Self::V, b: Self::V) -> Self::V;
     /// Byte `j` of every 32-bit lane, zero-extended.
     unsafe fn byte_lane(a: Self::V, j: u32) -> Self::V;
+    /// Byte `j` of every 32-bit lane, zero-extended into both of its 16-bit halves (one
+    /// shuffle: `x | x << 16` became a `vpmulld` by 0x10001).
+    unsafe fn byte_lane_x2(a: Self::V, j: u32) -> Self::V;
     /// The i32 at `p` (4 bytes) in every lane.
     unsafe fn bcast_i32(p: *const u8) -> Self::V;
     /// `acc + Σ_{j<4} w.byte[j] (u8) · a[j] (i8)` per lane, `a` = 4 bytes broadcast. The
@@ -59,6 +62,8 @@ pub(super) trait Arch {
     unsafe fn dot_q8(acc: Self::V, w: Self::W8, a: *const u8) -> Self::V;
     /// `acc + w.lo16·a.lo16 + w.hi16·a.hi16` per lane (i16 × i16), `a` = 4 bytes broadcast.
     unsafe fn dot16(acc: Self::V, w: Self::V, a: *const u8) -> Self::V;
+    /// `acc + a.lo16·b.lo16 + a.hi16·b.hi16` per lane (i16 × i16, both in registers).
+    unsafe fn madd16(acc: Self::V, a: Self::V, b: Self::V) -> Self::V;
     /// a − b per 16-bit lane.
     unsafe fn sub16(a: Self::V, b: Self::V) -> Self::V;
     /// Adds 16 to byte i of `w` where bit i of the 4·LANES bits at `bits` is set (w's bytes
@@ -79,11 +84,6 @@ pub(super) trait Arch {
     unsafe fn add_part(p: Self::V, q: Self::V) -> Self::V {
         // SAFETY: no memory access.
         unsafe { Self::add32(p, q) }
-    }
-    /// `acc` plus a partial widened to i32 lanes.
-    unsafe fn widen_part(acc: Self::V, p: Self::V) -> Self::V {
-        // SAFETY: no memory access.
-        unsafe { Self::add32(acc, p) }
     }
 
     unsafe fn zero_f() -> Self::F;
@@ -186,9 +186,11 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
 /// over twice the output (summed afterwards by the runtime, the pairs had left the cache).
 ///
 /// A closure the compiler leaves out of line is compiled without the kernel set's target
-/// features, every intrinsic in it a call: the Q6_K tile marks its `f` `#[inline(always)]`
-/// (its pair tile of 8 ran 60 times slower without); forcing it on the others made the AVX2
-/// Q4_K prompt kernel slower (128 → 82 GMAC/s, `--ab`), so they are left to the compiler.
+/// features, every intrinsic in it a call: the Q6_K and Q4_K/Q5_K tiles mark their `f`
+/// `#[inline(always)]` (Q6_K's pair tile of 8 ran 60 times slower without; Q4_K's, once it
+/// had `k45::q4k_scaled`, 100 times). Forced on Q4_K before that, it had made the AVX2 prompt
+/// kernel slower (128 → 82 GMAC/s, `--ab`); on Q4_0 it changes nothing measurable, so the
+/// 32-element formats and the float tiles are left to the compiler.
 #[inline(always)]
 pub(super) unsafe fn slices<A: Arch, const N: usize>(
     w: &PackedMatrix,
@@ -292,9 +294,12 @@ const fn chains(n: usize, wide: usize) -> usize {
 /// The partial's add chain has latency 1, so no extra chains are needed there. `PER` is a
 /// type parameter, not a field, because tiles of 8 tokens do not get their step loops
 /// unrolled: a run-time grouping there cost more (Q4_K prompts −15%) than it saved.
+/// The widening `vpmaddwd` multiplies each i16 pair by token t's `scale[t]` (1 unless the
+/// kernel puts a weight scale there, see [`IAcc::new_scaled`]).
 pub(super) struct IAcc<A: Arch, const N: usize, const KQ: bool, const PER: usize> {
     acc: [[A::V; N]; 4],
     part: [A::V; N],
+    scale: [A::V; N],
 }
 
 impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, PER> {
@@ -304,8 +309,16 @@ impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, P
     #[inline(always)]
     pub(super) unsafe fn new(init: [A::V; N]) -> Self {
         // SAFETY: no memory access.
+        unsafe { Self::new_scaled(init, [A::splat32(0x0001_0001); N]) }
+    }
+    /// Where the arch sums 16-bit partials: widened partials of token t are multiplied by
+    /// `scale[t]`, an i16 in both halves of each lane, when they join the i32 sums (the
+    /// caller bounds the products; elsewhere the scale is ignored).
+    #[inline(always)]
+    pub(super) unsafe fn new_scaled(init: [A::V; N], scale: [A::V; N]) -> Self {
+        // SAFETY: no memory access.
         let z = unsafe { A::zero() };
-        IAcc { acc: [init, [z; N], [z; N], [z; N]], part: [z; N] }
+        IAcc { acc: [init, [z; N], [z; N], [z; N]], part: [z; N], scale }
     }
     #[inline(always)]
     pub(super) unsafe fn dot(&mut self, k: usize, t: usize, w: A::V, a: *const u8) {
@@ -316,7 +329,7 @@ impl<A: Arch, const N: usize, const KQ: bool, const PER: usize> IAcc<A, N, KQ, P
                 let p = &mut self.part[t];
                 *p = if k.is_multiple_of(PER) { m } else { A::add_part(*p, m) };
                 if k % PER == PER - 1 {
-                    self.acc[0][t] = A::widen_part(self.acc[0][t], *p);
+                    self.acc[0][t] = A::madd16(self.acc[0][t], *p, self.scale[t]);
                 }
             } else {
                 let c = &mut self.acc[k % Self::CHAINS][t];
@@ -587,130 +600,7 @@ pub(super) use super::q8_0::Q8_0;
 
 // --- K-quants --------------------------------------------------------------------------------
 
-/// Q4_K and Q5_K (`FIVE`). `PER`: dots per 16-bit partial (see [`IAcc`]).
-#[inline(always)]
-unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
-    w: &PackedMatrix,
-    a: &QActs,
-    g: usize,
-    t0: usize,
-    out: *mut f32,
-    ld: usize,
-) {
-    let (bulk, meta) = w.group(g);
-    let (nb, bb, mb) = (w.nb, w.layout.bulk, w.layout.meta);
-    let tk = toks::<N>(a, t0);
-    let (d_off, x_off) = (a.d_off, a.x_off);
-    let qs_at = if FIVE { 512 } else { 0 };
-    // SAFETY: pointers stay inside the group and the token segments.
-    unsafe {
-        slices::<A, N>(w, a.pairs, g, t0, out, ld, |r0| {
-            let m0f = A::splat8(0x0f);
-            let mut acc = [A::zero_f(); N];
-            for sb in 0..nb {
-                prefetch_ahead::<A>(bulk, sb * (bb + mb), bb + mb, t0, r0);
-                let mt = at(meta, sb * 256);
-                let bk = at(bulk, sb * bb);
-                // get_scale_min_k4 for 8 sub-blocks of LANES rows: each lane holds the bytes
-                // sc[0..4] (p0 & 63), m[0..4] (p1 & 63), sc[4..8], m[4..8].
-                let m3f = A::splat8(0x3f);
-                let m30 = A::splat8(0x30);
-                let p0 = at(mt, 64 + 4 * r0);
-                let p1 = A::load(at(mt, 128 + 4 * r0));
-                let p2 = at(mt, 192 + 4 * r0);
-                // The minimum's part first: Σ_j m_j·(Σ of sub-block j's activations), with the
-                // i16 pairs (m0,m2), (m1,m3), (m4,m6), (m5,m7).
-                {
-                    let m_lo = A::and(p1, m3f);
-                    let m_hi = A::or(A::and(A::srli32::<4>(A::load(p2)), m0f), A::and(A::srli32::<2>(p1), m30));
-                    let ff = A::splat32(0x00ff_00ff);
-                    let mw = [
-                        A::and(m_lo, ff),
-                        A::and(A::srli32::<8>(m_lo), ff),
-                        A::and(m_hi, ff),
-                        A::and(A::srli32::<8>(m_hi), ff),
-                    ];
-                    let dmw = A::load_f16(at(mt, 32 + 2 * r0));
-                    for t in 0..N {
-                        let e = at(tk[t], x_off + 80 * sb);
-                        let mut mi = A::zero();
-                        for (i, m) in mw.iter().enumerate() {
-                            mi = A::dot16(mi, *m, at(e, 4 * i));
-                        }
-                        let da = A::bcast_f32(at(tk[t], d_off + 4 * sb));
-                        acc[t] = A::fnmadd(A::cvt(mi), A::mul(dmw, da), acc[t]);
-                    }
-                }
-                let mut sacc = FAcc::<A, N>::new();
-                for c in 0..4 {
-                    let scv = if c < 2 {
-                        A::and(A::load(p0), m3f)
-                    } else {
-                        A::or(A::and(A::load(p2), m0f), A::and(A::srli32::<2>(A::load(p0)), m30))
-                    };
-                    for h in 0..2 {
-                        let j = (2 * c + h) as u32 % 4;
-                        let scf = A::cvt(A::byte_lane(scv, j));
-                        let mut is = IAcc::<A, N, true, PER>::new([A::zero(); N]);
-                        for s in 0..8 {
-                            let x = A::load(at(bk, qs_at + 64 * (8 * c + s) + 4 * r0));
-                            let mut q = if h == 0 { A::and(x, m0f) } else { A::and(A::srli16::<4>(x), m0f) };
-                            if FIVE {
-                                q = A::set_bit4(q, at(bk, 8 * (2 * (8 * c + s) + h) + r0 / 2));
-                            }
-                            for t in 0..N {
-                                is.dot(s, t, q, at(tk[t], 256 * sb + 64 * c + 32 * h + 4 * s));
-                            }
-                        }
-                        let is = is.sum();
-                        for t in 0..N {
-                            sacc.fmadd(2 * c + h, t, A::cvt(is[t]), scf);
-                        }
-                    }
-                }
-                let sacc = sacc.sum();
-                let dw = A::load_f16(at(mt, 2 * r0));
-                for t in 0..N {
-                    let da = A::bcast_f32(at(tk[t], d_off + 4 * sb));
-                    acc[t] = A::fmadd(sacc[t], A::mul(dw, da), acc[t]);
-                }
-            }
-            acc
-        })
-    }
-}
-
-pub(super) struct Q4K;
-pub(super) struct Q5K;
-impl Kern for Q4K {
-    const MAX_N: usize = 8;
-    #[inline(always)]
-    unsafe fn tile<A: Arch, const N: usize>(
-        w: &PackedMatrix,
-        a: &QActs,
-        g: usize,
-        t0: usize,
-        out: *mut f32,
-        ld: usize,
-    ) {
-        unsafe { tile_k45::<A, N, false, 8>(w, a, g, t0, out, ld) }
-    }
-}
-impl Kern for Q5K {
-    const MAX_N: usize = 8;
-    #[inline(always)]
-    unsafe fn tile<A: Arch, const N: usize>(
-        w: &PackedMatrix,
-        a: &QActs,
-        g: usize,
-        t0: usize,
-        out: *mut f32,
-        ld: usize,
-    ) {
-        unsafe { tile_k45::<A, N, true, 4>(w, a, g, t0, out, ld) }
-    }
-}
-
+pub(super) use super::k45::{Q4K, Q5K};
 pub(super) use super::q6k::Q6K;
 
 // --- float weights ---------------------------------------------------------------------------
@@ -827,16 +717,17 @@ impl<A: Arch, const NMAX: usize, const CHAINS: usize, const CHAINS_K: usize> Arc
         fn slli32<const S: u32>(a: A::V) -> A::V;
         fn add32(a: A::V, b: A::V) -> A::V;
         fn byte_lane(a: A::V, j: u32) -> A::V;
+        fn byte_lane_x2(a: A::V, j: u32) -> A::V;
         fn bcast_i32(p: *const u8) -> A::V;
         fn dot(acc: A::V, w: A::V, a: *const u8) -> A::V;
         fn prep_q8(w: A::V) -> A::W8;
         fn dot_q8(acc: A::V, w: A::W8, a: *const u8) -> A::V;
         fn dot16(acc: A::V, w: A::V, a: *const u8) -> A::V;
+        fn madd16(acc: A::V, a: A::V, b: A::V) -> A::V;
         fn sub16(a: A::V, b: A::V) -> A::V;
         fn set_bit4(w: A::V, bits: *const u8) -> A::V;
         fn dot_part(w: A::V, a: *const u8) -> A::V;
         fn add_part(p: A::V, q: A::V) -> A::V;
-        fn widen_part(acc: A::V, p: A::V) -> A::V;
         fn zero_f() -> A::F;
         fn cvt(a: A::V) -> A::F;
         fn fmadd(a: A::F, b: A::F, c: A::F) -> A::F;

@@ -42,6 +42,7 @@
 //!
 //! Rows past the end of the matrix (the last group) are zero and their results are dropped.
 
+mod k45;
 mod kernels;
 mod portable;
 mod q6k;

@@ -329,43 +329,57 @@ fn extreme_levels_sum_exactly() {
     }
 }
 
-/// Q6_K's two-level pair kernels at their largest products, (0 − 32)·(−128) against merged
-/// activations |128·q1 + q2| ≈ 16 200 (the 16-bit form's i16 near its limit), checked against
-/// the per-row reference (first level + second level / 128) in tiles of every size (17
-/// tokens: 34 rows), both signs.
+/// Two-level pair kernels at their largest products, checked against the per-row reference
+/// (first level + second level / 128) in tiles of every size (17 tokens: 34 rows), both
+/// signs, with activations at the absmax (±1) then half a first-level step off the grid
+/// (|q1| ≈ 127, |q2| ≈ 64):
+/// * Q6_K: (0 − 32)·(−128) against merged activations |128·q1 + q2| ≈ 16 200 (the 16-bit
+///   form's i16 near its limit);
+/// * Q4_K: 15 × scale 63 everywhere, the widest sums of AVX2's scaled partials
+///   (q4k_scaled's bound, four sub-blocks ≈ 1.98·10⁹ < 2³¹).
 #[test]
-fn q6_k_pairs_hold_their_largest_sums() {
+fn pairs_hold_their_largest_sums() {
     let (rows, cols, n_tok) = (16, 512, 17);
-    let ty = GgmlType::Q6_K;
-    // ql = qh = 0 (level 0), scales −128, d = 1.
-    let mut block = vec![0u8; ty.type_size()];
-    block[192..208].fill(0x80);
-    block[208..210].copy_from_slice(&F16Bytes::from_f32(1.0).0);
-    let wb: Vec<u8> = block.repeat(rows * cols / QK_K);
-    // The absmax (±1) first, then values half a first-level step off the grid: q2 = ±64.
-    let x: Vec<f32> = (0..n_tok * cols)
-        .map(|i| {
-            let sign = if (i / cols) % 2 == 0 { 1.0 } else { -1.0 };
-            sign * if i % QK_K == 0 { 1.0 } else { 126.5 / 127.0 }
-        })
-        .collect();
-    let mut acts = QActs::new(ActKind::Q8K);
-    acts.quantize_two_level(&x, n_tok, cols, &par_threads);
-    let packed = PackedMatrix::pack(ty, &wb, rows, cols, &par_threads).unwrap();
-    for k in available().into_iter().chain(variants()) {
-        let mut out = vec![f32::NAN; n_tok * rows];
-        k.gemm(&packed, &acts, &mut out).unwrap();
-        for t in 0..n_tok {
-            let xt = &x[t * cols..(t + 1) * cols];
-            let hi = ActRow::quantize_for(ty, xt);
-            let mut lo = ActRow::empty_for(ty);
-            hi.second_level_into(xt, &mut lo);
-            let row = &wb[..crate::row_bytes(ty, cols).unwrap()];
-            let want = scalar::KERNELS.vec_dot(ty, row, &hi).unwrap() as f64
-                + scalar::KERNELS.vec_dot(ty, row, &lo).unwrap() as f64 / crate::second_level::RATIO as f64;
-            for r in 0..rows {
-                let got = out[t * rows + r] as f64;
-                assert!((got - want).abs() <= 1e-5 * want.abs(), "{} token {t} row {r}: {got} vs {want}", k.name);
+    // Q6_K: ql = qh = 0 (level 0), scales −128, d = 1.
+    let mut q6 = vec![0u8; GgmlType::Q6_K.type_size()];
+    q6[192..208].fill(0x80);
+    q6[208..210].copy_from_slice(&F16Bytes::from_f32(1.0).0);
+    // Q4_K: d = 1, dmin = 0, every 6-bit scale 63 and min 0, every quant 15.
+    let mut q4 = vec![0u8; GgmlType::Q4_K.type_size()];
+    q4[0..2].copy_from_slice(&F16Bytes::from_f32(1.0).0);
+    q4[4..8].fill(0xff);
+    q4[12..16].fill(0x0f);
+    q4[16..144].fill(0xff);
+    for (ty, block) in [(GgmlType::Q6_K, q6), (GgmlType::Q4_K, q4)] {
+        let wb: Vec<u8> = block.repeat(rows * cols / QK_K);
+        let x: Vec<f32> = (0..n_tok * cols)
+            .map(|i| {
+                let sign = if (i / cols) % 2 == 0 { 1.0 } else { -1.0 };
+                sign * if i % QK_K == 0 { 1.0 } else { 126.5 / 127.0 }
+            })
+            .collect();
+        let mut acts = QActs::new(ActKind::Q8K);
+        acts.quantize_two_level(&x, n_tok, cols, &par_threads);
+        let packed = PackedMatrix::pack(ty, &wb, rows, cols, &par_threads).unwrap();
+        let row = &wb[..crate::row_bytes(ty, cols).unwrap()];
+        for k in available().into_iter().chain(variants()) {
+            let mut out = vec![f32::NAN; n_tok * rows];
+            k.gemm(&packed, &acts, &mut out).unwrap();
+            for t in 0..n_tok {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let hi = ActRow::quantize_for(ty, xt);
+                let mut lo = ActRow::empty_for(ty);
+                hi.second_level_into(xt, &mut lo);
+                let want = scalar::KERNELS.vec_dot(ty, row, &hi).unwrap() as f64
+                    + scalar::KERNELS.vec_dot(ty, row, &lo).unwrap() as f64 / crate::second_level::RATIO as f64;
+                for r in 0..rows {
+                    let got = out[t * rows + r] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * want.abs(),
+                        "{ty} {} token {t} row {r}: {got} vs {want}",
+                        k.name
+                    );
+                }
             }
         }
     }

@@ -88,6 +88,16 @@ pub(super) struct Avx512;
 // SAFETY (all methods): only called from `#[target_feature]` entry points of the set below,
 // which `available()` hands out only when the CPU has those features; pointers are valid by the
 // trait's contract.
+/// A `pshufb` mask (one 128-bit lane) that puts byte `j` of each 32-bit lane into bytes 0
+/// and 2 of that lane and zeros bytes 1 and 3 (see `Arch::byte_lane_x2`).
+#[inline(always)]
+fn lane_x2_mask(j: u32) -> __m128i {
+    // Per 32-bit lane L: bytes (4L + j, 0x80, 4L + j, 0x80); a set top bit zeroes the byte.
+    let m = |lane: u32| (((4 * lane + j) * 0x1_0001) | 0x8000_8000) as i32;
+    // SAFETY: plain integers to a vector (SSE2, baseline on x86-64).
+    unsafe { _mm_setr_epi32(m(0), m(1), m(2), m(3)) }
+}
+
 impl Arch for Avx512 {
     const LANES: usize = 16;
     const NMAX: usize = 8;
@@ -143,6 +153,10 @@ impl Arch for Avx512 {
         unsafe { _mm512_and_si512(_mm512_srl_epi32(a, _mm_cvtsi32_si128(8 * j as i32)), _mm512_set1_epi32(0xff)) }
     }
     #[inline(always)]
+    unsafe fn byte_lane_x2(a: __m512i, j: u32) -> __m512i {
+        unsafe { _mm512_shuffle_epi8(a, _mm512_broadcast_i32x4(lane_x2_mask(j))) }
+    }
+    #[inline(always)]
     unsafe fn bcast_i32(p: *const u8) -> __m512i {
         unsafe { _mm512_set1_epi32(rd_i32(p)) }
     }
@@ -161,6 +175,10 @@ impl Arch for Avx512 {
     #[inline(always)]
     unsafe fn dot16(acc: __m512i, w: __m512i, a: *const u8) -> __m512i {
         unsafe { dpwssd_bcast(acc, w, a) }
+    }
+    #[inline(always)]
+    unsafe fn madd16(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        unsafe { _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)) }
     }
     #[inline(always)]
     unsafe fn sub16(a: __m512i, b: __m512i) -> __m512i {
@@ -287,6 +305,10 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
         unsafe { _mm256_and_si256(_mm256_srl_epi32(a, _mm_cvtsi32_si128(8 * j as i32)), _mm256_set1_epi32(0xff)) }
     }
     #[inline(always)]
+    unsafe fn byte_lane_x2(a: __m256i, j: u32) -> __m256i {
+        unsafe { _mm256_shuffle_epi8(a, _mm256_broadcastsi128_si256(lane_x2_mask(j))) }
+    }
+    #[inline(always)]
     unsafe fn bcast_i32(p: *const u8) -> __m256i {
         unsafe { _mm256_set1_epi32(rd_i32(p)) }
     }
@@ -336,6 +358,10 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
         }
     }
     #[inline(always)]
+    unsafe fn madd16(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)) }
+    }
+    #[inline(always)]
     unsafe fn sub16(a: __m256i, b: __m256i) -> __m256i {
         unsafe { _mm256_sub_epi16(a, b) }
     }
@@ -353,16 +379,6 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
     #[inline(always)]
     unsafe fn add_part(p: __m256i, q: __m256i) -> __m256i {
         unsafe { if VNNI { _mm256_add_epi32(p, q) } else { _mm256_add_epi16(p, q) } }
-    }
-    #[inline(always)]
-    unsafe fn widen_part(acc: __m256i, p: __m256i) -> __m256i {
-        unsafe {
-            if VNNI {
-                _mm256_add_epi32(acc, p)
-            } else {
-                _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
-            }
-        }
     }
     #[inline(always)]
     unsafe fn set_bit4(w: __m256i, bits: *const u8) -> __m256i {
