@@ -240,10 +240,11 @@ fn ab(filter: &[&String]) {
         a2.quantize_two_level(&x[..cols], 1, cols, &serial);
         let mut ap = QActs::new(kind);
         ap.quantize(&x, 128, cols, &serial);
-        // 128 tokens at two levels (the default prompt): 256 rows; GMAC/s counts tokens.
+        // 128 tokens at two levels (the default prompt): 256 rows, 128 outputs (a pair's sum
+        // each); GMAC/s counts tokens.
         let mut ap2 = QActs::new(kind);
         ap2.quantize_two_level(&x, 128, cols, &serial);
-        let mut out = vec![0f32; rows * 256];
+        let mut out = vec![0f32; rows * 128];
         let mut best = vec![(f64::MAX, f64::MAX, f64::MAX, f64::MAX); sets.len()];
         for _ in 0..15 {
             for (i, k) in sets.iter().enumerate() {

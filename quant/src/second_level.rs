@@ -59,12 +59,14 @@ fn scalar(x: &[f32], d: f32, inv: f32, q: &[i8], q2: &mut [i8]) -> i32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// None when a value or `d` is not finite: [`super::scalar`] handles those (and rewrites
+    /// None when a value, `d` or `inv` is not finite: [`super::scalar`] handles those (and rewrites
     /// all of `q2`). The values are checked as they are loaded: checked first, one at a time,
     /// they cost as much as the rest (0.9% of a 1.1B Q4_K_M prompt).
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn quantize_block(x: &[f32], d: f32, inv: f32, q: &[i8], q2: &mut [i8]) -> Option<i32> {
-        if !d.is_finite() {
+        // An infinite `inv` (a subnormal `d`) makes 0·∞ = NaN, which the scalar clamp keeps
+        // (→ 0) and `max_ps`/`min_ps` would not.
+        if !d.is_finite() || !inv.is_finite() {
             return None;
         }
         let (vd, vinv) = (_mm256_set1_ps(d), _mm256_set1_ps(inv));
@@ -166,6 +168,13 @@ mod tests {
         q2 = [9; 4];
         quantize_block(&[f32::NAN, 1.0, f32::INFINITY, 1.0], 0.5, &[0, 2, 0, 2], &mut q2);
         assert_eq!(q2, [0, 0, 127, 0]);
+        // A subnormal step: 128/d overflows, and values on the first level's grid give 0·∞.
+        let d = 1e-40f32;
+        let mut q2 = [9i8; 8];
+        let x = [0.0, d, -d, 0.0, 3.0 * d, 0.0, 0.0, 0.0];
+        let q = [0i8, 1, -1, 0, 3, 0, 0, 0];
+        assert_eq!(quantize_block(&x, d, &q, &mut q2), 0);
+        assert_eq!(q2, [0; 8]);
         // The same in blocks the SIMD path takes (multiples of 8), a bad value in any lane.
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             for at in [0, 5, 13, 31] {

@@ -10,7 +10,7 @@
 // Accumulator arrays, token pointers and results are parallel arrays indexed by token.
 #![allow(clippy::needless_range_loop)]
 
-use super::kernels::{Arch, FAcc, IAcc, Kern, at, prefetch_ahead, slices, toks};
+use super::kernels::{Arch, FAcc, IAcc, Kern, at, fold_block, fold_pair, prefetch_ahead, slices, toks};
 use super::{PackedMatrix, QActs};
 use crate::second_level;
 
@@ -78,21 +78,18 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
                     }
                     if A::PARTIAL16 && !FIVE {
                         let dw = A::load_f16(at(mt, 2 * r0));
+                        let scv = [scale_bytes::<A>(p0, p2, false), scale_bytes::<A>(p0, p2, true)];
                         let d_at = d_off + 4 * sb;
                         if a.pairs && N.is_multiple_of(2) {
-                            q4k_scaled::<A, N, PER, true>(&mut acc, at(bk, 4 * r0), [p0, p2], dw, &tk, sb, d_at);
+                            q4k_scaled::<A, N, true>(&mut acc, at(bk, 4 * r0), scv, dw, &tk, sb, d_at);
                         } else {
-                            q4k_scaled::<A, N, PER, false>(&mut acc, at(bk, 4 * r0), [p0, p2], dw, &tk, sb, d_at);
+                            q4k_scaled::<A, N, false>(&mut acc, at(bk, 4 * r0), scv, dw, &tk, sb, d_at);
                         }
                         continue;
                     }
                     let mut sacc = FAcc::<A, N>::new();
                     for c in 0..4 {
-                        let scv = if c < 2 {
-                            A::and(A::load(p0), m3f)
-                        } else {
-                            A::or(A::and(A::load(p2), m0f), A::and(A::srli32::<2>(A::load(p0)), m30))
-                        };
+                        let scv = scale_bytes::<A>(p0, p2, c >= 2);
                         for h in 0..2 {
                             let j = (2 * c + h) as u32 % 4;
                             let scf = A::cvt(A::byte_lane(scv, j));
@@ -126,6 +123,22 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
     }
 }
 
+/// The 6-bit scales of sub-blocks 0-3 (`upper`: 4-7) of a super-block (get_scale_min_k4):
+/// byte j of each lane is its row's scale of sub-block j (4 + j); `p0`, `p2` point at the
+/// scale words of the slice's rows (see tile_k45).
+#[inline(always)]
+unsafe fn scale_bytes<A: Arch>(p0: *const u8, p2: *const u8, upper: bool) -> A::V {
+    // SAFETY: the caller's pointers (4·LANES bytes each).
+    unsafe {
+        let (m0f, m3f, m30) = (A::splat8(0x0f), A::splat8(0x3f), A::splat8(0x30));
+        if upper {
+            A::or(A::and(A::load(p2), m0f), A::and(A::srli32::<2>(A::load(p0)), m30))
+        } else {
+            A::and(A::load(p0), m3f)
+        }
+    }
+}
+
 /// Q4_K's sub-blocks on archs that sum 16-bit partials (AVX2 without VNNI): the `vpmaddwd`
 /// that widens a sub-block's partials multiplies them by the sub-block's 6-bit scale instead
 /// of by 1 ([`IAcc::new_scaled`]), so the sub-blocks add up in i32 and reach the floats once
@@ -138,30 +151,29 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
 /// most 2·30 480·8064 ≈ 4.92·10⁸ for a first level, 2·30 480·63 ≈ 3.8·10⁶ otherwise; a pair is
 /// flushed to the floats every four sub-blocks (≈ 1.98·10⁹ < 2³¹), single rows once (≈ 3.1·10⁷).
 ///
-/// `bk`: the super-block's quants at this slice's lanes; `sc`: tile_k45's `p0`, `p2` (the
-/// scale words); row t's activation scale at byte `d_at` of its segment.
+/// `bk`: the super-block's quants at this slice's lanes; `scv`: [`scale_bytes`] of sub-blocks
+/// 0-3 and 4-7; row t's activation scale at byte `d_at` of its segment.
 #[inline(always)]
-unsafe fn q4k_scaled<A: Arch, const N: usize, const PER: usize, const PAIRS: bool>(
+unsafe fn q4k_scaled<A: Arch, const N: usize, const PAIRS: bool>(
     acc: &mut [A::F; N],
     bk: *const u8,
-    sc: [*const u8; 2],
+    scv: [A::V; 2],
     dw: A::F,
     tk: &[*const u8; N],
     sb: usize,
     d_at: usize,
 ) {
+    debug_assert!(A::PARTIAL16, "IAcc ignores the scales where the arch has no 16-bit partials");
     // SAFETY: the bytes tile_k45 reads.
     unsafe {
-        let (m0f, m3f, m30) = (A::splat8(0x0f), A::splat8(0x3f), A::splat8(0x30));
-        let scv_lo = A::and(A::load(sc[0]), m3f);
-        let scv_hi = A::or(A::and(A::load(sc[1]), m0f), A::and(A::srli32::<2>(A::load(sc[0])), m30));
+        let m0f = A::splat8(0x0f);
         let mut run = [A::zero(); N];
         // Sub-block J (= 2c + h) with its constants known: unrolled by hand, as the compiler
         // kept the loop and built each scale from a run-time shift.
         macro_rules! sub_block {
             ($j:literal) => {{
                 let (c, h) = ($j / 2, $j % 2);
-                let s1 = A::byte_lane_x2(if c < 2 { scv_lo } else { scv_hi }, $j % 4);
+                let s1 = A::byte_lane_x2(scv[c / 2], $j % 4);
                 let s128 = A::slli32::<{ second_level::SHIFT }>(s1);
                 let mut scale = [s1; N];
                 for t in (0..N).step_by(2) {
@@ -169,7 +181,8 @@ unsafe fn q4k_scaled<A: Arch, const N: usize, const PER: usize, const PAIRS: boo
                         scale[t] = s128;
                     }
                 }
-                let mut is = IAcc::<A, N, true, PER>::new_scaled(run, scale);
+                // 8 dots a partial: the bounds above.
+                let mut is = IAcc::<A, N, true, 8>::new_scaled(run, scale);
                 for s in 0..8 {
                     let x = A::load(at(bk, 64 * (8 * c + s)));
                     let q = if h == 0 { A::and(x, m0f) } else { A::and(A::srli16::<4>(x), m0f) };
@@ -180,10 +193,8 @@ unsafe fn q4k_scaled<A: Arch, const N: usize, const PER: usize, const PAIRS: boo
                 run = is.sum();
                 if PAIRS && $j % 4 == 3 {
                     for p in 0..N / 2 {
-                        // On the second level's grid: its scale.
-                        let da = A::bcast_f32(at(tk[2 * p + 1], d_at));
-                        let fine = A::add32(run[2 * p], run[2 * p + 1]);
-                        acc[2 * p] = A::fmadd(A::cvt(fine), A::mul(dw, da), acc[2 * p]);
+                        // The pair's integer, on the second level's grid.
+                        fold_pair::<A, N>(acc, p, A::add32(run[2 * p], run[2 * p + 1]), dw, tk, d_at);
                         run[2 * p] = A::zero();
                         run[2 * p + 1] = A::zero();
                     }
@@ -199,10 +210,7 @@ unsafe fn q4k_scaled<A: Arch, const N: usize, const PER: usize, const PAIRS: boo
         sub_block!(6);
         sub_block!(7);
         if !PAIRS {
-            for t in 0..N {
-                let da = A::bcast_f32(at(tk[t], d_at));
-                acc[t] = A::fmadd(A::cvt(run[t]), A::mul(dw, da), acc[t]);
-            }
+            fold_block::<A, N>(acc, run, dw, tk, d_at, false);
         }
     }
 }

@@ -111,8 +111,9 @@ pub(super) trait Arch {
 pub(super) trait Kern {
     /// Largest token tile (register budget of this kernel).
     const MAX_N: usize;
-    /// Largest tile of two-level rows (pairs) on arch `A`, where a kernel holds a pair in one
-    /// accumulator (0: as for single-level rows).
+    /// Largest tile of two-level rows (pairs) on arch `A` where the pairs carry their merged
+    /// activations, for a 16-bit form that holds a pair in one accumulator (0: as for
+    /// single-level rows).
     #[inline(always)]
     fn max_n_pairs<A: Arch>() -> usize {
         0
@@ -141,8 +142,9 @@ pub(super) unsafe fn drive<A: Arch, K: Kern>(
     ld: usize,
 ) {
     let n = a.n_tok;
+    // Wider pair tiles are for the 16-bit forms, which read the merged activations.
     let nmax = match K::max_n_pairs::<A>() {
-        n_pairs if a.pairs && n_pairs > 0 => n_pairs,
+        n_pairs if a.pairs && a.has_merged() && n_pairs > 0 => n_pairs,
         _ => A::NMAX.min(K::MAX_N),
     };
     debug_assert!(!a.pairs || n.is_multiple_of(2), "two-level activations come in pairs of rows");

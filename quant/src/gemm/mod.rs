@@ -19,8 +19,10 @@
 //! activation quantization itself is the bit-exact reference ([`crate::legacy::quantize_row_q8_0`],
 //! [`crate::legacy::quantize_row_q8_1`], [`crate::kquants::quantize_row_q8_k`]). Only the
 //! order and grouping of float operations differ from the scalar reference; `tests.rs` states
-//! the bound for every type. (Two-level Q8_0 is the one place where an integer is rounded: a
-//! merged pair's sum reaches ~6.7e7 > 2²⁴ before its conversion to f32, a relative 2⁻²⁴.)
+//! the bound for every type. (Two places round an integer, a relative 2⁻²⁴ at its conversion
+//! to f32, as a float operation would: two-level Q8_0, whose merged pair's sum reaches ~6.7e7,
+//! above 2²⁴, and Q4_K on AVX2 without VNNI, whose scaled sub-blocks add up in i32 to ~3.1e7
+//! a super-block, ~2e9 for four sub-blocks of a pair; k45.rs.)
 //!
 //! Memory layout of a [`PackedMatrix`]: groups one after the other, each
 //! `[bulk: nb × BULK bytes][meta: nb × META bytes]` (padded to 64 bytes), where `nb` is the
@@ -503,7 +505,7 @@ pub struct QActs {
     /// pairs of at least [`MERGED_FROM_TOKENS`] tokens; else 0).
     merged_off: usize,
     /// Whether the merged activations are written (see [`QActs::add_merged`]).
-    merged: bool,
+    merged_written: bool,
     buf: AlignedBytes,
 }
 
@@ -526,7 +528,7 @@ impl QActs {
             d_off: 0,
             x_off: 0,
             merged_off: 0,
-            merged: false,
+            merged_written: false,
             buf: AlignedBytes::zeroed(0),
         }
     }
@@ -577,7 +579,7 @@ impl QActs {
     /// Writes the pairs' merged activations if this batch has room for them
     /// ([`MERGED_FROM_TOKENS`]) and they are not written yet.
     pub fn add_merged(&mut self, par: ParFor) {
-        if self.merged_off == 0 || self.merged {
+        if self.merged_off == 0 || self.merged_written {
             return;
         }
         let (base, stride, cols, off) = (SendPtr(self.buf.as_mut_ptr()), self.stride, self.cols, self.merged_off);
@@ -593,7 +595,7 @@ impl QActs {
                 }
             }
         });
-        self.merged = true;
+        self.merged_written = true;
     }
 
     fn fill(&mut self, x: &[f32], n_tok: usize, cols: usize, two_level: bool, merged: bool, par: ParFor) {
@@ -621,7 +623,7 @@ impl QActs {
         }
         (self.n_tok, self.cols, self.nb, self.stride, self.d_off, self.x_off) = (rows, cols, nb, stride, d_off, x_off);
         self.merged_off = merged_off;
-        self.merged = merged && merged_off != 0;
+        self.merged_written = merged && merged_off != 0;
         self.pairs = two_level;
         let base = SendPtr(self.buf.as_mut_ptr());
         let this = &*self;
@@ -710,22 +712,23 @@ impl QActs {
                 }
             }
         }
-        if self.merged {
+        if self.merged_written {
             let at = self.merged_off - self.x_off;
             quantize::merged(&mut extra[at..at + 2 * cols], q1, qs);
         }
     }
 
-    /// Whether the pairs carry their merged i16 activations (see [`MERGED_FROM_TOKENS`]).
+    /// Whether the pairs' merged i16 activations are written (see [`MERGED_FROM_TOKENS`],
+    /// [`QActs::add_merged`]).
     #[inline(always)]
     fn has_merged(&self) -> bool {
-        self.merged
+        self.merged_written
     }
 
     /// Pair row `t` (a second level)'s merged i16 activations (Q8_0 and Q8K pairs).
     #[inline(always)]
     fn merged(&self, t: usize) -> *const u8 {
-        debug_assert!(self.pairs && self.merged && t % 2 == 1);
+        debug_assert!(self.pairs && self.merged_written && t % 2 == 1);
         self.tok(t).wrapping_add(self.merged_off)
     }
 
@@ -738,10 +741,11 @@ impl QActs {
     }
 }
 
-/// Two-level activations of this many tokens and more also carry the pair's merged i16
-/// values, for the kernels' 16-bit forms. Fewer (decoding) do without: writing them was 1-1.5%
-/// of a 1.1B decode (cold lines, on the one thread that quantizes a token), and the kernels
-/// take their 8-bit forms instead, which give the same bits.
+/// Two-level activations of this many tokens and more have room for the pairs' merged i16
+/// values, for the kernels' 16-bit forms, written by [`QActs::quantize_two_level`] or
+/// [`QActs::add_merged`]. Fewer (decoding) do without: writing them was 1-1.5% of a 1.1B
+/// decode (cold lines, on the one thread that quantizes a token), and the kernels take their
+/// 8-bit forms instead, which give the same bits.
 const MERGED_FROM_TOKENS: usize = 4;
 
 /// Stores `v` as the i-th little-endian 4-byte value of `dst`.
@@ -867,7 +871,7 @@ impl GemmKernels {
         if out.len() < want {
             return Err(GemmError::Output { got: out.len(), want });
         }
-        // SAFETY: checked shapes; `out` holds n_tok·rows values and is borrowed mutably.
+        // SAFETY: checked shapes; `out` holds tokens()·rows values and is borrowed mutably.
         unsafe { (self.get(w.ty))(w, acts, 0..w.groups(), out.as_mut_ptr(), w.rows) };
         Ok(())
     }

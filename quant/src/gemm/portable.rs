@@ -79,11 +79,11 @@ impl Arch for Portable {
     unsafe fn add32(a: V, b: V) -> V {
         zip(a, b, |x, y| x.wrapping_add(y))
     }
-    unsafe fn byte_lane_x2(a: V, j: u32) -> V {
-        map(a, |x| ((x >> (8 * j)) & 0xff) * 0x1_0001)
-    }
     unsafe fn byte_lane(a: V, j: u32) -> V {
         map(a, |x| (x >> (8 * j)) & 0xff)
+    }
+    unsafe fn byte_lane_x2(a: V, j: u32) -> V {
+        map(a, |x| ((x >> (8 * j)) & 0xff) * 0x1_0001)
     }
     unsafe fn bcast_i32(p: *const u8) -> V {
         [u32::from_le_bytes(unsafe { rd(p) }); 16]
@@ -114,7 +114,8 @@ impl Arch for Portable {
         let i16s = |x: u32| (x as u16 as i16 as i32, (x >> 16) as u16 as i16 as i32);
         std::array::from_fn(|i| {
             let ((a0, a1), (b0, b1)) = (i16s(a[i]), i16s(b[i]));
-            (acc[i] as i32).wrapping_add(a0 * b0 + a1 * b1) as u32
+            // Wrapping like vpmaddwd (whose only overflow, two (−2¹⁵)² products, wraps).
+            (acc[i] as i32).wrapping_add((a0 * b0).wrapping_add(a1 * b1)) as u32
         })
     }
     unsafe fn sub16(a: V, b: V) -> V {

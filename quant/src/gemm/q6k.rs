@@ -9,7 +9,8 @@
 //! bits it gets in a prompt's batch (test `a_token_is_multiplied_the_same_alone_and_in_a_batch`).
 //!
 //! * **Merged bytes** (activations without their merged form — fewer than
-//!   `MERGED_FROM_TOKENS` tokens: decode — on every arch, and tiles of 1-2 tokens on VNNI):
+//!   `MERGED_FROM_TOKENS` tokens, i.e. decode, or quantized without it and not given it by
+//!   `QActs::add_merged` — on every arch, and tiles of 1-2 tokens on VNNI):
 //!   `vpdpbusd` (`vpmaddubsw` + `vpmaddwd` + add on plain AVX2) over the two levels' i8
 //!   quants, the first level's sum shifted onto the fine grid before the second's dots.
 //! * **16-bit** (activations that carry their merged form, prompts: tiles of 4 tokens, and

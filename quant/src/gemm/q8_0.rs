@@ -7,7 +7,8 @@
 //! adds. The block's integer is the same as the merged bytes' `128·Σq·q1 + Σq·q2` (|·| ≤
 //! 32·128·16383 < 2²⁷), folded the same way ([`fold_pair`]), so every tile size gives the
 //! same bits. On VNNI the i8 levels stay: `vpdpbusd` does 4 elements a lane, `vpdpwssd` 2.
-//! Decoding (activations without their merged form, see `MERGED_FROM_TOKENS`) keeps them too.
+//! Activations without their merged form (decode, see `MERGED_FROM_TOKENS`, or quantized
+//! without it and not given it by `QActs::add_merged`) keep them too.
 
 // Accumulator arrays, token pointers and results are parallel arrays indexed by token.
 #![allow(clippy::needless_range_loop)]

@@ -1,8 +1,9 @@
 //! Every packed kernel set against the scalar per-row reference ([`crate::dot::scalar`]).
 //!
-//! Bounds, for every type: the integer parts are exact, so the packed result differs from
-//! the scalar one only by float rounding of the per-block (per-sub-block for the K-quants)
-//! terms, summed in another order and grouping. With u = 2⁻²⁴, n = the number of block terms
+//! Bounds, for every type: the integer parts are exact (or rounded once on conversion, like
+//! a float operation: see the module docs of `gemm`), so the packed result differs from the
+//! scalar one only by float rounding of the per-block (per-sub-block for the K-quants) terms,
+//! summed in another order and grouping. With u = 2⁻²⁴, n = the number of block terms
 //! of a row (blocks × sub-blocks: 1 per block for the 32-element formats and F16/BF16 column
 //! blocks of 16, 8 for Q4_K/Q5_K, 16 for Q6_K) and S = Σᵢ (|scale part of wᵢ| + |min part of
 //! wᵢ|)·|xᵢ| over the dequantized operands, both results lie within (n + 4)·u·S of the exact
@@ -550,8 +551,9 @@ fn simd_activation_quantizers_are_bit_exact() {
 }
 
 /// Two-level activations: the packed pair sum equals the per-row `dot(w, hi) + dot(w, lo)`
-/// (same bound as above, twice), the second row is the first row's rounding error quantized
-/// again, and the result is far closer to the exact product than single-level Q8.
+/// (the bound above for each level, plus one rounding of the pair's sum: n + 5), the second
+/// row is the first row's rounding error quantized again, and the result is far closer to the
+/// exact product than single-level Q8.
 #[test]
 fn two_level_activations_recover_the_rounding_error() {
     let (rows, n_tok) = (33, 9);
@@ -688,12 +690,13 @@ fn a_token_is_multiplied_the_same_alone_and_in_a_batch() {
 }
 
 /// Merged activations added after the fact ([`QActs::add_merged`]) are the bytes
-/// `quantize_two_level` writes, and the kernels that read them give the same bits without
-/// them (their 8-bit forms): the runtime adds them only for the kernels that read them.
+/// `quantize_two_level` writes, and the kernels that read them (Q6_K everywhere, Q8_0 on plain
+/// AVX2: `reads_merged`) give the same bits without them (their 8-bit forms): the runtime
+/// adds them only for the kernels that read them.
 #[test]
 fn merged_activations_are_optional_and_the_same_when_added_later() {
     let (rows, cols, n_tok) = (40, 512, 9);
-    for ty in [GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q4_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q6_K] {
         let kind = ActKind::for_weight(ty).unwrap();
         let wb = quantize_matrix(ty, &normal(rows * cols, 5), cols);
         let packed = PackedMatrix::pack(ty, &wb, rows, cols, &par_threads).unwrap();

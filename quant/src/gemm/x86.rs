@@ -85,19 +85,20 @@ unsafe fn dpwssd_avx(mut acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
 #[derive(Clone, Copy)]
 pub(super) struct Avx512;
 
-// SAFETY (all methods): only called from `#[target_feature]` entry points of the set below,
-// which `available()` hands out only when the CPU has those features; pointers are valid by the
-// trait's contract.
-/// A `pshufb` mask (one 128-bit lane) that puts byte `j` of each 32-bit lane into bytes 0
-/// and 2 of that lane and zeros bytes 1 and 3 (see `Arch::byte_lane_x2`).
+/// A `pshufb` mask (one 128-bit lane) that puts byte `j` (< 4) of each 32-bit lane into
+/// bytes 0 and 2 of that lane and zeros bytes 1 and 3 (see `Arch::byte_lane_x2`).
 #[inline(always)]
 fn lane_x2_mask(j: u32) -> __m128i {
+    debug_assert!(j < 4);
     // Per 32-bit lane L: bytes (4L + j, 0x80, 4L + j, 0x80); a set top bit zeroes the byte.
     let m = |lane: u32| (((4 * lane + j) * 0x1_0001) | 0x8000_8000) as i32;
     // SAFETY: plain integers to a vector (SSE2, baseline on x86-64).
     unsafe { _mm_setr_epi32(m(0), m(1), m(2), m(3)) }
 }
 
+// SAFETY (all methods): only called from `#[target_feature]` entry points of the set below,
+// which `available()` hands out only when the CPU has those features; pointers are valid by the
+// trait's contract.
 impl Arch for Avx512 {
     const LANES: usize = 16;
     const NMAX: usize = 8;

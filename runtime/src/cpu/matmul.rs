@@ -68,9 +68,9 @@ const TWO_LEVEL_CHUNK: usize = 64;
 /// two-level).
 type PackedKey = (u64, ActKind, usize, usize, bool);
 
-/// One chunk's packed activations and the key of what they hold.
+/// One chunk's packed activations and the key of what they hold (None: nothing yet).
 struct PackedActs {
-    key: PackedKey,
+    key: Option<PackedKey>,
     acts: QActs,
 }
 
@@ -86,7 +86,8 @@ pub struct ActCache {
     /// [`TWO_LEVEL_CHUNK`] tokens, and every chunk stays quantized for the next matmul of the
     /// same tensor (q, k, v; gate, up). With one slot per kind, the second chunk evicted the
     /// first and each of those matmuls quantized its input again (of a 1.1B Q6_K prompt,
-    /// activation quantization took 6.7% of the time).
+    /// activation quantization took 6.7% of the time). Slots stay allocated, as the runtime's
+    /// other scratch tensors do: at most (largest batch / 64 + 1) per activation kind.
     packed: Vec<PackedActs>,
 }
 
@@ -198,8 +199,10 @@ fn matmul_packed(
         run_groups(pool, gk, w, qa, out.view_mut(), ld);
         return;
     }
-    // Chunks of tokens keep a chunk's activations (both levels and the merged ones, ~11 KiB a
-    // token at 2048 columns) in L2 while every group of rows runs over them.
+    // Chunks of tokens keep a chunk's activations in L2 while every group of rows runs over
+    // them: a pair's segments span ~13 KiB at 2048 columns (both levels, their sums, room for
+    // the merged i16 values), ~5-9 KiB of it read. (Single-level batches, ~3.4 KiB a token,
+    // run whole.)
     for t0 in (0..x.rows).step_by(TWO_LEVEL_CHUNK) {
         let n = TWO_LEVEL_CHUNK.min(x.rows - t0);
         let qa = quantized(pool, acts, kind, x, t0, n, true);
@@ -223,23 +226,23 @@ fn quantized<'a>(
     two_level: bool,
 ) -> &'a mut QActs {
     let key = (x.version, kind, x.rows, t0, two_level);
-    let same_slot = |k: &PackedKey| k.1 == kind && k.3 == t0 && k.4 == two_level;
-    let slot = match acts.packed.iter().position(|p| same_slot(&p.key)) {
+    let same_slot = |p: &PackedActs| p.acts.kind() == kind && p.key.is_some_and(|k| k.3 == t0 && k.4 == two_level);
+    let slot = match acts.packed.iter().position(same_slot) {
         Some(i) => i,
         None => {
-            acts.packed.push(PackedActs { key, acts: QActs::new(kind) });
+            acts.packed.push(PackedActs { key: None, acts: QActs::new(kind) });
             acts.packed.len() - 1
         }
     };
     let p = &mut acts.packed[slot];
-    if p.key != key || p.acts.n_tok() == 0 {
+    if p.key != Some(key) {
         let xs = &x.view()[t0 * x.cols..(t0 + n) * x.cols];
         if two_level {
             p.acts.quantize_two_level_unmerged(xs, n, x.cols, &par(pool));
         } else {
             p.acts.quantize(xs, n, x.cols, &par(pool));
         }
-        p.key = key;
+        p.key = Some(key);
     }
     &mut p.acts
 }
