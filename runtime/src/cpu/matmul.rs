@@ -87,7 +87,10 @@ pub struct ActCache {
     /// same tensor (q, k, v; gate, up). With one slot per kind, the second chunk evicted the
     /// first and each of those matmuls quantized its input again (of a 1.1B Q6_K prompt,
     /// activation quantization took 6.7% of the time). Slots stay allocated, as the runtime's
-    /// other scratch tensors do: at most (largest batch / 64 + 1) per activation kind.
+    /// other scratch tensors do: one per 64 tokens of the largest batch and activation kind,
+    /// each sized for the widest input (~37 KiB a token at 5632 columns with both levels and
+    /// room for the merged values: ~19 MiB for a 512-token batch, the default `-b`; the
+    /// single-level path keeps a whole batch in one slot the same way).
     packed: Vec<PackedActs>,
 }
 
