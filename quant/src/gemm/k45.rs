@@ -176,8 +176,8 @@ unsafe fn q4k_scaled<A: Arch, const N: usize, const PAIRS: bool>(
                 let s1 = A::byte_lane_x2(scv[c / 2], $j % 4);
                 let s128 = A::slli32::<{ second_level::SHIFT }>(s1);
                 let mut scale = [s1; N];
-                for t in (0..N).step_by(2) {
-                    if PAIRS {
+                if PAIRS {
+                    for t in (0..N).step_by(2) {
                         scale[t] = s128;
                     }
                 }

@@ -119,10 +119,10 @@ pub(super) trait Kern {
         0
     }
     /// Whether this kernel on arch `A` reads two-level pairs' merged activations (see
-    /// [`QActs::add_merged`]).
+    /// [`QActs::add_merged`]): those with a 16-bit form, i.e. wide pair tiles.
     #[inline(always)]
     fn reads_merged<A: Arch>() -> bool {
-        false
+        Self::max_n_pairs::<A>() > 0
     }
     /// Rows of group `g` × tokens `t0..t0+N` into `out[t·ld + r]`.
     unsafe fn tile<A: Arch, const N: usize>(w: &PackedMatrix, a: &QActs, g: usize, t0: usize, out: *mut f32, ld: usize);

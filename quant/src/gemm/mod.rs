@@ -551,7 +551,7 @@ impl QActs {
     /// Quantizes `x` (`n_tok` rows of `cols`), reusing this allocation; tokens are spread
     /// over `par`. `cols` must be a multiple of the format's block (32, 256, or 16 for F32).
     pub fn quantize(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
-        self.fill(x, n_tok, cols, false, false, par);
+        self.fill(x, n_tok, cols, false, par);
     }
 
     /// Two-level quantization: 2·`n_tok` rows, row 2t holding token t exactly as
@@ -565,7 +565,8 @@ impl QActs {
     /// Batches of at least [`MERGED_FROM_TOKENS`] tokens also get the pairs' merged i16
     /// activations, which some kernels read ([`GemmKernels::reads_merged`]).
     pub fn quantize_two_level(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
-        self.fill(x, n_tok, cols, true, true, par);
+        self.fill(x, n_tok, cols, true, par);
+        self.add_merged(par);
     }
 
     /// [`QActs::quantize_two_level`] without the merged activations, which
@@ -573,7 +574,7 @@ impl QActs {
     /// (writing them is a pass over 2 bytes an element), and the kernels that do fall back to
     /// their 8-bit forms without them, with the same results.
     pub fn quantize_two_level_unmerged(&mut self, x: &[f32], n_tok: usize, cols: usize, par: ParFor) {
-        self.fill(x, n_tok, cols, true, false, par);
+        self.fill(x, n_tok, cols, true, par);
     }
 
     /// Writes the pairs' merged activations if this batch has room for them
@@ -598,7 +599,7 @@ impl QActs {
         self.merged_written = true;
     }
 
-    fn fill(&mut self, x: &[f32], n_tok: usize, cols: usize, two_level: bool, merged: bool, par: ParFor) {
+    fn fill(&mut self, x: &[f32], n_tok: usize, cols: usize, two_level: bool, par: ParFor) {
         let bs = self.kind.block();
         assert!(cols.is_multiple_of(bs), "{:?} activations need a multiple of {bs} columns, got {cols}", self.kind);
         assert_eq!(x.len(), n_tok * cols, "activation buffer is not n_tok × cols");
@@ -623,7 +624,7 @@ impl QActs {
         }
         (self.n_tok, self.cols, self.nb, self.stride, self.d_off, self.x_off) = (rows, cols, nb, stride, d_off, x_off);
         self.merged_off = merged_off;
-        self.merged_written = merged && merged_off != 0;
+        self.merged_written = false;
         self.pairs = two_level;
         let base = SendPtr(self.buf.as_mut_ptr());
         let this = &*self;
@@ -711,10 +712,6 @@ impl QActs {
                     put_q8k_sums(&mut extra[80 * b..80 * (b + 1)], &bsums);
                 }
             }
-        }
-        if self.merged_written {
-            let at = self.merged_off - self.x_off;
-            quantize::merged(&mut extra[at..at + 2 * cols], q1, qs);
         }
     }
 

@@ -40,10 +40,6 @@ impl Kern for Q6K {
         WIDE_FROM_ROWS
     }
     #[inline(always)]
-    fn reads_merged<A: Arch>() -> bool {
-        true
-    }
-    #[inline(always)]
     unsafe fn tile<A: Arch, const N: usize>(
         w: &PackedMatrix,
         a: &QActs,

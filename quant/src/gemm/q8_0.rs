@@ -27,10 +27,6 @@ impl Kern for Q8_0 {
         if A::PARTIAL16 { 8 } else { 0 }
     }
     #[inline(always)]
-    fn reads_merged<A: Arch>() -> bool {
-        A::PARTIAL16
-    }
-    #[inline(always)]
     unsafe fn tile<A: Arch, const N: usize>(
         w: &PackedMatrix,
         a: &QActs,
