@@ -166,8 +166,11 @@ fn main() {
 /// caches, the speed when weights stream from DRAM as in real decoding; 1 MiB (`--l2`) stays
 /// in L2, the kernels' compute limit.
 fn stream(sets: &[GemmKernels], filter: &[&String], total: usize) {
-    println!("| type | kernels | decode GB/s, {} MiB of weights (1 thread, CPU time) |", total >> 20);
-    println!("|---|---|---|");
+    println!(
+        "| type | kernels | decode GB/s, {} MiB of weights (1 thread, CPU time) | two-level decode GB/s |",
+        total >> 20
+    );
+    println!("|---|---|---|---|");
     let (rows, cols) = if total < (64 << 20) { (256usize, 2048usize) } else { (2048, 2048) };
     if total >= (64 << 20) {
         // Baseline: the plain read bandwidth (AVX2 loads, summed).
@@ -196,17 +199,24 @@ fn stream(sets: &[GemmKernels], filter: &[&String], total: usize) {
         let n_mat = (total / one.bytes()).max(1);
         let mats: Vec<PackedMatrix> = (0..n_mat).map(|_| one.clone()).collect();
         let kind = ActKind::for_weight(ty).unwrap();
+        let x = pseudo_normal(cols, 2);
         let mut a1 = QActs::new(kind);
-        a1.quantize(&pseudo_normal(cols, 2), 1, cols, &serial);
+        a1.quantize(&x, 1, cols, &serial);
+        // The runtime's default decode: one token at two levels.
+        let mut a2 = QActs::new(kind);
+        a2.quantize_two_level(&x, 1, cols, &serial);
         let mut out = vec![0f32; rows];
         for k in sets.iter().filter(|k| k.fast) {
             let reps = if total < (64 << 20) { 200 } else { 5 };
-            let t = median_time(reps, || {
-                for m in &mats {
-                    gemm(k, m, &a1, &mut out);
-                }
+            let [t1, t2] = [&a1, &a2].map(|a| {
+                median_time(reps, || {
+                    for m in &mats {
+                        gemm(k, m, a, &mut out);
+                    }
+                })
             });
-            println!("| {ty} | {} | {:.1} |", k.name, (n_mat * one.bytes()) as f64 / t / 1e9);
+            let gbs = |t: f64| (n_mat * one.bytes()) as f64 / t / 1e9;
+            println!("| {ty} | {} | {:.1} | {:.1} |", k.name, gbs(t1), gbs(t2));
         }
     }
 }

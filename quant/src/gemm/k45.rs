@@ -43,7 +43,7 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
                 let m0f = A::splat8(0x0f);
                 let mut acc = [A::zero_f(); N];
                 for sb in 0..nb {
-                    prefetch_ahead::<A>(bulk, sb * (bb + mb), bb + mb, t0, r0);
+                    prefetch_ahead::<A>(w, bulk, sb * (bb + mb), bb + mb, t0, r0);
                     let mt = at(meta, sb * 256);
                     let bk = at(bulk, sb * bb);
                     // get_scale_min_k4 for 8 sub-blocks of LANES rows: each lane holds the bytes

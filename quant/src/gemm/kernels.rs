@@ -404,26 +404,58 @@ const PREFETCH_BYTES: usize = 32 << 10;
 /// quants and M of scales asks for `b·(B + M)..(b + 1)·(B + M)`: the hints advance at the rate
 /// the group is consumed and, over the group, cover all of it, scales included (hints that
 /// advanced by B per block left M/(B + M) of every matrix, 6-20%, to the hardware: Q4_0 and
-/// Q4_K, 11%, were the slowest to stream from DRAM). Only the first token tile's first slice
-/// of a group reads its weights from memory; later tiles and slices find them in cache and
-/// skip the hints. A Q6_K block asks for its lines a quarter at a time, as it uses them: all
+/// Q4_K, 11%, were the slowest to stream from DRAM). Only the first token tile of a group
+/// reads its weights from memory; later tiles find them in cache and skip the hints. A Q6_K block asks for its lines a quarter at a time, as it uses them: all
 /// 48 hints at once streamed Q6_K from DRAM at 21.6 GB/s on one thread against Q4_K's 29, a
 /// quarter per quarter block at 27.6-27.9 (`--stream`), and decode of the 1.1B Q6_K file went
 /// from 35 to 47 tokens/s. (Q4_K's 32 hints split the same way decoded Q4_K_M 8% slower;
 /// eighths for Q6_K, no faster than quarters.)
+///
+/// Where a slice is half a group (AVX2: 8 lanes), the first slice reads every line of the
+/// group (each line holds 4 bytes of all 16 rows) and the second finds them in cache. Hints
+/// issued by the first slice alone asked for the group's bytes in half its time and left the
+/// memory idle in the other half, so slice s of S now asks for part s of S of the group's
+/// hints, block by block: they advance evenly over all slices. One thread streaming from DRAM
+/// with the AVX2 kernels (`--stream`, 2 alternating runs): two-level decode Q4_K 24 → 28
+/// GB/s, Q6_K 23-24 → 28, Q4_0 25-26 → 29-30, single level Q4_K 27-28 → 34-35, Q6_K 26 → 34;
+/// 1.1B decode with the AVX2 kernels on 2 threads: Q4_K_M +6-9%, Q4_0 +12%, Q6_K +13-16%,
+/// Q8_0 +6-9%; prompts unchanged. (AVX-512's slice is the whole group: nothing changes.)
 #[inline(always)]
-pub(super) unsafe fn prefetch_ahead<A: Arch>(group: *const u8, from: usize, len: usize, t0: usize, r0: usize) {
-    if t0 != 0 || r0 != 0 {
+pub(super) unsafe fn prefetch_ahead<A: Arch>(
+    w: &PackedMatrix,
+    group: *const u8,
+    from: usize,
+    len: usize,
+    t0: usize,
+    r0: usize,
+) {
+    if t0 != 0 {
         return;
     }
-    let start = group.wrapping_add(from + PREFETCH_BYTES);
-    let end = start.wrapping_add(len);
+    let group_bytes = w.nb * (w.layout.bulk + w.layout.meta);
+    let hints = slice_hints(from..from + len, group_bytes, GROUP.div_ceil(A::LANES), r0 / A::LANES);
+    let start = group.wrapping_add(hints.start + PREFETCH_BYTES);
+    let end = group.wrapping_add(hints.end + PREFETCH_BYTES);
     let mut line = start.wrapping_sub(start as usize % 64);
     while line < end {
         // SAFETY: a prefetch never faults, whatever the address.
         unsafe { A::prefetch(line) };
         line = line.wrapping_add(64);
     }
+}
+
+/// Slice `slice` of `n_slices`'s part of the hints for the bytes `span` of a group of
+/// `group_bytes` (see [`prefetch_ahead`]): the group's bytes taken in order over all slices,
+/// so that each slice's blocks ask for the next 1/n_slices of what the whole group asks for.
+#[inline(always)]
+fn slice_hints(
+    span: std::ops::Range<usize>,
+    group_bytes: usize,
+    n_slices: usize,
+    slice: usize,
+) -> std::ops::Range<usize> {
+    let start = (slice * group_bytes + span.start) / n_slices;
+    start..start + span.len().div_ceil(n_slices)
 }
 
 // --- 32-element formats -----------------------------------------------------------------------
@@ -503,7 +535,7 @@ unsafe fn tile_legacy4<A: Arch, const N: usize, const FIVE: bool, const MIN: boo
             let mask = A::splat8(0x0f);
             let mut acc = [A::zero_f(); N];
             for b in 0..nb {
-                prefetch_ahead::<A>(bulk, b * (bb + mb), bb + mb, t0, r0);
+                prefetch_ahead::<A>(w, bulk, b * (bb + mb), bb + mb, t0, r0);
                 let wb = at(bulk, b * bb);
                 let mut is = IAcc::<A, N, false, PER>::new(std::array::from_fn(|t| {
                     if MIN { A::zero() } else { A::bcast_i32(at(tk[t], off_off + 4 * b)) }
@@ -813,3 +845,37 @@ macro_rules! kernel_set {
     };
 }
 pub(super) use kernel_set;
+
+#[cfg(test)]
+mod hint_tests {
+    use super::slice_hints;
+
+    /// Over all slices, in the order they run, the blocks' hints walk the group's bytes from
+    /// start to end without a gap (and overlap by less than a byte per block where the block's
+    /// bytes do not divide by the slices), for one and two slices and uneven block sizes.
+    #[test]
+    fn every_byte_of_a_group_is_hinted_in_order() {
+        // (bytes per block, blocks): Q4_K (144 per 256 elements), Q6_K quarters, odd ones.
+        for (per_block, nb) in [(144 * 16, 8), (210 * 4, 16), (34 * 16, 64), (37, 5), (1, 3)] {
+            let group = per_block * nb;
+            for n_slices in 1..=3 {
+                let mut covered = 0;
+                let mut hinted = 0;
+                for slice in 0..n_slices {
+                    for b in 0..nb {
+                        let h = slice_hints(b * per_block..(b + 1) * per_block, group, n_slices, slice);
+                        assert!(
+                            h.start <= covered,
+                            "gap before {h:?}: covered to {covered} ({per_block}×{nb}, {n_slices} slices)"
+                        );
+                        assert!(h.end >= covered, "hints went back: {h:?} after {covered}");
+                        covered = h.end;
+                        hinted += h.len();
+                    }
+                }
+                assert!(covered >= group && covered <= group + n_slices, "covered {covered} of {group}");
+                assert!(hinted < group + n_slices * nb, "hinted {hinted} bytes for a group of {group}");
+            }
+        }
+    }
+}

@@ -242,7 +242,7 @@ unsafe fn tile_q6k<A: Arch, const N: usize, const PAIRS: bool, const WIDE: bool>
                     let mut sacc = FAcc::<A, N>::new();
                     for h in 0..2 {
                         for q in 0..2 {
-                            prefetch_ahead::<A>(bulk, sb * per_block + quarter * (2 * h + q), quarter, t0, r0);
+                            prefetch_ahead::<A>(w, bulk, sb * per_block + quarter * (2 * h + q), quarter, t0, r0);
                             // −32·bsums[j] of sub-block j = 8h + 2k + q.
                             let off = |k: usize| x_off + 80 * sb + 16 + 4 * (8 * h + 2 * k + q);
                             let scf = |k: usize| A::load_i8f(at(mt, 16 * (8 * h + 2 * k + q) + r0));

@@ -66,7 +66,7 @@ unsafe fn tile_bytes<A: Arch, const N: usize>(
         slices::<A, N>(w, a.pairs, g, t0, out, ld, |r0| {
             let mut acc = [A::zero_f(); N];
             for b in 0..nb {
-                prefetch_ahead::<A>(bulk, per_block * b, per_block, t0, r0);
+                prefetch_ahead::<A>(w, bulk, per_block * b, per_block, t0, r0);
                 let wb = at(bulk, b * 512 + 4 * r0);
                 let mut is = IAcc::<A, N, false, 1>::new(std::array::from_fn(|t| {
                     if A::Q8_BIASED { A::bcast_i32(at(tk[t], off_off + 4 * b)) } else { A::zero() }
@@ -105,7 +105,7 @@ unsafe fn tile_wide<A: Arch, const N: usize>(
             let mut acc = [A::zero_f(); N];
             let (low, bias) = (A::splat32(0x00ff_00ff), A::splat32(0x0080_0080));
             for b in 0..w.nb {
-                prefetch_ahead::<A>(bulk, per_block * b, per_block, t0, r0);
+                prefetch_ahead::<A>(w, bulk, per_block * b, per_block, t0, r0);
                 let wb = at(bulk, b * 512 + 4 * r0);
                 let mut is = [A::zero(); N];
                 for s in 0..8 {
