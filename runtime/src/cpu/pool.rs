@@ -3,7 +3,8 @@
 //! Decoding one token runs a few hundred parallel ops of tens of microseconds each, so
 //! waking threads must be cheap, and the pool must degrade gracefully when the machine is
 //! busy with other work (a shared laptop, a CI box): a job is cut into chunks that threads
-//! claim one at a time, and the caller waits only for chunks to be done and for workers
+//! claim one at a time (each first from its own contiguous run of them, then from the
+//! others'), and the caller waits only for chunks to be done and for workers
 //! that are actually inside the job — never for a worker that has not woken up yet. An
 //! idle worker spins briefly (yielding its core if anything else wants it), then sleeps.
 
