@@ -405,10 +405,11 @@ const PREFETCH_BYTES: usize = 32 << 10;
 /// the group is consumed and, over the group, cover all of it, scales included (hints that
 /// advanced by B per block left M/(B + M) of every matrix, 6-20%, to the hardware: Q4_0 and
 /// Q4_K, 11%, were the slowest to stream from DRAM). Only the first token tile of a group
-/// reads its weights from memory; later tiles find them in cache and skip the hints. A Q6_K block asks for its lines a quarter at a time, as it uses them: all
-/// 48 hints at once streamed Q6_K from DRAM at 21.6 GB/s on one thread against Q4_K's 29, a
-/// quarter per quarter block at 27.6-27.9 (`--stream`), and decode of the 1.1B Q6_K file went
-/// from 35 to 47 tokens/s. (Q4_K's 32 hints split the same way decoded Q4_K_M 8% slower;
+/// reads its weights from memory; later tiles find them in cache and skip the hints. A Q6_K
+/// block asks for its lines a quarter at a time, as it uses them: all 48 hints at once
+/// streamed Q6_K from DRAM at 21.6 GB/s on one thread against Q4_K's 29, a quarter per quarter
+/// block at 27.6-27.9 (`--stream`), and decode of the 1.1B Q6_K file went from 35 to 47
+/// tokens/s. (Q4_K's 32 hints split the same way decoded Q4_K_M 8% slower;
 /// eighths for Q6_K, no faster than quarters.)
 ///
 /// Where a slice is half a group (AVX2: 8 lanes), the first slice reads every line of the

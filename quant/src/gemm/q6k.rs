@@ -11,8 +11,10 @@
 //! * **Merged bytes** (activations without their merged form — fewer than
 //!   `MERGED_FROM_TOKENS` tokens, i.e. decode, or quantized without it and not given it by
 //!   `QActs::add_merged` — on every arch, and tiles of 1-2 tokens on VNNI):
-//!   `vpdpbusd` (`vpmaddubsw` + `vpmaddwd` + add on plain AVX2) over the two levels' i8
-//!   quants, the first level's sum shifted onto the fine grid before the second's dots.
+//!   `vpdpbusd` (on plain AVX2 `vpmaddubsw`, two dots a 16-bit partial widened by one
+//!   `vpmaddwd`: two-level decode from L2, `--ab Q6_K`, 31.5-31.9 → 33.8-33.9 GB/s) over the
+//!   two levels' i8 quants, the first level's sum shifted onto the fine grid before the
+//!   second's dots.
 //! * **16-bit** (activations that carry their merged form, prompts: tiles of 4 tokens, and
 //!   every tile on plain AVX2): `vpdpwssd` (`vpmaddwd` +
 //!   add) over `a` as i16 (QActs' merged segment) and the weights' `w − 32` as i16, unpacked
@@ -131,51 +133,29 @@ unsafe fn q6_sub_merged<A: Arch, const N: usize, const K: usize>(
     unsafe {
         let wq: [A::V; 4] = std::array::from_fn(|i| q6_levels::<A, K>(bk, h, 4 * q + i));
         let act = |t: usize, i: usize| at(tk[t], qoff + 128 * h + 32 * K + 4 * (4 * q + i));
-        // Two chains a token (even and odd steps), as IAcc keeps for short tiles.
-        let mut even = [A::zero(); N];
-        let mut odd = [A::zero(); N];
-        for p in 0..N / 2 {
-            even[2 * p] = A::bcast_i32(at(tk[2 * p], off_at));
-        }
+        // IAcc keeps each pair's sum in entry 2p: its chains, or on plain AVX2 16-bit partials of
+        // two dots (PER = 2 for 6-bit weights) widened once. Odd entries stay zero.
+        let off = |t: usize| A::bcast_i32(at(tk[t], off_at));
+        let mut is = IAcc::<A, N, true, 2>::new(std::array::from_fn(|t| if t % 2 == 0 { off(t) } else { A::zero() }));
         // Level 0 is row 2p, level 1 row 2p+1.
         for level in 0..2 {
             if level == 1 {
-                for p in 0..N / 2 {
-                    let first = A::slli32::<{ second_level::SHIFT }>(A::add32(even[2 * p], odd[2 * p]));
-                    even[2 * p] = A::add32(first, A::bcast_i32(at(tk[2 * p + 1], off_at)));
-                    odd[2 * p] = A::zero();
-                }
+                let first = is.sum();
+                is = IAcc::new(std::array::from_fn(|t| {
+                    if t % 2 == 0 {
+                        A::add32(A::slli32::<{ second_level::SHIFT }>(first[t]), off(t + 1))
+                    } else {
+                        A::zero()
+                    }
+                }));
             }
-            if A::PARTIAL16 {
-                // Steps (0, 1) into `even`, (2, 3) into `odd`, each pair of dots summed as 16-bit
-                // partials and widened once (PER = 2 for 6-bit weights, see IAcc): one
-                // `vpmaddwd` for two `vpmaddubsw` instead of one each. Plain AVX2 two-level
-                // decode from L2 (`--ab Q6_K`) 31.5-31.9 -> 33.8-33.9 GB/s; from DRAM
-                // (`--stream`) and the 1.1B Q6_K decode on this 2-core VM, memory-bound,
-                // unchanged.
-                let ones = A::splat32(0x0001_0001);
-                for i in [0, 2] {
-                    for p in 0..N / 2 {
-                        let (a0, a1) = (act(2 * p + level, i), act(2 * p + level, i + 1));
-                        let part = A::add_part(A::dot_part(wq[i], a0), A::dot_part(wq[i + 1], a1));
-                        let chain = if i == 0 { &mut even[2 * p] } else { &mut odd[2 * p] };
-                        *chain = A::madd16(*chain, part, ones);
-                    }
-                }
-            } else {
-                for i in 0..4 {
-                    for p in 0..N / 2 {
-                        let a = act(2 * p + level, i);
-                        if i % 2 == 0 {
-                            even[2 * p] = A::dot(even[2 * p], wq[i], a);
-                        } else {
-                            odd[2 * p] = A::dot(odd[2 * p], wq[i], a);
-                        }
-                    }
+            for i in 0..4 {
+                for p in 0..N / 2 {
+                    is.dot(i, 2 * p, wq[i], act(2 * p + level, i));
                 }
             }
         }
-        std::array::from_fn(|t| if t % 2 == 0 { A::add32(even[t], odd[t]) } else { A::zero() })
+        is.sum()
     }
 }
 
