@@ -15,7 +15,7 @@ use duet_convert::Preset;
 use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::cpu::CpuBackend;
-use duet_runtime::gpu::{GpuBackend, GpuOptions, SUBMIT_EVERY};
+use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTune, SUBMIT_EVERY};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::logits_file::{LogitsFile, argmax, log_softmax};
 use duet_runtime::model::{LogitGranularity, Logits, Model};
@@ -309,9 +309,8 @@ fn no_pipeline_or_layout_after_first_token() {
 }
 
 /// `GpuOptions::profile` times every dispatch and changes nothing: the logits of a prefill
-/// and 8 decoded tokens are bit-identical with and without it, and one decoded token's
-/// kernel calls are the model's (2 norms per layer and the final one, one embedding row,
-/// one K/V write per layer for each of K and V) and its matvecs read each matrix once.
+/// and 8 decoded tokens are bit-identical with and without it, every dispatch of a decoded
+/// token is timed, and its matvecs read each matrix once.
 #[test]
 fn kernel_profile_times_every_dispatch() {
     let test = "kernel_profile_times_every_dispatch";
@@ -334,16 +333,12 @@ fn kernel_profile_times_every_dispatch() {
     let mut s = model.new_session(&mut timed, 64, 16, CacheType::F16, CacheType::F16).unwrap();
     model.forward(&mut timed, &mut s, &tokens[..16], Logits::Last).unwrap();
     timed.take_kernel_times();
+    let dispatches = timed.dispatches();
     model.forward(&mut timed, &mut s, &tokens[16..17], Logits::Last).unwrap();
     let times = timed.take_kernel_times().unwrap();
     eprintln!("{test}: {times:?}");
-    let calls = |prefix: &str| times.iter().filter(|t| t.kernel.starts_with(prefix)).map(|t| t.calls).sum::<u64>();
-    let layers = model.config.n_layers as u64;
-    assert_eq!(calls("rms_norm"), 2 * layers + 1, "{times:?}");
-    assert_eq!(calls("embed-"), 1, "{times:?}");
-    assert_eq!(calls("kv_write-"), 2 * layers, "{times:?}");
-    assert_eq!(calls("attention-"), layers, "{times:?}");
-    assert_eq!(calls("matvec-"), 7 * layers + 1, "q, k, v, o, gate, up, down per layer and the output: {times:?}");
+    let total: u64 = times.iter().filter(|t| !t.on_host).map(|t| t.calls).sum();
+    assert_eq!(timed.dispatches() - dispatches, total as usize, "every dispatch timed: {times:?}");
     assert!(times.iter().all(|t| t.seconds >= 0.0) && times.iter().any(|t| t.seconds > 0.0), "{times:?}");
     // The matvecs read every matrix but the token embedding once (buffers padded to 4 bytes).
     let file = GgufFile::open(&path).unwrap();
@@ -355,7 +350,7 @@ fn kernel_profile_times_every_dispatch() {
         .collect();
     let want: u64 = matrices.iter().sum();
     let read: u64 = times.iter().filter(|t| t.kernel.starts_with("matvec-")).map(|t| t.weight_bytes).sum();
-    assert!(read >= want && read <= want + 3 * matrices.len() as u64, "matvecs read {read} bytes of {want}");
+    assert_eq!(read, want, "matvecs read {read} bytes of {want}");
     assert!(times.iter().filter(|t| !t.kernel.starts_with("mat")).all(|t| t.weight_bytes == 0), "{times:?}");
     // The host's steps: every dispatch recorded, the token submitted and waited for.
     let host =
@@ -365,6 +360,61 @@ fn kernel_profile_times_every_dispatch() {
     assert!(host("submitting") >= 1 && host("waiting") >= 1, "{times:?}");
     assert!(timed.take_kernel_times().unwrap().is_empty(), "take starts afresh");
     let _ = std::fs::remove_file(&path);
+}
+
+/// A decoded token's dispatches, per kernel, on a GPU backend opened with `tune` (profiled).
+fn decode_calls(
+    test: &str,
+    fixture: &str,
+    tune: GpuTune,
+) -> Option<(Vec<duet_runtime::gpu::profile::KernelTime>, u64)> {
+    let opts = GpuOptions { f16: Some(false), profile: true, tune, ..Default::default() };
+    let mut b = match GpuBackend::new(&opts) {
+        Ok(b) => b,
+        Err(e) => {
+            no_gpu(test, &format!("no adapter with timestamp queries inside passes ({e})"));
+            return None;
+        }
+    };
+    let path = convert(fixture, Preset::Q8_0, false);
+    let model = Model::load(&mut b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+    let mut s = model.new_session(&mut b, 64, 16, CacheType::F16, CacheType::F16).unwrap();
+    let tokens: Vec<u32> = (0..17).map(|i| (i * 37 + 5) % 200).collect();
+    model.forward(&mut b, &mut s, &tokens[..16], Logits::Last).unwrap();
+    b.take_kernel_times();
+    model.forward(&mut b, &mut s, &tokens[16..], Logits::Last).unwrap();
+    let _ = std::fs::remove_file(&path);
+    Some((b.take_kernel_times().unwrap(), model.config.n_layers as u64))
+}
+
+/// The fused decode layer: nine dispatches for Llama and DiffLlama (2 norms, the q/k/v
+/// matvec, RoPE with the K/V write, the attend and combine steps, attn_output with the
+/// residual add, gate and up with SwiGLU, ffn_down with the residual add), ten for DIFF V2
+/// (λ joins the q/k/v matvec; its pair combine is one more), plus the embedding row, the
+/// final norm and the output per token (no copy of the last row: decoding has one); unfused (`--gpu-tune fuse=off`), one kernel per
+/// op: eighteen, and twenty for V2 (its λ matvec).
+#[test]
+fn fused_layers_dispatch_counts() {
+    let test = "fused_layers_dispatch_counts";
+    for (fixture, per_layer, unfused) in [("diffllama-gqa", 9, 18), ("diffllama-v2-gqa", 10, 20)] {
+        let Some((times, layers)) = decode_calls(test, fixture, GpuTune::default()) else { return };
+        eprintln!("{test}: {fixture}: {times:?}");
+        let calls = |prefix: &str| times.iter().filter(|t| t.kernel.starts_with(prefix)).map(|t| t.calls).sum::<u64>();
+        let total: u64 = times.iter().filter(|t| !t.on_host).map(|t| t.calls).sum();
+        assert_eq!(total, per_layer * layers + 3, "{fixture}: {per_layer} dispatches a layer: {times:?}");
+        assert_eq!(calls("copy_row"), 0, "a decoded row is normalised where it is: {times:?}");
+        assert_eq!(calls("rms_norm"), 2 * layers + 1, "{times:?}");
+        assert_eq!(calls("rope_kv-"), layers, "{times:?}");
+        assert_eq!(calls("matvec-Q8_0-split-"), layers, "{times:?}");
+        assert_eq!(calls("matvec-Q8_0-add-"), 2 * layers, "{times:?}");
+        assert_eq!(calls("matvec-Q8_0-swiglu-"), layers, "{times:?}");
+        assert_eq!(calls("kv_write-") + calls("rope-") + calls("add") + calls("swiglu"), 0, "unfused ops: {times:?}");
+        let Some((times, _)) = decode_calls(test, fixture, GpuTune { fuse: Some(false), ..Default::default() }) else {
+            return;
+        };
+        let total: u64 = times.iter().filter(|t| !t.on_host).map(|t| t.calls).sum();
+        assert_eq!(total, unfused * layers + 3, "{fixture} unfused: {times:?}");
+    }
 }
 
 /// Parses "mean X over N positions; top-1 agreement Y%" from `duet perplexity --kl-base`.

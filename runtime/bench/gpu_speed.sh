@@ -72,6 +72,15 @@ vulkan_tools() {
   VK=$vk
 }
 
+# The loader llama-bench links against: this machine's own where it has one (Debian 13's
+# needs glibc 2.38, which Debian 12 lacks; the GPU machine gets this machine's loader
+# package anyway), else Debian 13's.
+vulkan_link_library() {
+  local sys
+  sys=$(ldconfig -p | sed -n 's/.*libvulkan\.so\.1 (libc6,x86-64) => //p' | head -1)
+  if [ -n "$sys" ]; then echo "$sys"; else echo "$VK/root/usr/lib/x86_64-linux-gnu/libvulkan.so.1"; fi
+}
+
 prepare() {
   command -v apt-get >/dev/null && command -v dpkg >/dev/null \
     || { echo "error: prepare needs apt-get and dpkg (Debian or Ubuntu)" >&2; exit 1; }
@@ -79,7 +88,7 @@ prepare() {
   LLAMA_FLAGS=(-DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DBUILD_SHARED_LIBS=OFF
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
     -DVulkan_INCLUDE_DIR="$VK/root/usr/include" -DVulkan_GLSLC_EXECUTABLE="$VK/glslc"
-    -DVulkan_LIBRARY="$VK/root/usr/lib/x86_64-linux-gnu/libvulkan.so.1"
+    -DVulkan_LIBRARY="$(vulkan_link_library)"
     -DSPIRV-Headers_DIR="$VK/root/usr/share/cmake/SPIRV-Headers")
   local lbin
   lbin=$(bench_llama_build build-vulkan llama-bench)

@@ -186,6 +186,11 @@ pub trait Backend {
     fn take_kernel_times(&mut self) -> Option<Vec<crate::gpu::profile::KernelTime>> {
         None
     }
+    /// Kernel dispatches and the barriers between them so far, where the backend records
+    /// dispatches (the GPU); else None.
+    fn dispatch_counts(&self) -> Option<(usize, usize)> {
+        None
+    }
     /// The largest tensor `new_tensor` can make, in bytes (None: no limit but memory).
     fn max_tensor_bytes(&self) -> Option<u64> {
         None
@@ -204,6 +209,12 @@ pub trait Backend {
     }
 
     fn load_weight(&mut self, w: &WeightView<'_>) -> Result<Self::Weight, RuntimeError>;
+    /// Loads weights that the model multiplies by the same input (q, k, v and DIFF V2's λ;
+    /// gate and up), so that a backend may keep them together and read them in one pass
+    /// ([`Backend::matmul_group`], [`Backend::matmul_swiglu`]). Default: each alone.
+    fn load_weight_group(&mut self, ws: &[WeightView<'_>]) -> Result<Vec<Self::Weight>, RuntimeError> {
+        ws.iter().map(|w| self.load_weight(w)).collect()
+    }
     fn new_tensor(&mut self, rows: usize, cols: usize) -> Self::Tensor;
     /// Changes how many rows of a tensor are in use (at most its allocated rows).
     fn set_rows(&mut self, t: &mut Self::Tensor, rows: usize);
@@ -215,6 +226,33 @@ pub trait Backend {
     fn rms_norm(&mut self, x: &Self::Tensor, weight: &Self::Weight, eps: f32, out: &mut Self::Tensor);
     /// out = x · wᵀ (w is `out.cols × x.cols`).
     fn matmul(&mut self, w: &Self::Weight, x: &Self::Tensor, out: &mut Self::Tensor);
+    /// out += x · wᵀ: a projection and the residual add after it. Default: the product into
+    /// `scratch` (out's shape), then the add.
+    fn matmul_add(&mut self, w: &Self::Weight, x: &Self::Tensor, scratch: &mut Self::Tensor, out: &mut Self::Tensor) {
+        self.matmul(w, x, scratch);
+        self.add(out, scratch);
+    }
+    /// outs[i] = x · ws[i]ᵀ for weights loaded together ([`Backend::load_weight_group`]).
+    /// Default: one product each.
+    fn matmul_group(&mut self, ws: &[&Self::Weight], x: &Self::Tensor, outs: &mut [&mut Self::Tensor]) {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, out);
+        }
+    }
+    /// gate = silu(x · w_gateᵀ) · (x · w_upᵀ), the two loaded together; `up` is scratch of
+    /// gate's shape. Default: both products, then [`Backend::swiglu`].
+    fn matmul_swiglu(
+        &mut self,
+        w_gate: &Self::Weight,
+        w_up: &Self::Weight,
+        x: &Self::Tensor,
+        gate: &mut Self::Tensor,
+        up: &mut Self::Tensor,
+    ) {
+        self.matmul(w_gate, x, gate);
+        self.matmul(w_up, x, up);
+        self.swiglu(gate, up);
+    }
     /// x += bias on every row.
     fn add_bias(&mut self, x: &mut Self::Tensor, bias: &Self::Weight);
     /// Rotates adjacent pairs of each head; row r is at position pos0 + r.
@@ -235,6 +273,48 @@ pub trait Backend {
         spec: &AttentionSpec,
         out: &mut Self::Tensor,
     );
+    /// RoPE on `q` and `k` (rows at positions pos0..), then [`Backend::attention`]: what a
+    /// layer does when no observer looks at the rotated rows, so that a backend may rotate
+    /// them as it writes the cache. Default: the two RoPEs, then attention.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention(
+        &mut self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::KvCache,
+        seq: SeqPages,
+        layer: usize,
+        pos0: usize,
+        rope: &RopeSpec,
+        spec: &AttentionSpec,
+        out: &mut Self::Tensor,
+    ) {
+        self.rope(q, spec.n_heads, spec.head_dim, pos0, rope);
+        self.rope(k, spec.n_kv_heads, spec.head_dim, pos0, rope);
+        self.attention(q, k, v, cache, seq, layer, pos0, spec, out);
+    }
+    /// DIFF V2's attention: [`Backend::rope_attention`] of its 2·n_pairs query heads into
+    /// `att`, then [`Backend::pair_combine`] with `gate` into `out` (`att` is then scratch):
+    /// a backend may merge the pairs as it combines attention's partial results. Default:
+    /// those two steps.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention_pairs(
+        &mut self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        v: &Self::Tensor,
+        cache: &mut Self::KvCache,
+        seq: SeqPages,
+        layer: usize,
+        pos0: usize,
+        rope: &RopeSpec,
+        spec: &AttentionSpec,
+        (gate, att, out): (&Self::Tensor, &mut Self::Tensor, &mut Self::Tensor),
+    ) {
+        self.rope_attention(q, k, v, cache, seq, layer, pos0, rope, spec, att);
+        self.pair_combine(att, gate, spec.head_dim, out);
+    }
     /// RoPE, K/V store and attention for several sequences' rows of one batch at once, all
     /// in `cache` (`q`, `k`, `v` before RoPE; `spans` in batch-row order, covering all rows):
     /// the result of [`Backend::rope`] and [`Backend::attention`] on each span alone, in one

@@ -16,7 +16,7 @@ use duet_quant::GgmlType;
 use duet_quant::gguf::{GgufFile, GgufWriter};
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightView};
 use duet_runtime::cpu::{CpuBackend, CpuTensor};
-use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor};
+use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor, GpuTune};
 use duet_runtime::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
 use duet_runtime::kv_pages::{PAGE, SeqPages, pages_for};
 use duet_test_support::{Rng, no_gpu};
@@ -124,13 +124,25 @@ fn cpu_matmul_bound(t: GgmlType) -> f64 {
     }
 }
 
-/// Every weight type through the matvec (with the hardware's 64 and the software adapters'
-/// 16 threads per row, whichever adapter runs the test), the matmul and the embedding.
+/// The matvec settings every product test runs, whichever adapter runs it: the adapter's
+/// default; the workgroup-memory reduction (no subgroups) in the hardware default shape;
+/// one row per workgroup of 256 threads, more threads than a short row has slots; and
+/// trusted modules (no naga bounds checks) in the software default shape.
+fn matvec_tunings() -> Vec<GpuTune> {
+    vec![
+        GpuTune::default(),
+        GpuTune { matvec: Some((128, 2)), subgroups: Some(false), ..Default::default() },
+        GpuTune { matvec: Some((256, 1)), ..Default::default() },
+        GpuTune { matvec: Some((32, 4)), trusted: Some(true), ..Default::default() },
+    ]
+}
+
+/// Every weight type through the matvec (in each of [`matvec_tunings`]), the matmul and
+/// the embedding.
 fn matmul_checks(test: &str, f16: bool, exact_bound: f64) {
-    for tpr in [64, 16] {
-        let opts = GpuOptions { f16: Some(f16), matvec_threads_per_row: Some(tpr), ..Default::default() };
-        let Some(gpu) = gpu_with(test, opts) else { return };
-        eprintln!("{test}: {}, {tpr} matvec threads per row", gpu.describe());
+    for tune in matvec_tunings() {
+        let Some(gpu) = gpu_with(test, GpuOptions { f16: Some(f16), tune, ..Default::default() }) else { return };
+        eprintln!("{test}: {}", gpu.describe());
         matmul_checks_on(gpu, f16, exact_bound);
     }
 }
@@ -140,9 +152,10 @@ fn matmul_checks_on(gpu: GpuBackend, f16: bool, exact_bound: f64) {
     let mut rng = Rng::new(7);
     for ty in types() {
         let bs = ty.block_size();
-        // Row lengths: whole blocks, an odd number of them; float types: not a multiple of 4;
-        // over 4 × 64 groups of 4 values, so that the matvec's threads (64 per row) run both
-        // its four-groups-at-a-time loop and its one-group tail.
+        // Row lengths: whole blocks, an odd number of them; float types: not a multiple of 4
+        // (the matvec's last slot masked); more slots than 32 threads take in one step, so
+        // that the matvec's threads loop, and fewer than 256 have, so that some idle. Rows:
+        // not a multiple of 2 or 4 (the last workgroup's spare rows).
         let cols = match bs {
             1 => 1203,
             32 => 32 * 41,
@@ -229,6 +242,98 @@ fn split_weights_match() {
     p.gpu.embed(&wg, &ids, &mut eg);
     let (g, c) = p.read(&ec, &eg);
     assert_eq!(g, c, "split embedding rows");
+}
+
+/// x · wᵀ in f64 on the weights as the CPU dequantizes them (t tokens of `cols` values).
+fn exact_product(deq: &[f32], rows: usize, cols: usize, xv: &[f32]) -> Vec<f64> {
+    let t = xv.len() / cols;
+    (0..t * rows)
+        .map(|i| {
+            let (tt, r) = (i / rows, i % rows);
+            (0..cols).map(|k| deq[r * cols + k] as f64 * xv[tt * cols + k] as f64).sum::<f64>()
+        })
+        .collect()
+}
+
+fn nmse64(got: &[f32], want: &[f64]) -> f64 {
+    nmse(got, &want.iter().map(|&v| v as f32).collect::<Vec<_>>())
+}
+
+/// The fused products against exact arithmetic, in every matvec tuning and unfused: q, k, v
+/// (and a fourth, DIFF V2's λ) loaded as one group and multiplied by one split matvec;
+/// gate and up by one SwiGLU matvec; the residual add in the epilogue. A token (the fused
+/// kernels) and three (the matmul path) for the common types and one generic slot reader.
+#[test]
+fn fused_products_match_exact() {
+    let test = "fused_products_match_exact";
+    let mut tunings = matvec_tunings();
+    tunings.push(GpuTune { fuse: Some(false), ..Default::default() });
+    for tune in tunings {
+        let Some(gpu) = gpu_with(test, GpuOptions { f16: Some(false), tune, ..Default::default() }) else { return };
+        eprintln!("{test}: {}", gpu.describe());
+        fused_products_on(gpu);
+    }
+}
+
+fn fused_products_on(mut gpu: GpuBackend) {
+    let mut rng = Rng::new(19);
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::F16] {
+        let cols = if ty.block_size() == 256 { 512 } else { 320 };
+        // q, k, v, λ; gate, up; a square projection for the residual add.
+        let shapes = [("q", 70), ("k", 33), ("v", 33), ("l", 5), ("gate", 97), ("up", 97), ("o", cols)];
+        let vals: Vec<Vec<f32>> = shapes.iter().map(|(_, r)| rng.normals(r * cols)).collect();
+        let tensors: Vec<(&str, GgmlType, usize, usize, Vec<f32>)> =
+            shapes.iter().zip(&vals).map(|(&(n, r), v)| (n, ty, r, cols, v.clone())).collect();
+        let file = weights_file(&tensors);
+        let deq = |name: &str, rows: usize| {
+            let mut d = vec![0f32; rows * cols];
+            duet_quant::dequantize(ty, file.tensor_bytes(name).unwrap(), &mut d).unwrap();
+            d
+        };
+        let qkvl: Vec<WeightView> = ["q", "k", "v", "l"].iter().map(|n| view(&file, n)).collect();
+        let ws = gpu.load_weight_group(&qkvl).unwrap();
+        let ffn = gpu.load_weight_group(&[view(&file, "gate"), view(&file, "up")]).unwrap();
+        let wo = gpu.load_weight(&view(&file, "o")).unwrap();
+        for t in [1usize, 3] {
+            let xv = rng.normals(t * cols);
+            let xg = gpu.new_tensor(t, cols);
+            gpu.upload(&xg, &xv);
+            // The split: three outputs, then four.
+            for n in [3usize, 4] {
+                let mut outs: Vec<GpuTensor> = shapes[..n].iter().map(|&(_, r)| gpu.new_tensor(t, r)).collect();
+                let wrefs: Vec<&_> = ws[..n].iter().collect();
+                let mut orefs: Vec<&mut GpuTensor> = outs.iter_mut().collect();
+                gpu.matmul_group(&wrefs, &xg, &mut orefs);
+                for (o, &(name, rows)) in outs.iter().zip(&shapes[..n]) {
+                    let got = gpu.read_rows(o, 0..t).unwrap();
+                    let e = nmse64(&got, &exact_product(&deq(name, rows), rows, cols, &xv));
+                    eprintln!("matmul_group of {n} {ty:>5} {name} t={t}: nmse {e:.2e}");
+                    assert!(e <= 1e-11, "matmul_group of {n} {ty} {name} t={t}: nmse {e:.3e}");
+                }
+            }
+            // SwiGLU.
+            let (mut gate, mut up) = (gpu.new_tensor(t, 97), gpu.new_tensor(t, 97));
+            gpu.matmul_swiglu(&ffn[0], &ffn[1], &xg, &mut gate, &mut up);
+            let got = gpu.read_rows(&gate, 0..t).unwrap();
+            let (g, u) = (exact_product(&deq("gate", 97), 97, cols, &xv), exact_product(&deq("up", 97), 97, cols, &xv));
+            let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect();
+            let e = nmse64(&got, &want);
+            eprintln!("matmul_swiglu {ty:>5} t={t}: nmse {e:.2e}");
+            assert!(e <= 1e-11, "matmul_swiglu {ty} t={t}: nmse {e:.3e}");
+            // The residual add: out = r + x·woᵀ.
+            let rv = rng.normals(t * cols);
+            let mut out = gpu.new_tensor(t, cols);
+            gpu.upload(&out, &rv);
+            let mut scratch = gpu.new_tensor(t, cols);
+            gpu.matmul_add(&wo, &xg, &mut scratch, &mut out);
+            let got = gpu.read_rows(&out, 0..t).unwrap();
+            let want: Vec<f64> =
+                exact_product(&deq("o", cols), cols, cols, &xv).iter().zip(&rv).map(|(p, &r)| p + r as f64).collect();
+            let e = nmse64(&got, &want);
+            eprintln!("matmul_add {ty:>5} t={t}: nmse {e:.2e}");
+            assert!(e <= 1e-11, "matmul_add {ty} t={t}: nmse {e:.3e}");
+        }
+    }
 }
 
 #[test]
@@ -347,6 +452,20 @@ fn attention_case(
     steps: &[usize],
     check: bool,
 ) -> (Vec<f32>, Vec<f32>) {
+    attention_case_rope(p, rng, spec, (kt, vt), steps, check, None)
+}
+
+/// [`attention_case`], with `rope` through `rope_attention` (RoPE on Q and K first; the
+/// rotated Q and K rows compared too).
+fn attention_case_rope(
+    p: &mut Pair,
+    rng: &mut Rng,
+    spec: &AttentionSpec,
+    (kt, vt): (CacheType, CacheType),
+    steps: &[usize],
+    check: bool,
+    rope: Option<&RopeSpec>,
+) -> (Vec<f32>, Vec<f32>) {
     let (h, hkv, hd) = (spec.n_heads, spec.n_kv_heads, spec.head_dim);
     let n_ctx = steps.iter().sum::<usize>() + 3;
     let kv = KvCacheSpec { n_layers: 2, n_ctx, n_seqs: 2, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
@@ -365,12 +484,28 @@ fn attention_case(
         let qv: Vec<f32> = rng.normals(n * h * hd).iter().map(|v| v * 2.0).collect();
         let kvv = rng.normals(n * hkv * hd);
         let vv = rng.normals(n * hkv * hd);
-        let (qc, qg) = p.tensor(n, h * hd, &qv);
-        let (kc, kg) = p.tensor(n, hkv * hd, &kvv);
+        let (mut qc, mut qg) = p.tensor(n, h * hd, &qv);
+        let (mut kc, mut kg) = p.tensor(n, hkv * hd, &kvv);
         let (vc, vg) = p.tensor(n, hkv * hd, &vv);
         let (mut oc, mut og) = p.tensor(n, h * hd, &[]);
-        p.cpu.attention(&qc, &kc, &vc, &mut cc, seq, 1, pos0, spec, &mut oc);
-        p.gpu.attention(&qg, &kg, &vg, &mut cg, seq, 1, pos0, spec, &mut og);
+        match rope {
+            None => {
+                p.cpu.attention(&qc, &kc, &vc, &mut cc, seq, 1, pos0, spec, &mut oc);
+                p.gpu.attention(&qg, &kg, &vg, &mut cg, seq, 1, pos0, spec, &mut og);
+            }
+            Some(r) => {
+                p.cpu.rope_attention(&mut qc, &mut kc, &vc, &mut cc, seq, 1, pos0, r, spec, &mut oc);
+                p.gpu.rope_attention(&mut qg, &mut kg, &vg, &mut cg, seq, 1, pos0, r, spec, &mut og);
+                for (what, (g, c)) in [("Q", p.read(&qc, &qg)), ("K", p.read(&kc, &kg))] {
+                    // The same f32 arithmetic on the same table: the same bits.
+                    assert!(
+                        g == c,
+                        "rope_attention's rotated {what} rows {n} at {pos0} differ (nmse {:.3e})",
+                        nmse(&g, &c)
+                    );
+                }
+            }
+        }
         let (g, c) = p.read(&oc, &og);
         let e = nmse(&g, &c);
         cpu_out.extend_from_slice(&c);
@@ -478,6 +613,99 @@ fn attention_standard_and_differential() {
 /// leave rows in their window; shapes include a row of an odd number of blocks (padded on
 /// the GPU), head_dim 16 (heads sharing blocks), and head_dim 48 (rotated in blocks of 16).
 /// Types a shape's rows cannot hold are skipped (KvCacheSpec::check).
+/// RoPE with the cache write (one kernel into plain caches, with fusion on) against the
+/// CPU's RoPE then attention: every plain cache pair, a quantized pair (the separate RoPE
+/// dispatches), partial rotation with frequency factors, prefill and decode rows; and fusion
+/// off. The rotated Q and K rows must match too (the fused kernel writes K back).
+#[test]
+fn rope_attention_matches_cpu() {
+    let test = "rope_attention_matches_cpu";
+    for fuse in [true, false] {
+        let tune = GpuTune { fuse: Some(fuse), ..Default::default() };
+        let Some(gpu) = gpu_with(test, GpuOptions { f16: Some(false), tune, ..Default::default() }) else { return };
+        let mut p = Pair { cpu: ggml_cpu(), gpu };
+        let mut rng = Rng::new(23);
+        let ropes = [
+            RopeSpec { n_rot: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None },
+            RopeSpec { n_rot: 32, freq_base: 500000.0, freq_scale: 0.5, freq_factors: Some(vec![1.5; 16]) },
+        ];
+        let spec = standard_spec(6, 2, 64);
+        for (kt, vt) in [
+            (CacheType::F16, CacheType::F16),
+            (CacheType::F32, CacheType::F32),
+            (CacheType::F16, CacheType::F32),
+            (CacheType::Q8c, CacheType::Q4r),
+        ] {
+            for rope in &ropes {
+                eprintln!("{test}: fuse {fuse}, K {kt} V {vt}, n_rot {}", rope.n_rot);
+                attention_case_rope(&mut p, &mut rng, &spec, (kt, vt), &[19, 1, 40, 1], true, Some(rope));
+            }
+        }
+    }
+}
+
+/// DIFF V2's attention with its pair combine (merged into the combine step where V is not
+/// rotated; separately for a rotated V) against the CPU's attention then pair combine.
+#[test]
+fn rope_attention_pairs_matches_cpu() {
+    let test = "rope_attention_pairs_matches_cpu";
+    let Some(gpu) = gpu(test, false, None) else { return };
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
+    let mut rng = Rng::new(29);
+    let (h, hkv, hd) = (8, 2, 64);
+    let spec = AttentionSpec { kind: AttentionKind::PairedHeads, ..standard_spec(h, hkv, hd) };
+    let rope = RopeSpec { n_rot: hd, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+    for (kt, vt) in [(CacheType::F16, CacheType::F16), (CacheType::Q8, CacheType::Q6), (CacheType::Q8c, CacheType::Q4r)]
+    {
+        let kv =
+            KvCacheSpec { n_layers: 1, n_ctx: 80, n_seqs: 1, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
+        let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
+        let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
+        let pages = scattered(&kv);
+        let seq = SeqPages { pages: &pages, slot: 0 };
+        let mut pos0 = 0;
+        for n in [23usize, 1, 30, 1] {
+            let (mut qc, mut qg) = p.tensor(n, h * hd, &rng.normals(n * h * hd));
+            let (mut kc, mut kg) = p.tensor(n, hkv * hd, &rng.normals(n * hkv * hd));
+            let (vc, vg) = p.tensor(n, hkv * hd, &rng.normals(n * hkv * hd));
+            let gates: Vec<f32> = rng.normals(n * h / 2).iter().map(|v| 3.0 * v).collect();
+            let (gc, gg) = p.tensor(n, h / 2, &gates);
+            let (mut ac, mut ag) = p.tensor(n, h * hd, &[]);
+            let (mut oc, mut og) = p.tensor(n, h / 2 * hd, &[]);
+            p.cpu.rope_attention_pairs(
+                &mut qc,
+                &mut kc,
+                &vc,
+                &mut cc,
+                seq,
+                0,
+                pos0,
+                &rope,
+                &spec,
+                (&gc, &mut ac, &mut oc),
+            );
+            p.gpu.rope_attention_pairs(
+                &mut qg,
+                &mut kg,
+                &vg,
+                &mut cg,
+                seq,
+                0,
+                pos0,
+                &rope,
+                &spec,
+                (&gg, &mut ag, &mut og),
+            );
+            let (g, c) = p.read(&oc, &og);
+            let e = nmse(&g, &c);
+            eprintln!("{test}: K {kt} V {vt} rows {n} at {pos0}: nmse {e:.2e}");
+            // Measured ≤ 1.9e-13 (lavapipe): f32 sums in another order.
+            assert!(e <= 1e-11, "pairs K {kt} V {vt} rows {n} at {pos0}: nmse {e:.3e}");
+            pos0 += n;
+        }
+    }
+}
+
 #[test]
 fn attention_quantized_caches() {
     use CacheType::*;

@@ -9,8 +9,10 @@
 
 use std::fmt::{self, Write};
 
+mod matvec;
 mod params;
 
+pub use matvec::{MV_MAX_SPLIT, MvEpilogue, MvShape, has_own_slots};
 pub use params::*;
 
 /// Weight element types the matmul, matvec and embedding kernels read.
@@ -222,7 +224,12 @@ pub enum AttnShape {
 /// A kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
-    MatVec(WeightType),
+    /// One token times a weight matrix (or a group of them, by the epilogue).
+    MatVec {
+        ty: WeightType,
+        epi: MvEpilogue,
+        shape: MvShape,
+    },
     MatMul(WeightType),
     Embed(WeightType),
     RmsNorm,
@@ -236,6 +243,12 @@ pub enum Op {
     KvWrite(CacheElem),
     /// The f16 window of a per-channel cache.
     KvWindow,
+    /// RoPE on the new Q and K rows and their write into plain (f16 or f32) caches, in one
+    /// pass.
+    RopeKv {
+        k: CacheElem,
+        v: CacheElem,
+    },
     /// Hadamard rotation of row blocks (the rotated cache types' K, V, Q and output).
     Rotate,
     /// The attend step: each (query rows, unit, key chunk)'s softmax max, sum and
@@ -246,9 +259,11 @@ pub enum Op {
         k: CacheElem,
         v: CacheElem,
     },
-    /// The combine step: the chunks merged, normalised and (DIFF) combined and RMS-normalised.
+    /// The combine step: the chunks merged, normalised and (DIFF) combined and RMS-normalised,
+    /// or (`paired`, DIFF V2) each pair of query heads merged into one head with its gate.
     AttnCombine {
         diff: bool,
+        paired: bool,
     },
     /// Per (query row, head) absmax of the attention logits over a K cache of this type
     /// (the dynamic attention-logit quantizations).
@@ -261,17 +276,45 @@ pub enum Op {
 }
 
 impl Op {
-    /// The ops whose arithmetic changes with f16: the matrix products.
+    /// The ops whose arithmetic changes with f16: the prefill matrix product. (The decode
+    /// matvec is bound by memory: it multiplies in f32.)
     pub fn uses_f16(self) -> bool {
-        matches!(self, Op::MatVec(_) | Op::MatMul(_))
+        matches!(self, Op::MatMul(_))
+    }
+
+    /// The ops compiled with subgroup operations (they need the SUBGROUP feature).
+    pub fn uses_subgroups(self) -> bool {
+        matches!(self, Op::MatVec { shape, .. } if shape.subgroups)
+    }
+
+    /// The ops whose every buffer access is in range by construction, so that their
+    /// modules may skip naga's bounds checks and loop bounding (`GpuOptions::trusted`):
+    /// the matvec, whose weight buffers carry 16 bytes of padding for its unaligned loads,
+    /// whose activations are padded to whole slots, and whose loops have fixed bounds.
+    pub fn trusted(self) -> bool {
+        matches!(self, Op::MatVec { .. })
     }
 
     /// Every op variant (the f16 flag aside).
     pub fn all() -> Vec<Op> {
         let mut v = Vec::new();
+        // Every type and epilogue in the default shapes of hardware and software adapters,
+        // with and without subgroups; every shape for one type (shapes only change constants).
+        let mut mv = std::collections::BTreeSet::new();
         for t in WeightType::ALL {
-            v.extend([Op::MatVec(t), Op::MatMul(t), Op::Embed(t)]);
+            for epi in MvEpilogue::ALL {
+                for (hw, sub) in [(true, true), (true, false), (false, true), (false, false)] {
+                    mv.insert(Op::MatVec { ty: t, epi, shape: MvShape::default_for(hw, sub) });
+                }
+            }
+            v.extend([Op::MatMul(t), Op::Embed(t)]);
         }
+        for sub in [false, true] {
+            for shape in MvShape::all(sub) {
+                mv.insert(Op::MatVec { ty: WeightType::Q4_0, epi: MvEpilogue::Store, shape });
+            }
+        }
+        v.extend(mv);
         v.extend([
             Op::RmsNorm,
             Op::Rope,
@@ -287,8 +330,14 @@ impl Op {
         for c in CacheElem::ALL {
             v.extend([Op::KvWrite(c), Op::LogitAbsmax(c)]);
         }
+        for k in [CacheElem::F32, CacheElem::F16] {
+            for vv in [CacheElem::F32, CacheElem::F16] {
+                v.push(Op::RopeKv { k, v: vv });
+            }
+        }
+        v.push(Op::AttnCombine { diff: false, paired: true });
         for diff in [false, true] {
-            v.push(Op::AttnCombine { diff });
+            v.push(Op::AttnCombine { diff, paired: false });
             for shape in [AttnShape::Decode, AttnShape::Prefill] {
                 for k in CacheElem::ALL {
                     for vv in CacheElem::ALL {
@@ -332,7 +381,7 @@ impl Variant {
         let f = if self.f16 { "-f16" } else { "" };
         let c = |c: CacheElem| c.name();
         match self.op {
-            Op::MatVec(t) => format!("matvec-{t}{f}"),
+            Op::MatVec { ty, epi, shape } => format!("matvec-{ty}-{}-{shape}", epi.name()),
             Op::MatMul(t) => format!("matmul-{t}{f}"),
             Op::Embed(t) => format!("embed-{t}"),
             Op::RmsNorm => "rms_norm".into(),
@@ -344,6 +393,7 @@ impl Variant {
             Op::PairCombine => "pair_combine".into(),
             Op::KvWrite(e) => format!("kv_write-{}", c(e)),
             Op::KvWindow => "kv_window".into(),
+            Op::RopeKv { k, v } => format!("rope_kv-k{}-v{}", c(k), c(v)),
             Op::Rotate => "rotate".into(),
             Op::LogitAbsmax(e) => format!("logit_absmax-k{}", c(e)),
             Op::LogitReduce => "logit_reduce".into(),
@@ -354,24 +404,22 @@ impl Variant {
                 c(k),
                 c(v)
             ),
-            Op::AttnCombine { diff } => format!("attn_combine-{}", if diff { "diff" } else { "std" }),
+            Op::AttnCombine { diff, paired } => {
+                format!(
+                    "attn_combine-{}",
+                    if paired {
+                        "pairs"
+                    } else if diff {
+                        "diff"
+                    } else {
+                        "std"
+                    }
+                )
+            }
         }
     }
 }
 
-/// Threads per matvec workgroup. The threads per weight row are a parameter
-/// ([`MatVecParams::threads_per_row`]): see [`mv_threads_per_row`].
-pub const MV_WG: u32 = 128;
-
-/// Threads per weight row of the matvec on a hardware adapter (`true`) or a software one.
-/// A GPU wants many: with 16, a 2,048-row matrix ran 32 K threads, ~8 warps per
-/// multiprocessor of an H200, too few to hide the loads' latency (30 µs for a 2,048 × 2,048
-/// Q4_0 matrix, 3% of the card's bandwidth; 64 halved that). A CPU adapter (lavapipe) runs
-/// a workgroup's threads as SIMD lanes and pays for every reduction step: 16 decode 2.4×
-/// faster there than 64.
-pub const fn mv_threads_per_row(hardware: bool) -> u32 {
-    if hardware { 64 } else { 16 }
-}
 /// Tile of the prefill matmul: weight rows × tokens per workgroup (256 threads).
 pub const MM_TM: u32 = 64;
 pub const MM_TN: u32 = 64;
@@ -449,7 +497,6 @@ pub fn source(v: &Variant) -> String {
     } else {
         s.push_str("alias act = f32;\n");
     }
-    let _ = writeln!(s, "const MV_WG: u32 = {MV_WG}u;");
     let _ = writeln!(s, "const MM_TM: u32 = {MM_TM}u;\nconst MM_TN: u32 = {MM_TN}u;");
     let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;\nconst LA_WG: u32 = {LA_WG}u;");
     s.push_str(PRELUDE);
@@ -461,9 +508,9 @@ pub fn source(v: &Variant) -> String {
         s.push_str(t.decoder());
     };
     match v.op {
-        Op::MatVec(t) => {
-            weights(&mut s, t);
-            s.push_str(include_str!("wgsl/matvec.wgsl"));
+        Op::MatVec { ty, epi, shape } => {
+            weights(&mut s, ty);
+            matvec::source(&mut s, ty, epi, shape);
         }
         Op::MatMul(t) => {
             weights(&mut s, t);
@@ -515,6 +562,20 @@ pub fn source(v: &Variant) -> String {
                 }
             }
         },
+        Op::RopeKv { k, v: ve } => {
+            assert!(
+                [k, ve].iter().all(|e| e.kind() == CacheKind::Plain),
+                "rope_kv writes plain caches, not {k:?}/{ve:?}"
+            );
+            let _ = writeln!(
+                s,
+                "const K_HALF: bool = {};\nconst V_HALF: bool = {};",
+                k == CacheElem::F16,
+                ve == CacheElem::F16
+            );
+            s.push_str(&page_table(7));
+            s.push_str(include_str!("wgsl/rope_kv.wgsl"));
+        }
         Op::KvWindow => {
             s.push_str(QUANT_COMMON);
             s.push_str(include_str!("wgsl/kv_window.wgsl"));
@@ -546,11 +607,12 @@ pub fn source(v: &Variant) -> String {
             s.push_str(&cache_reader('v', ve));
             s.push_str(include_str!("wgsl/attention.wgsl"));
         }
-        Op::AttnCombine { diff } => {
+        Op::AttnCombine { diff, paired } => {
+            assert!(!(diff && paired), "a DIFF unit has no query-head pairs");
             let ns = if diff { 2 } else { 1 };
             let _ = writeln!(
                 s,
-                "const ATT_NS: u32 = {ns}u;\nconst CB_WG: u32 = {CB_WG}u;\nconst CB_DIMS: u32 = {CB_DIMS}u;"
+                "const ATT_NS: u32 = {ns}u;\nconst ATT_PAIRED: bool = {paired};\nconst CB_WG: u32 = {CB_WG}u;\nconst CB_DIMS: u32 = {CB_DIMS}u;"
             );
             s.push_str(&workgroup_reduce(CB_WG));
             s.push_str(include_str!("wgsl/attn_combine.wgsl"));

@@ -67,25 +67,32 @@ macro_rules! params {
 }
 
 params! {
-    /// matvec.wgsl: one token times a weight chunk.
+    /// matvec.wgsl: one token times up to four matrices of one weight buffer.
     MatVecParams {
-        /// Rows of this weight chunk.
-        n_rows: u32,
-        /// Elements per row (K).
+        /// Elements per row (K), the same for every matrix.
         cols: u32,
-        /// Bytes per row in W.
+        /// Bytes per row.
         row_bytes: u32,
-        /// First output column written (the chunk's first row).
-        out_off: u32,
         /// Workgroups along x of the dispatch.
         grid_x: u32,
-        /// First element of the token in X.
-        x_off: u32,
-        /// First element of the token's output row in O.
-        o_base: u32,
-        /// Threads per weight row, a power of two dividing MV_WG (rows per workgroup:
-        /// MV_WG / threads_per_row).
-        threads_per_row: u32,
+        /// First vec4 of the token in X.
+        x_off4: u32,
+        /// Added to every output index (a weight chunk's first row).
+        out_off: u32,
+        /// Matrix 0: rows and first byte in W.
+        rows0: u32,
+        woff0: u32,
+        /// Matrix 1 (the split epilogue's second output, SwiGLU's up rows): rows, first
+        /// byte, first workgroup; likewise matrices 2 and 3 (split only).
+        rows1: u32,
+        woff1: u32,
+        wg1: u32,
+        rows2: u32,
+        woff2: u32,
+        wg2: u32,
+        rows3: u32,
+        woff3: u32,
+        wg3: u32,
     }
 
     /// matmul.wgsl: tokens times a weight chunk, tiled.
@@ -100,6 +107,10 @@ params! {
         /// Elements per token row of X and of O.
         x_stride: u32,
         o_stride: u32,
+        /// First byte of the weight chunk in W.
+        w_off: u32,
+        /// 1: add the products into O (the residual add), 0: store them.
+        accumulate: u32,
     }
 
     /// embed.wgsl: rows of a token-embedding chunk.
@@ -111,6 +122,8 @@ params! {
         row0: u32,
         n_rows: u32,
         grid_x: u32,
+        /// First byte of the chunk in W.
+        w_off: u32,
     }
 
     RmsNormParams {
@@ -171,6 +184,19 @@ params! {
         pt_base: u32,
         /// The sequence's f16 window: its first word in the cache buffer.
         window_word: u32,
+    }
+
+    /// rope_kv.wgsl: RoPE on the new Q and K rows and their plain cache write.
+    RopeKvParams {
+        rows: u32,
+        q_dim: u32,
+        kv_dim: u32,
+        head_dim: u32,
+        n_pairs: u32,
+        pos0: u32,
+        grid_x: u32,
+        /// The sequence's page table: its first entry in the page-table buffer.
+        pt_base: u32,
     }
 
     /// kv_window.wgsl: a per-channel cache's f16 window.
@@ -285,7 +311,7 @@ impl Op {
             (P::NAME, P::FIELDS)
         }
         match self {
-            Op::MatVec(_) => of::<MatVecParams>(),
+            Op::MatVec { .. } => of::<MatVecParams>(),
             Op::MatMul(_) => of::<MatMulParams>(),
             Op::Embed(_) => of::<EmbedParams>(),
             Op::RmsNorm => of::<RmsNormParams>(),
@@ -296,6 +322,7 @@ impl Op {
             Op::KvWrite(e) if matches!(e.kind(), CacheKind::Channel { .. }) => of::<KvWriteChannelParams>(),
             Op::KvWrite(_) => of::<KvWriteParams>(),
             Op::KvWindow => of::<KvWindowParams>(),
+            Op::RopeKv { .. } => of::<RopeKvParams>(),
             Op::Rotate => of::<RotateParams>(),
             Op::Attention { .. } => of::<AttentionParams>(),
             Op::AttnCombine { .. } => of::<AttnCombineParams>(),

@@ -9,7 +9,10 @@ use wgpu_types::{DownlevelFlags, Features};
 fn validate(v: &Variant) -> Result<(), String> {
     let src = source(v);
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
-    let features = if v.f16 { Features::SHADER_F16 } else { Features::empty() };
+    let mut features = if v.f16 { Features::SHADER_F16 } else { Features::empty() };
+    if v.op.uses_subgroups() {
+        features |= Features::SUBGROUP;
+    }
     let caps = wgpu_naga_bridge::features_to_naga_capabilities(features, DownlevelFlags::compliant());
     let mut validator = Validator::new(ValidationFlags::all(), caps);
     validator.validate(&module).map_err(|e| e.emit_to_string(&src))?;
@@ -36,18 +39,33 @@ fn every_variant_validates() {
         all.len(),
         failures.join("\n")
     );
-    // 11 weight types × 3 weight ops, 10 plain ops (logit_reduce, kv_window, rotate and
-    // pair_combine included), 11 cache writes, 11 logit-absmax readers, 4 × 121 attend steps
-    // and 2 combine steps, plus the f16 forms of the 22 matrix products.
-    assert_eq!(all.len(), 33 + 10 + 11 + 11 + 4 * 121 + 2 + 22);
+    // 11 weight types × (matmul, embed, and the matvec's 4 epilogues in 4 default shapes:
+    // hardware and software, with and without subgroups), the 2 × 12 matvec shapes for
+    // Q4_0's store (of which 4 are default shapes), 10 plain ops (logit_reduce, kv_window,
+    // rotate and pair_combine included), 4 RoPE-and-write passes (f16 and f32 K and V
+    // caches), 11 cache writes, 11 logit-absmax readers,
+    // 4 × 121 attend steps and 3 combine steps, plus the f16 forms of the 11 matmuls.
+    assert_eq!(all.len(), 11 * (2 + 4 * 4) + (24 - 4) + 10 + 4 + 11 + 11 + 4 * 121 + 3 + 11);
 }
 
 #[test]
 fn f16_variants_need_shader_f16() {
     // Without the capability an f16 variant must be rejected: the backend only builds them
     // when the adapter has SHADER_F16.
-    let v = Variant::new(duet_shaders::Op::MatVec(duet_shaders::WeightType::Q4_0), true);
+    let v = Variant::new(duet_shaders::Op::MatMul(duet_shaders::WeightType::Q4_0), true);
     let src = source(&v);
+    let module = naga::front::wgsl::parse_str(&src).unwrap();
+    let caps = wgpu_naga_bridge::features_to_naga_capabilities(Features::empty(), DownlevelFlags::compliant());
+    assert!(Validator::new(ValidationFlags::all(), caps).validate(&module).is_err());
+}
+
+#[test]
+fn subgroup_variants_need_subgroup() {
+    // Likewise the subgroup reductions: the backend builds them only with SUBGROUP.
+    let shape = duet_shaders::MvShape::default_for(true, true);
+    let op =
+        duet_shaders::Op::MatVec { ty: duet_shaders::WeightType::Q4_0, epi: duet_shaders::MvEpilogue::Store, shape };
+    let src = source(&Variant::new(op, false));
     let module = naga::front::wgsl::parse_str(&src).unwrap();
     let caps = wgpu_naga_bridge::features_to_naga_capabilities(Features::empty(), DownlevelFlags::compliant());
     assert!(Validator::new(ValidationFlags::all(), caps).validate(&module).is_err());

@@ -122,15 +122,28 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
     let streams = if args.parallel > 1 { format!(" ×{}", args.parallel) } else { String::new() };
     tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}{streams}"), n, false)));
     let mut profiles = Vec::new();
+    let mut dispatch_lines = Vec::new();
     for (label, n, prompt) in tests {
         let label = if args.depth > 0 { format!("{label} @ d{}", args.depth) } else { label };
         let parallel = !prompt && args.parallel > 1;
         let mut profile = KernelTally::default();
+        let mut counts = (0, 0);
         let mut rates = if parallel {
             decode_parallel(engine, args, &tokens, n)?
         } else {
-            timed_runs(engine, args, &tokens, n, prompt, &mut profile)?
+            timed_runs(engine, args, &tokens, n, prompt, &mut profile, &mut counts)?
         };
+        if counts.0 > 0 {
+            // Per forward pass: a prompt's batch, or one decoded token.
+            let passes = (args.reps * if prompt { 1 } else { n }) as f64;
+            let layers = engine.model.config.n_layers as f64;
+            let (d, b) = (counts.0 as f64 / passes, counts.1 as f64 / passes);
+            let per = if prompt { "prompt batch" } else { "decoded token" };
+            dispatch_lines.push(format!(
+                "GPU work of {label}: {d:.0} dispatches per {per} ({:.1} per layer), {b:.0} of them after a barrier",
+                d / layers
+            ));
+        }
         let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
         let med = median(&mut rates);
         // With --parallel every stream has a cache of this size.
@@ -150,6 +163,12 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         }
     }
     // After the table, so that it stays one table.
+    if !dispatch_lines.is_empty() {
+        println!();
+        for l in dispatch_lines {
+            println!("{l}");
+        }
+    }
     for (label, mut profile, tokens) in profiles {
         profile.print(&label, tokens);
     }
@@ -172,6 +191,7 @@ fn timed_runs<B: Backend>(
     n: usize,
     prompt: bool,
     profile: &mut KernelTally,
+    counts: &mut (usize, usize),
 ) -> Result<Vec<f64>> {
     let mut rates = Vec::with_capacity(args.reps);
     for rep in 0..=args.reps {
@@ -181,6 +201,7 @@ fn timed_runs<B: Backend>(
         }
         // Kernel times so far (the warm-up, the prompt before a decode at depth) are not the test's.
         engine.backend.take_kernel_times();
+        let before = engine.backend.dispatch_counts();
         let t0 = Instant::now();
         if prompt {
             let batch = &tokens[args.depth..args.depth + n];
@@ -194,6 +215,10 @@ fn timed_runs<B: Backend>(
         if rep > 0 {
             rates.push(n as f64 / dt);
             profile.add(engine.backend.take_kernel_times().unwrap_or_default());
+            if let (Some(a), Some(b)) = (before, engine.backend.dispatch_counts()) {
+                counts.0 += b.0 - a.0;
+                counts.1 += b.1 - a.1;
+            }
         }
     }
     Ok(rates)

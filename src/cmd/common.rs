@@ -9,7 +9,7 @@ use duet_runtime::RuntimeError;
 use duet_runtime::backend::Backend;
 use duet_runtime::cpu::{ActPrecision, CpuBackend};
 use duet_runtime::engine::{Engine, EngineOptions};
-use duet_runtime::gpu::{AdapterChoice, GpuBackend, GpuOptions};
+use duet_runtime::gpu::{AdapterChoice, GpuBackend, GpuOptions, GpuTune};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::model::LogitGranularity;
 use duet_runtime::sampler::SamplerConfig;
@@ -56,6 +56,8 @@ pub struct ModelArgs {
     /// Metal or DX12 adapter, software ones such as lavapipe included) or cpu
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
+    #[arg(long = "gpu-tune", value_name = "KEY=VALUE,...", value_parser = parse_gpu_tune, help = GpuTune::HELP)]
+    pub gpu_tune: Option<GpuTune>,
     /// Time every GPU kernel (set by `duet bench --gpu-profile`; not a flag of its own).
     #[arg(skip)]
     pub gpu_profile: bool,
@@ -107,6 +109,10 @@ fn parse_attn_logits(s: &str) -> Result<(u32, LogitGranularity), String> {
     let gran = LogitGranularity::parse(gran)
         .ok_or_else(|| format!("unknown granularity '{gran}' (row, head, tensor or static)"))?;
     Ok((bits, gran))
+}
+
+fn parse_gpu_tune(s: &str) -> Result<GpuTune, String> {
+    GpuTune::parse(s)
 }
 
 fn parse_cache_type(s: &str) -> Result<CacheType, String> {
@@ -182,6 +188,9 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
         v_type: args.cache_type_v,
         attn_logits: args.attn_logits,
     };
+    if args.gpu_tune.is_some() && args.device == Device::Cpu {
+        anyhow::bail!("--gpu-tune chooses GPU kernels: use it with --device gpu or auto");
+    }
     let t0 = Instant::now();
     let adapter = match args.device {
         Device::Cpu => None,
@@ -193,6 +202,7 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
             adapter,
             profile: args.gpu_profile,
             submit_every: args.gpu_submit_every,
+            tune: args.gpu_tune.unwrap_or_default(),
             ..Default::default()
         }) {
             Ok(gpu) => {

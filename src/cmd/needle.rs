@@ -105,6 +105,7 @@ pub fn run(args: Args) -> Result<()> {
             device: args.device,
             gpu_profile: false,
             gpu_submit_every: None,
+            gpu_tune: None,
         };
         let mut engine = load_engine(&margs, path, true)?;
         let name = file_name(path);

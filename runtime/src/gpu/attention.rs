@@ -16,12 +16,13 @@ use std::sync::Arc;
 use duet_quant::kv::hadamard;
 use duet_shaders::{
     ATT_MAX_HEAD_DIM, AttentionParams, AttnCombineParams, AttnShape, CacheElem, CacheKind, EW_WG, KvWindowParams,
-    KvWriteChannelParams, KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RotateParams, attn_tile,
+    KvWriteChannelParams, KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RopeKvParams, RotateParams,
+    attn_tile,
 };
 
 use super::buffers::{Buf, GpuKvCache, GpuTensor};
 use super::{GpuBackend, grid};
-use crate::backend::{AttentionKind, AttentionSpec, LogitScale};
+use crate::backend::{AttentionKind, AttentionSpec, LogitScale, RopeSpec};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
 use crate::kv_pages::{PAGE, SeqPages};
@@ -43,8 +44,12 @@ pub fn new_kv_cache(b: &mut GpuBackend, spec: &KvCacheSpec) -> Result<GpuKvCache
     if elems.iter().any(|e| e.rotated()) {
         ops.push(Op::Rotate);
     }
+    if elems.iter().all(|e| e.kind() == CacheKind::Plain) {
+        ops.push(Op::RopeKv { k: cache.k_elem, v: cache.v_elem });
+    }
+    ops.push(Op::AttnCombine { diff: false, paired: true });
     for diff in [false, true] {
-        ops.push(Op::AttnCombine { diff });
+        ops.push(Op::AttnCombine { diff, paired: false });
         for shape in [AttnShape::Decode, AttnShape::Prefill] {
             ops.push(Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem });
         }
@@ -269,6 +274,27 @@ fn logit_absmax(
     }
 }
 
+/// Checks a batch of `rows` new rows at `pos0` against the cache and the sequence's pages,
+/// and makes its page-table row current: the row's first entry.
+fn prepare_rows(
+    b: &mut GpuBackend,
+    cache: &mut GpuKvCache,
+    seq: &SeqPages,
+    rows: usize,
+    pos0: usize,
+    spec: &AttentionSpec,
+) -> u32 {
+    assert_eq!(spec.n_kv_heads * spec.head_dim, cache.kv_dim);
+    assert!(pos0 + rows <= cache.n_ctx, "attention past the cache's {} positions", cache.n_ctx);
+    assert!(
+        seq.pages.len() * PAGE >= pos0 + rows,
+        "positions up to {} stored in {} pages",
+        pos0 + rows,
+        seq.pages.len()
+    );
+    sync_page_table(b, cache, seq)
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     b: &mut GpuBackend,
@@ -283,17 +309,8 @@ pub fn attention(
     out: &mut GpuTensor,
 ) {
     let rows = q.rows;
-    let kv_dim = spec.n_kv_heads * spec.head_dim;
-    assert_eq!(kv_dim, cache.kv_dim);
-    assert!(pos0 + rows <= cache.n_ctx, "attention past the cache's {} positions", cache.n_ctx);
-    assert!(
-        seq.pages.len() * PAGE >= pos0 + rows,
-        "positions up to {} stored in {} pages",
-        pos0 + rows,
-        seq.pages.len()
-    );
-    let pt_base = sync_page_table(b, cache, &seq);
-    let pt = Arc::clone(&cache.page_tables);
+    let kv_dim = cache.kv_dim;
+    let pt_base = prepare_rows(b, cache, &seq, rows, pos0, spec);
     // Rotated copies where the cache types ask for them: K with Q, V alone.
     let (hd, rot) = (spec.head_dim, hadamard::block_size(spec.head_dim));
     let q_dim = spec.n_heads * hd;
@@ -312,6 +329,109 @@ pub fn attention(
     let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
     write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot), pos0);
     write_rows(b, &vb, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
+    attend(b, &qb, rows, cache, (&seq, pt_base), layer, pos0, spec, None, out);
+}
+
+/// RoPE on `q` and `k`, then attention; with `pairs` (DIFF V2's gates), the query-head
+/// pairs merged as the combine step writes them (where V is not rotated: its output is
+/// rotated back per head first), `out` then the combined heads. Into plain caches (f16,
+/// f32) with fusion on, one kernel rotates Q and K and writes K and V ([`Op::RopeKv`]): one
+/// dispatch, not four.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_attention(
+    b: &mut GpuBackend,
+    q: &mut GpuTensor,
+    k: &mut GpuTensor,
+    v: &GpuTensor,
+    cache: &mut GpuKvCache,
+    seq: SeqPages,
+    layer: usize,
+    pos0: usize,
+    rope: &RopeSpec,
+    spec: &AttentionSpec,
+    pairs: Option<(&GpuTensor, &mut GpuTensor)>,
+    out: &mut GpuTensor,
+) {
+    let plain = [cache.k_elem, cache.v_elem].iter().all(|e| e.kind() == CacheKind::Plain);
+    let pairs_fused = b.ctx.fuse && !cache.v_elem.rotated();
+    // (The heads' output, where the pairs are combined after it.)
+    let (gate, att_out) = match pairs {
+        Some((gate, combined)) if pairs_fused => (Some(gate), combined),
+        Some((gate, combined)) => {
+            rope_attention(b, q, k, v, cache, seq, layer, pos0, rope, spec, None, out);
+            return super::ops::pair_combine(b, out, gate, spec.head_dim, combined);
+        }
+        None => (None, out),
+    };
+    if !(b.ctx.fuse && plain) {
+        super::ops::rope(b, q, spec.n_heads, spec.head_dim, pos0, rope);
+        super::ops::rope(b, k, spec.n_kv_heads, spec.head_dim, pos0, rope);
+        if gate.is_none() {
+            return attention(b, q, k, v, cache, seq, layer, pos0, spec, att_out);
+        }
+    }
+    let rows = q.rows;
+    let pt_base = prepare_rows(b, cache, &seq, rows, pos0, spec);
+    let (q_dim, kv_dim) = (spec.n_heads * spec.head_dim, cache.kv_dim);
+    assert!(q.cols == q_dim && k.cols == kv_dim && v.cols == kv_dim, "rope_attention: q, k, v widths");
+    let qb = if b.ctx.fuse && plain {
+        let table = b.rope_table(rope, pos0 + rows);
+        let g = grid(rows * (q_dim / 2 + kv_dim), EW_WG as usize);
+        let params = RopeKvParams {
+            rows: rows as u32,
+            q_dim: q_dim as u32,
+            kv_dim: kv_dim as u32,
+            head_dim: spec.head_dim as u32,
+            n_pairs: (rope.n_rot / 2) as u32,
+            pos0: pos0 as u32,
+            grid_x: g.0,
+            pt_base,
+        };
+        let (kc, vc, pt) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]), Arc::clone(&cache.page_tables));
+        let op = Op::RopeKv { k: cache.k_elem, v: cache.v_elem };
+        b.run(op, &params, &[&table, &q.buf, &k.buf, &v.buf, &kc, &vc, &pt], g);
+        Arc::clone(&q.buf)
+    } else {
+        // Rotated already; the K cache may want rotated copies (V is not rotated here).
+        let mut qb = Arc::clone(&q.buf);
+        let mut kb = Arc::clone(&k.buf);
+        if cache.k_elem.rotated() {
+            let rot = hadamard::block_size(spec.head_dim);
+            qb = scratch(b, 0, (rows * q_dim * 4) as u64);
+            kb = scratch(b, 1, (rows * kv_dim * 4) as u64);
+            rotate(b, &q.buf, &qb, rows, q_dim, rot, None, 0);
+            rotate(b, &k.buf, &kb, rows, kv_dim, rot, None, 0);
+        }
+        let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
+        write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot), pos0);
+        write_rows(b, &v.buf, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
+        qb
+    };
+    attend(b, &qb, rows, cache, (&seq, pt_base), layer, pos0, spec, gate, att_out);
+}
+
+/// The attend and combine steps over the cache of `layer` (its new rows already stored),
+/// for the `rows` queries in `qb` (rotated where the K cache is); a rotated V's output
+/// rotated back into `out`. With `gate` (DIFF V2, V not rotated) the combine step merges
+/// each pair of query heads: `out` holds the combined heads.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    b: &mut GpuBackend,
+    qb: &Arc<Buf>,
+    rows: usize,
+    cache: &GpuKvCache,
+    (seq, pt_base): (&SeqPages, u32),
+    layer: usize,
+    pos0: usize,
+    spec: &AttentionSpec,
+    gate: Option<&GpuTensor>,
+    out: &mut GpuTensor,
+) {
+    let (hd, rot) = (spec.head_dim, hadamard::block_size(spec.head_dim));
+    let q_dim = spec.n_heads * hd;
+    let kv_dim = cache.kv_dim;
+    let pt = Arc::clone(&cache.page_tables);
+    let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
     let (diff, lambda, out_scale, sub) = match &spec.kind {
         AttentionKind::Standard | AttentionKind::PairedHeads => (false, 0.0, 1.0, None),
         AttentionKind::Differential { lambda, lambda_init, sub_norm } => {
@@ -327,7 +447,7 @@ pub fn attention(
     let g = grid(rows.div_ceil(br as usize) * units * n_chunks, 1);
     let groups = cache_groups(cache);
     let slot = seq.slot as u32;
-    let (la, la_stride) = logit_absmax(b, &qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot), rows, pos0, spec);
+    let (la, la_stride) = logit_absmax(b, qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot), rows, pos0, spec);
     let sub_buf = match sub {
         Some(w) => constant_buf(b, w, "sub-norm weight"),
         None => Arc::clone(&b.dummy),
@@ -356,21 +476,24 @@ pub fn attention(
         window: slot,
     };
     let op = Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem };
-    b.run(op, &params, &[&qb, &kc, &vc, &partials, &la, &pt], g);
-    let g = grid(rows * units, 1);
+    b.run(op, &params, &[qb, &kc, &vc, &partials, &la, &pt], g);
+    let paired = gate.is_some();
+    assert!(!(paired && (diff || v_rot)), "pairs merge standard units of an unrotated V");
+    let g = grid(rows * if paired { units / 2 } else { units }, 1);
     let params = AttnCombineParams {
         rows: rows as u32,
         units: units as u32,
         head_dim: hd as u32,
         n_chunks: n_chunks as u32,
-        q_dim: q_dim as u32,
+        q_dim: if paired { q_dim / 2 } else { q_dim } as u32,
         grid_x: g.0,
         lambda,
         out_scale,
         eps: spec.rms_eps,
         has_sub_norm: u32::from(sub.is_some() && !v_rot),
     };
-    b.run(Op::AttnCombine { diff }, &params, &[&partials, &sub_buf, &ob], g);
+    let sn = gate.map_or(sub_buf.clone(), |g| Arc::clone(&g.buf));
+    b.run(Op::AttnCombine { diff, paired }, &params, &[&partials, &sn, &ob], g);
     if v_rot {
         let w = sub.map(|_| &sub_buf);
         rotate(b, &ob, &out.buf, rows, q_dim, rot, w, 2 * hd);

@@ -52,7 +52,14 @@ impl Allocator {
 
     /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
     pub fn init(&self, ctx: &GpuContext, bytes: &[u8], label: &str) -> Arc<Buf> {
-        let size = (bytes.len() as u64).max(4).next_multiple_of(4);
+        self.init_parts(ctx, bytes.len() as u64, &[(0, bytes)], label)
+    }
+
+    /// A storage buffer of at least `size` bytes (rounded up to 4) holding each `(offset,
+    /// bytes)` of `parts` at its offset, zeros elsewhere. Written in place through the
+    /// mapping, so a large weight is never copied on the host first.
+    pub fn init_parts(&self, ctx: &GpuContext, size: u64, parts: &[(usize, &[u8])], label: &str) -> Arc<Buf> {
+        let size = size.max(4).next_multiple_of(4);
         let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
@@ -61,15 +68,14 @@ impl Allocator {
         });
         {
             let mut view = buffer.get_mapped_range_mut(..).expect("a buffer mapped at creation can be written");
-            let mut padded;
-            let src = if bytes.len() as u64 == size {
-                bytes
-            } else {
-                padded = vec![0u8; size as usize];
-                padded[..bytes.len()].copy_from_slice(bytes);
-                &padded[..]
-            };
-            view.copy_from_slice(src);
+            let mut end = 0;
+            for &(off, bytes) in parts {
+                // Mapped memory is not zeroed where parts leave gaps: clear them.
+                view.slice(end..off).fill(0);
+                view.slice(off..off + bytes.len()).copy_from_slice(bytes);
+                end = off + bytes.len();
+            }
+            view.slice(end..).fill(0);
         }
         buffer.unmap();
         self.wrap(buffer, size)
@@ -88,11 +94,13 @@ pub struct GpuTensor {
     pub cols: usize,
 }
 
-/// A row range of a weight, bound as one `array<u32>`.
+/// A row range of a weight, bound as one `array<u32>`: its rows start at byte `w_off` of
+/// `buf` (0, or the weight's place in a group's buffer).
 pub struct Chunk {
     pub row0: usize,
     pub rows: usize,
     pub buf: Arc<Buf>,
+    pub w_off: usize,
 }
 
 pub struct GpuWeight {
@@ -129,8 +137,28 @@ pub fn weight_type(t: GgmlType) -> Option<WeightType> {
     })
 }
 
-/// Uploads `rows` rows of `row_bytes` bytes each, in row ranges of at most
-/// `ctx.max_chunk_bytes`.
+/// Zero bytes after the data of every weight buffer: the matvec's unaligned 8-byte loads
+/// read the word after the bytes they need (`matvec_slots/common.wgsl`), and a trusted
+/// kernel has no bounds check to catch a read past the buffer.
+pub const WEIGHT_PAD: usize = 16;
+
+/// Where each weight of a group starts in the group's buffer (16-byte aligned), and the
+/// buffer's size with [`WEIGHT_PAD`]; None when it would not fit one binding of
+/// `max_bytes`.
+pub fn group_layout(sizes: &[usize], max_bytes: u64) -> Option<(Vec<usize>, u64)> {
+    let mut offsets = Vec::with_capacity(sizes.len());
+    let mut end = 0usize;
+    for &n in sizes {
+        let off = end.next_multiple_of(16);
+        offsets.push(off);
+        end = off + n;
+    }
+    let size = (end + WEIGHT_PAD) as u64;
+    (size <= max_bytes).then_some((offsets, size))
+}
+
+/// Uploads `rows` rows of `row_bytes` bytes each, in row ranges whose bytes and
+/// [`WEIGHT_PAD`] fit `ctx.max_chunk_bytes`.
 pub fn upload_rows(
     ctx: &GpuContext,
     alloc: &Allocator,
@@ -139,7 +167,7 @@ pub fn upload_rows(
     rows: usize,
     row_bytes: usize,
 ) -> Result<Vec<Chunk>, RuntimeError> {
-    let per_chunk = (ctx.max_chunk_bytes as usize / row_bytes.max(1)).min(rows.max(1));
+    let per_chunk = ((ctx.max_chunk_bytes as usize).saturating_sub(WEIGHT_PAD) / row_bytes.max(1)).min(rows.max(1));
     if per_chunk == 0 {
         return Err(RuntimeError::Device(format!(
             "tensor '{name}': one row is {row_bytes} bytes, more than the adapter binds at once ({} bytes)",
@@ -151,8 +179,9 @@ pub fn upload_rows(
     while row0 < rows.max(1) {
         let n = per_chunk.min(rows.max(1) - row0);
         let bytes = &data[row0 * row_bytes..((row0 + n) * row_bytes).min(data.len())];
-        let buf = ctx.checked(&format!("tensor '{name}'"), || alloc.init(ctx, bytes, name))?;
-        chunks.push(Chunk { row0, rows: n, buf });
+        let size = (bytes.len() + WEIGHT_PAD) as u64;
+        let buf = ctx.checked(&format!("tensor '{name}'"), || alloc.init_parts(ctx, size, &[(0, bytes)], name))?;
+        chunks.push(Chunk { row0, rows: n, buf, w_off: 0 });
         row0 += n;
     }
     Ok(chunks)

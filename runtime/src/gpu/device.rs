@@ -29,9 +29,9 @@ pub struct GpuOptions {
     /// Time every kernel with timestamp queries ([`super::profile`]); an adapter without
     /// timestamps inside compute passes is refused.
     pub profile: bool,
-    /// Threads per weight row of the matvec kernel (a power of two, 1 to 128); None: the
-    /// adapter's ([`duet_shaders::mv_threads_per_row`]). Tests run both settings anywhere.
-    pub matvec_threads_per_row: Option<u32>,
+    /// Kernel choices (`--gpu-tune`): the matvec's shape, subgroups, trusted modules,
+    /// fusion. Tests run every fallback on any adapter through it.
+    pub tune: super::GpuTune,
     /// Dispatches recorded before they are submitted without waiting (at least 1); None:
     /// [`super::SUBMIT_EVERY`].
     pub submit_every: Option<usize>,
@@ -44,7 +44,7 @@ impl Default for GpuOptions {
             f16: None,
             max_binding: None,
             profile: false,
-            matvec_threads_per_row: None,
+            tune: super::GpuTune::default(),
             submit_every: None,
         }
     }
@@ -70,8 +70,12 @@ pub struct GpuContext {
     pub max_chunk_bytes: u64,
     /// Kernels are timed ([`GpuOptions::profile`]).
     pub profile: bool,
-    /// Threads per weight row of the matvec kernel.
-    pub mv_threads_per_row: u32,
+    /// The matvec's workgroup shape (its `subgroups`: whether the SUBGROUP feature is on).
+    pub mv_shape: duet_shaders::MvShape,
+    /// Kernels proven in bounds skip naga's runtime checks ([`duet_shaders::Op::trusted`]).
+    pub trusted: bool,
+    /// Fused kernels (matvec epilogues, RoPE with the K/V write).
+    pub fuse: bool,
     /// Dispatches recorded before they are submitted.
     pub submit_every: usize,
     pub sink: Arc<Mutex<ErrorSink>>,
@@ -202,6 +206,19 @@ impl GpuContext {
             None => has_f16 && info.device_type != wgpu::DeviceType::Cpu,
         };
         let mut features = if f16 { wgpu::Features::SHADER_F16 } else { wgpu::Features::empty() };
+        let has_subgroups = adapter.features().contains(wgpu::Features::SUBGROUP);
+        let subgroups = match opts.tune.subgroups {
+            Some(true) if !has_subgroups => {
+                return Err(RuntimeError::Device(format!(
+                    "{name} lacks the SUBGROUP feature (subgroup operations): run with --gpu-tune subgroups=off"
+                )));
+            }
+            Some(b) => b,
+            None => has_subgroups,
+        };
+        if subgroups {
+            features |= wgpu::Features::SUBGROUP;
+        }
         if opts.profile {
             if !adapter.features().contains(super::profile::FEATURES) {
                 return Err(RuntimeError::Device(format!(
@@ -241,15 +258,10 @@ impl GpuContext {
             max_chunk_bytes = max_chunk_bytes.min(cap.max(4));
         }
         max_chunk_bytes &= !3;
-        let mv_threads_per_row = match opts.matvec_threads_per_row {
-            Some(t) if t.is_power_of_two() && t <= duet_shaders::MV_WG => t,
-            Some(t) => {
-                return Err(RuntimeError::Device(format!(
-                    "matvec threads per row must be a power of two up to {}, not {t}",
-                    duet_shaders::MV_WG
-                )));
-            }
-            None => duet_shaders::mv_threads_per_row(is_hardware(info.device_type)),
+        let hardware = is_hardware(info.device_type);
+        let mv_shape = match opts.tune.matvec {
+            Some((wg, rows)) => duet_shaders::MvShape { wg, rows, subgroups },
+            None => duet_shaders::MvShape::default_for(hardware, subgroups),
         };
         Ok(GpuContext {
             device,
@@ -259,18 +271,27 @@ impl GpuContext {
             f16,
             max_chunk_bytes,
             profile: opts.profile,
-            mv_threads_per_row,
+            mv_shape,
+            trusted: opts.tune.trusted.unwrap_or(false),
+            fuse: opts.tune.fuse.unwrap_or(true),
             submit_every: opts.submit_every.unwrap_or(super::SUBMIT_EVERY).max(1),
             sink,
         })
     }
 
-    /// A one-line description: adapter, backend, type and the arithmetic used.
+    /// A one-line description: adapter, backend, type, the arithmetic used and the kernel
+    /// choices (with the fallback an adapter that lacks a feature runs).
     pub fn describe(&self) -> String {
+        let s = self.mv_shape;
         format!(
-            "GPU {}, {} products, f32 attention",
+            "GPU {}, {} prefill products, f32 decode and attention, matvec {}x{} with {}{}{}",
             describe(&self.info),
-            if self.f16 { "f16 (f32 sums)" } else { "f32" }
+            if self.f16 { "f16 (f32 sums)" } else { "f32" },
+            s.wg,
+            s.rows,
+            if s.subgroups { "subgroup sums" } else { "workgroup-memory sums (no subgroups)" },
+            if self.trusted { ", trusted modules" } else { "" },
+            if self.fuse { "" } else { ", unfused" },
         )
     }
 

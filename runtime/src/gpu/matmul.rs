@@ -1,27 +1,55 @@
-//! Weights on the GPU and the ops that read them: `out = x · Wᵀ` (a matrix-vector kernel
-//! for one token, a tiled matrix-matrix kernel for more) and the embedding lookup. Each
-//! kernel is dispatched once per row chunk of the weight (one chunk unless the weight is
-//! larger than one binding).
+//! Weights on the GPU and the ops that read them: `out = x · Wᵀ` (the matvec kernel for one
+//! token, a tiled matrix-matrix kernel for more) and the embedding lookup. Each kernel is
+//! dispatched once per row chunk of the weight (one chunk unless the weight is larger than
+//! one binding). Weights loaded as a group (q, k, v; gate, up) share one buffer, so that
+//! one matvec reads them all: the split and SwiGLU epilogues. The residual add rides in the
+//! epilogue of both kernels.
 
 use std::sync::Arc;
 
-use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_WG, MatMulParams, MatVecParams, Op, WeightType};
+use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_MAX_SPLIT, MatMulParams, MatVecParams, MvEpilogue, Op, WeightType};
 
-use super::buffers::{GpuTensor, GpuWeight, upload_rows, weight_type};
+use super::buffers::{Buf, Chunk, GpuTensor, GpuWeight, WEIGHT_PAD, group_layout, upload_rows, weight_type};
 use super::{GpuBackend, grid};
 use crate::backend::WeightView;
 use crate::error::RuntimeError;
 
-pub fn load_weight(b: &mut GpuBackend, w: &WeightView<'_>) -> Result<GpuWeight, RuntimeError> {
+/// The weight type the kernels read `w` as, and its row bytes; an error naming the tensor
+/// when the GPU cannot compute with it.
+fn kernel_type(w: &WeightView<'_>) -> Result<(WeightType, usize), RuntimeError> {
     let Some(ty) = weight_type(w.ty) else {
         return Err(RuntimeError::Unsupported(format!(
             "tensor '{}' has type {}, which the GPU backend cannot compute with",
             w.name, w.ty
         )));
     };
+    let row_bytes = duet_quant::row_bytes(w.ty, w.cols)
+        .ok_or_else(|| RuntimeError::BadModel(format!("tensor '{}': rows are not whole blocks", w.name)))?;
+    if w.data.len() < row_bytes * w.rows {
+        return Err(RuntimeError::BadModel(format!("tensor '{}' is shorter than its shape", w.name)));
+    }
+    Ok((ty, row_bytes))
+}
+
+/// The matrix kernels of `ty` that a model can dispatch, compiled now rather than at the
+/// first token.
+fn prepare_matrix_ops(b: &mut GpuBackend, ty: WeightType) -> Result<(), RuntimeError> {
+    let shape = b.ctx.mv_shape;
+    let mut ops = vec![Op::MatMul(ty), Op::Embed(ty)];
+    ops.extend(MvEpilogue::ALL.map(|epi| Op::MatVec { ty, epi, shape }));
+    b.prepare(&ops)
+}
+
+pub fn load_weight(b: &mut GpuBackend, w: &WeightView<'_>) -> Result<GpuWeight, RuntimeError> {
     // Vectors (norms, biases) and the DEX matrix are read element-wise as f32.
     let as_f32 = w.rows == 1 || w.name.ends_with("attn_dex.weight");
     if as_f32 {
+        weight_type(w.ty).ok_or_else(|| {
+            RuntimeError::Unsupported(format!(
+                "tensor '{}' has type {}, which the GPU backend cannot compute with",
+                w.name, w.ty
+            ))
+        })?;
         let mut v = vec![0f32; w.rows * w.cols];
         duet_quant::dequantize(w.ty, w.data, &mut v)
             .map_err(|e| RuntimeError::BadModel(format!("tensor '{}': {e}", w.name)))?;
@@ -33,39 +61,127 @@ pub fn load_weight(b: &mut GpuBackend, w: &WeightView<'_>) -> Result<GpuWeight, 
             rows: w.rows,
             cols: w.cols,
             row_bytes: 4 * w.cols,
-            chunks: vec![super::buffers::Chunk { row0: 0, rows: w.rows, buf }],
+            chunks: vec![Chunk { row0: 0, rows: w.rows, buf, w_off: 0 }],
         });
     }
-    let row_bytes = duet_quant::row_bytes(w.ty, w.cols)
-        .ok_or_else(|| RuntimeError::BadModel(format!("tensor '{}': rows are not whole blocks", w.name)))?;
-    if w.data.len() < row_bytes * w.rows {
-        return Err(RuntimeError::BadModel(format!("tensor '{}' is shorter than its shape", w.name)));
-    }
+    let (ty, row_bytes) = kernel_type(w)?;
     let chunks = upload_rows(&b.ctx, &b.alloc, w.name, w.data, w.rows, row_bytes)?;
-    b.prepare(&[Op::MatVec(ty), Op::MatMul(ty), Op::Embed(ty)])?;
+    prepare_matrix_ops(b, ty)?;
     Ok(GpuWeight { ty, rows: w.rows, cols: w.cols, row_bytes, chunks })
 }
 
-pub fn matmul(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor) {
+/// Weights read by the same input: those that are matrices of one type and row length
+/// share one buffer (when they fit one binding together), the others are loaded alone, as
+/// [`load_weight`] (DIFF V2's λ, kept in F32 by the converter, beside quantized q/k/v).
+pub fn load_weight_group(b: &mut GpuBackend, ws: &[WeightView<'_>]) -> Result<Vec<GpuWeight>, RuntimeError> {
+    let kinds: Vec<(WeightType, usize)> = ws.iter().map(kernel_type).collect::<Result<_, _>>()?;
+    let mut out: Vec<Option<GpuWeight>> = ws.iter().map(|_| None).collect();
+    for i in 0..ws.len() {
+        if out[i].is_some() {
+            continue;
+        }
+        // The members of i's kind: matrices of its type and row length.
+        let members: Vec<usize> = (i..ws.len())
+            .filter(|&j| out[j].is_none() && kinds[j] == kinds[i] && ws[j].cols == ws[i].cols && ws[j].rows > 1)
+            .collect();
+        let sizes: Vec<usize> = members.iter().map(|&j| ws[j].rows * kinds[j].1).collect();
+        let layout = group_layout(&sizes, b.ctx.max_chunk_bytes).filter(|_| members.len() > 1);
+        let Some((offsets, size)) = layout else {
+            out[i] = Some(load_weight(b, &ws[i])?);
+            continue;
+        };
+        let parts: Vec<(usize, &[u8])> =
+            members.iter().zip(&offsets).zip(&sizes).map(|((&j, &o), &n)| (o, &ws[j].data[..n])).collect();
+        let label = members.iter().map(|&j| ws[j].name).collect::<Vec<_>>().join("+");
+        let buf = b.ctx.checked(&format!("tensors {label}"), || b.alloc.init_parts(&b.ctx, size, &parts, &label))?;
+        debug_assert!(size as usize >= offsets.last().copied().unwrap_or(0) + WEIGHT_PAD);
+        let (ty, row_bytes) = kinds[i];
+        prepare_matrix_ops(b, ty)?;
+        for (&j, &w_off) in members.iter().zip(&offsets) {
+            let w = &ws[j];
+            let chunks = vec![Chunk { row0: 0, rows: w.rows, buf: Arc::clone(&buf), w_off }];
+            out[j] = Some(GpuWeight { ty, rows: w.rows, cols: w.cols, row_bytes, chunks });
+        }
+    }
+    Ok(out.into_iter().map(|w| w.expect("every weight loaded")).collect())
+}
+
+/// One matrix of a matvec dispatch: its rows, its first byte in the weight buffer, and the
+/// output its rows go to.
+struct MvMat<'a> {
+    rows: usize,
+    w_off: usize,
+    out: &'a Arc<Buf>,
+}
+
+/// One matvec dispatch over `mats` (all in `w_buf`, of `w`'s type and row length; for
+/// SwiGLU the gate then the up matrix, for split up to four), the token in `x`.
+fn matvec(
+    b: &mut GpuBackend,
+    w: &GpuWeight,
+    w_buf: &Arc<Buf>,
+    epi: MvEpilogue,
+    mats: &[MvMat],
+    out_off: usize,
+    x: &Arc<Buf>,
+) {
+    let shape = b.ctx.mv_shape;
+    let per_wg = shape.rows as usize;
+    // Workgroups of each matrix (SwiGLU: the gate's alone, each reads its up row too).
+    let jobs = if epi == MvEpilogue::Split { mats.len() } else { 1 };
+    let mut first = [u32::MAX; MV_MAX_SPLIT];
+    let mut total = 0usize;
+    for (i, m) in mats.iter().take(jobs).enumerate() {
+        first[i] = total as u32;
+        total += m.rows.div_ceil(per_wg);
+    }
+    let g = grid(total, 1);
+    let at = |i: usize| mats.get(i).map_or((0, 0), |m| (m.rows as u32, m.w_off as u32));
+    let (rows0, woff0) = at(0);
+    let (rows1, woff1) = at(1);
+    let (rows2, woff2) = at(2);
+    let (rows3, woff3) = at(3);
+    let params = MatVecParams {
+        cols: w.cols as u32,
+        row_bytes: w.row_bytes as u32,
+        grid_x: g.0,
+        x_off4: 0,
+        out_off: out_off as u32,
+        rows0,
+        woff0,
+        rows1,
+        woff1,
+        wg1: first[1],
+        rows2,
+        woff2,
+        wg2: first[2],
+        rows3,
+        woff3,
+        wg3: first[3],
+    };
+    let weight_bytes = mats.iter().map(|m| (m.rows * w.row_bytes) as u64).sum();
+    let op = Op::MatVec { ty: w.ty, epi, shape };
+    if epi == MvEpilogue::Split {
+        let dummies = b.split_dummies();
+        let out = |i: usize| mats.get(i).map_or_else(|| &dummies[i - 1], |m| m.out);
+        b.run_weighted(op, &params, &[w_buf, x, out(0), out(1), out(2), out(3)], g, weight_bytes);
+    } else {
+        b.run_weighted(op, &params, &[w_buf, x, mats[0].out], g, weight_bytes);
+    }
+}
+
+/// `out (+)= x · wᵀ` over every chunk of `w`: the matvec for one token, else the tiled
+/// matmul; `accumulate` adds into `out` (the residual add).
+fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor, accumulate: bool) {
     assert_eq!(x.cols, w.cols, "matmul: activation width {} != weight row length {}", x.cols, w.cols);
     assert_eq!(out.cols, w.rows, "matmul: output width {} != weight rows {}", out.cols, w.rows);
     assert_eq!(out.rows, x.rows);
     let t = x.rows;
+    let epi = if accumulate { MvEpilogue::Add } else { MvEpilogue::Store };
     for c in &w.chunks {
         if t == 1 {
-            let tpr = b.ctx.mv_threads_per_row;
-            let g = grid(c.rows, (MV_WG / tpr) as usize);
-            let params = MatVecParams {
-                n_rows: c.rows as u32,
-                cols: w.cols as u32,
-                row_bytes: w.row_bytes as u32,
-                out_off: c.row0 as u32,
-                grid_x: g.0,
-                x_off: 0,
-                o_base: 0,
-                threads_per_row: tpr,
-            };
-            b.run(Op::MatVec(w.ty), &params, &[&c.buf, &x.buf, &out.buf], g);
+            let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
+            matvec(b, w, &c.buf, epi, &[mat], c.row0, &x.buf);
         } else {
             let g = (c.rows.div_ceil(MM_TM as usize) as u32, t.div_ceil(MM_TN as usize) as u32);
             let params = MatMulParams {
@@ -77,8 +193,104 @@ pub fn matmul(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTen
                 t_rows: t as u32,
                 x_stride: x.cols as u32,
                 o_stride: out.cols as u32,
+                w_off: c.w_off as u32,
+                accumulate: u32::from(accumulate),
             };
-            b.run(Op::MatMul(w.ty), &params, &[&c.buf, &x.buf, &out.buf], g);
+            let bytes = (c.rows * w.row_bytes) as u64;
+            b.run_weighted(Op::MatMul(w.ty), &params, &[&c.buf, &x.buf, &out.buf], g, bytes);
+        }
+    }
+}
+
+pub fn matmul(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor) {
+    product(b, w, x, out, false)
+}
+
+/// `out += x · wᵀ` in the products' epilogue (fused), or into `scratch` then an add.
+pub fn matmul_add(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, scratch: &mut GpuTensor, out: &mut GpuTensor) {
+    if b.ctx.fuse {
+        product(b, w, x, out, true)
+    } else {
+        product(b, w, x, scratch, false);
+        let n = out.rows * out.cols;
+        super::ops::add(b, out, &Arc::clone(&scratch.buf), n);
+    }
+}
+
+/// The single buffer `ws` share as one group, if one matvec can read them all.
+fn shared_buffer<'a>(b: &GpuBackend, ws: &[&'a GpuWeight]) -> Option<&'a Arc<Buf>> {
+    let first = ws.first()?;
+    let buf = &first.chunks.first()?.buf;
+    let shared = ws
+        .iter()
+        .all(|w| w.chunks.len() == 1 && w.chunks[0].buf.id == buf.id && w.ty == first.ty && w.cols == first.cols);
+    (b.ctx.fuse && shared).then_some(buf)
+}
+
+/// `outs[i] = x · ws[i]ᵀ`: for a token, one split matvec per set of weights that share a
+/// group's buffer, one product for each other weight; for more tokens, one product each.
+pub fn matmul_group(b: &mut GpuBackend, ws: &[&GpuWeight], x: &GpuTensor, outs: &mut [&mut GpuTensor]) {
+    assert_eq!(ws.len(), outs.len(), "matmul_group: {} weights, {} outputs", ws.len(), outs.len());
+    let mut done = vec![false; ws.len()];
+    for i in 0..ws.len() {
+        if done[i] {
+            continue;
+        }
+        let id = ws[i].chunks[0].buf.id;
+        let set: Vec<usize> = (i..ws.len()).filter(|&j| !done[j] && ws[j].chunks[0].buf.id == id).collect();
+        let members: Vec<&GpuWeight> = set.iter().map(|&j| ws[j]).collect();
+        let fused = x.rows == 1 && set.len() > 1 && set.len() <= MV_MAX_SPLIT;
+        match shared_buffer(b, &members).filter(|_| fused) {
+            Some(buf) => {
+                for &j in &set {
+                    assert!(
+                        x.cols == ws[j].cols && outs[j].cols == ws[j].rows && outs[j].rows == 1,
+                        "matmul_group: shapes"
+                    );
+                }
+                let buf = Arc::clone(buf);
+                let mats: Vec<MvMat> = set
+                    .iter()
+                    .map(|&j| MvMat { rows: ws[j].rows, w_off: ws[j].chunks[0].w_off, out: &outs[j].buf })
+                    .collect();
+                matvec(b, ws[i], &buf, MvEpilogue::Split, &mats, 0, &x.buf);
+                for &j in &set {
+                    done[j] = true;
+                }
+            }
+            None => {
+                matmul(b, ws[i], x, outs[i]);
+                done[i] = true;
+            }
+        }
+    }
+}
+
+/// `gate = silu(x · w_gateᵀ) · (x · w_upᵀ)`: one SwiGLU matvec for a token when gate and up
+/// share a group's buffer, else two products (the second into `up`) and the SwiGLU kernel.
+pub fn matmul_swiglu(
+    b: &mut GpuBackend,
+    w_gate: &GpuWeight,
+    w_up: &GpuWeight,
+    x: &GpuTensor,
+    gate: &mut GpuTensor,
+    up: &mut GpuTensor,
+) {
+    let fused = if x.rows == 1 && w_gate.rows == w_up.rows { shared_buffer(b, &[w_gate, w_up]) } else { None };
+    match fused {
+        Some(buf) => {
+            assert!(x.cols == w_gate.cols && gate.cols == w_gate.rows && gate.rows == 1, "matmul_swiglu: shapes");
+            let buf = Arc::clone(buf);
+            let mats = [
+                MvMat { rows: w_gate.rows, w_off: w_gate.chunks[0].w_off, out: &gate.buf },
+                MvMat { rows: w_up.rows, w_off: w_up.chunks[0].w_off, out: &gate.buf },
+            ];
+            matvec(b, w_gate, &buf, MvEpilogue::SwiGlu, &mats, 0, &x.buf);
+        }
+        None => {
+            matmul(b, w_gate, x, gate);
+            matmul(b, w_up, x, up);
+            super::ops::swiglu(b, gate, up);
         }
     }
 }
@@ -112,6 +324,7 @@ pub fn embed(b: &mut GpuBackend, table: &GpuWeight, tokens: &[u32], out: &mut Gp
             row0: c.row0 as u32,
             n_rows: c.rows as u32,
             grid_x: g.0,
+            w_off: c.w_off as u32,
         };
         b.run(Op::Embed(table.ty), &params, &[&c.buf, &ids, &out.buf], g);
     }

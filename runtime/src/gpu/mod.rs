@@ -20,6 +20,7 @@ mod ops;
 pub mod pipelines;
 pub mod profile;
 mod record;
+pub mod tune;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use duet_shaders::{KernelParams, Op, Variant};
 pub use buffers::{GpuKvCache, GpuTensor, GpuWeight};
 pub use device::{AdapterChoice, GpuOptions};
 pub use record::SUBMIT_EVERY;
+pub use tune::GpuTune;
 pub use wgpu::{AdapterInfo, Backend as WgpuBackend, DeviceType};
 
 use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
@@ -57,6 +59,9 @@ pub struct GpuBackend {
     logit_scratch: Option<(usize, Arc<Buf>, Arc<Buf>)>,
     /// Bound where a kernel's optional input is absent.
     dummy: Arc<Buf>,
+    /// Bound where a split matvec has fewer than four outputs (one each: a writable buffer
+    /// may not be bound twice in one dispatch).
+    split_dummy: [Arc<Buf>; 3],
     /// Attention's scratch buffers, grown to fit: the rotated cache types' copies (Q, K, V,
     /// attention output) and the attend step's partials (attention::scratch).
     attn_scratch: Vec<Option<Arc<Buf>>>,
@@ -85,10 +90,11 @@ impl GpuBackend {
     pub fn new(opts: &GpuOptions) -> Result<GpuBackend, RuntimeError> {
         let ctx = GpuContext::new(opts)?;
         let alloc = Allocator::default();
-        let pipes = Pipelines::new(&ctx.device);
+        let pipes = Pipelines::new(&ctx.device, ctx.trusted);
         let rec = Recorder::new(&ctx, &alloc);
         let ids = alloc.storage(&ctx, 4 * 512, "token ids");
         let dummy = alloc.storage(&ctx, 16, "unused binding");
+        let split_dummy = std::array::from_fn(|_| alloc.storage(&ctx, 16, "unused output"));
         let mut b = GpuBackend {
             ctx,
             alloc,
@@ -100,6 +106,7 @@ impl GpuBackend {
             constants: HashMap::new(),
             logit_scratch: None,
             dummy,
+            split_dummy,
             attn_scratch: Vec::new(),
             largest_tensor: 0,
             observer: None,
@@ -156,6 +163,11 @@ impl GpuBackend {
         self.rec.dispatches
     }
 
+    /// Dispatches so far that wait for an earlier one of their pass (a pipeline barrier).
+    pub fn barriers(&self) -> usize {
+        self.rec.barriers
+    }
+
     /// Bytes of the largest activation tensor made so far (tests of batch planning).
     pub fn largest_tensor_bytes(&self) -> u64 {
         self.largest_tensor
@@ -205,15 +217,31 @@ impl GpuBackend {
         Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
     }
 
+    /// The split matvec's unused outputs.
+    fn split_dummies(&self) -> [Arc<Buf>; 3] {
+        self.split_dummy.clone()
+    }
+
     /// Records one dispatch of `op` with its parameter struct (the one [`Op::params`] names:
     /// checked, so that no kernel is handed another's parameters).
     fn run<P: KernelParams>(&mut self, op: Op, params: &P, bufs: &[&Arc<Buf>], groups: (u32, u32)) {
+        self.run_weighted(op, params, bufs, groups, 0)
+    }
+
+    /// [`GpuBackend::run`] for a matrix kernel that reads `weight_bytes` of weights (the
+    /// profile's bandwidth column).
+    fn run_weighted<P: KernelParams>(
+        &mut self,
+        op: Op,
+        params: &P,
+        bufs: &[&Arc<Buf>],
+        groups: (u32, u32),
+        weight_bytes: u64,
+    ) {
         assert_eq!(P::NAME, op.params().0, "the parameters of {op:?}");
         let v = Variant::new(op, self.ctx.f16);
         let pipeline = self.pipes.get(&self.ctx.device, v);
         let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(params));
-        // The matrix kernels read their whole weight chunk (binding 1) once per dispatch.
-        let weight_bytes = if matches!(op, Op::MatVec(_) | Op::MatMul(_)) { bufs[0].size } else { 0 };
         self.rec.dispatch(
             &self.ctx,
             &self.pipes,
@@ -273,6 +301,10 @@ impl Backend for GpuBackend {
         self.rec.take_kernel_times()
     }
 
+    fn dispatch_counts(&self) -> Option<(usize, usize)> {
+        Some((self.rec.dispatches, self.rec.barriers))
+    }
+
     fn load_weight(&mut self, w: &WeightView<'_>) -> Result<GpuWeight, RuntimeError> {
         matmul::load_weight(self, w)
     }
@@ -290,7 +322,9 @@ impl Backend for GpuBackend {
             "an activation of {rows} × {cols} f32 ({bytes} bytes) exceeds what {} binds at once ({limit} bytes): lower --batch-size",
             device::describe(&self.ctx.info)
         );
-        let buf = self.alloc.storage(&self.ctx, bytes, "activations");
+        // Whole slots of 16 values: the matvec loads a row's activations in vec4s, the last
+        // slot's past the row's end (masked).
+        let buf = self.alloc.storage(&self.ctx, bytes.next_multiple_of(64), "activations");
         self.largest_tensor = self.largest_tensor.max(bytes);
         GpuTensor { buf, rows, cap_rows: rows, cols }
     }
@@ -312,8 +346,31 @@ impl Backend for GpuBackend {
         ops::rms_norm(self, x, weight, eps, out)
     }
 
+    fn load_weight_group(&mut self, ws: &[WeightView<'_>]) -> Result<Vec<GpuWeight>, RuntimeError> {
+        matmul::load_weight_group(self, ws)
+    }
+
     fn matmul(&mut self, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor) {
         matmul::matmul(self, w, x, out)
+    }
+
+    fn matmul_add(&mut self, w: &GpuWeight, x: &GpuTensor, scratch: &mut GpuTensor, out: &mut GpuTensor) {
+        matmul::matmul_add(self, w, x, scratch, out)
+    }
+
+    fn matmul_group(&mut self, ws: &[&GpuWeight], x: &GpuTensor, outs: &mut [&mut GpuTensor]) {
+        matmul::matmul_group(self, ws, x, outs)
+    }
+
+    fn matmul_swiglu(
+        &mut self,
+        w_gate: &GpuWeight,
+        w_up: &GpuWeight,
+        x: &GpuTensor,
+        gate: &mut GpuTensor,
+        up: &mut GpuTensor,
+    ) {
+        matmul::matmul_swiglu(self, w_gate, w_up, x, gate, up)
     }
 
     fn add_bias(&mut self, x: &mut GpuTensor, bias: &GpuWeight) {
@@ -337,6 +394,38 @@ impl Backend for GpuBackend {
         out: &mut GpuTensor,
     ) {
         attention::attention(self, q, k, v, cache, seq, layer, pos0, spec, out)
+    }
+
+    fn rope_attention(
+        &mut self,
+        q: &mut GpuTensor,
+        k: &mut GpuTensor,
+        v: &GpuTensor,
+        cache: &mut GpuKvCache,
+        seq: SeqPages,
+        layer: usize,
+        pos0: usize,
+        rope: &RopeSpec,
+        spec: &AttentionSpec,
+        out: &mut GpuTensor,
+    ) {
+        attention::rope_attention(self, q, k, v, cache, seq, layer, pos0, rope, spec, None, out)
+    }
+
+    fn rope_attention_pairs(
+        &mut self,
+        q: &mut GpuTensor,
+        k: &mut GpuTensor,
+        v: &GpuTensor,
+        cache: &mut GpuKvCache,
+        seq: SeqPages,
+        layer: usize,
+        pos0: usize,
+        rope: &RopeSpec,
+        spec: &AttentionSpec,
+        (gate, att, out): (&GpuTensor, &mut GpuTensor, &mut GpuTensor),
+    ) {
+        attention::rope_attention(self, q, k, v, cache, seq, layer, pos0, rope, spec, Some((gate, out)), att)
     }
 
     fn dex(&mut self, x: &mut GpuTensor, w_d: &GpuWeight, lambda: f32, heads: &[usize], head_dim: usize) {

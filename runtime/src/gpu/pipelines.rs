@@ -14,10 +14,15 @@ pub enum LayoutKind {
     /// read, read, read_write (matvec, matmul, embed, rms_norm, rotate, pair_combine,
     /// attn_combine).
     In2Out1,
+    /// read weights, read activations, four read_write outputs (the split matvec).
+    MatVecSplit,
     /// read, read_write (rope, swiglu, add, copy_row, kv_window, dex, logit_reduce).
     In1Out1,
     /// read rows, read_write cache, read page tables (kv_write).
     CacheWrite,
+    /// read RoPE table, read_write Q and K, read V, read_write K and V caches, read page
+    /// tables (rope_kv).
+    RopeKv,
     /// read Q, read K cache, read_write absmax, read page tables (logit_absmax).
     LogitAbsmax,
     /// read Q, K, V, read_write partials, read logit absmax, read page tables (attention).
@@ -27,7 +32,8 @@ pub enum LayoutKind {
 impl LayoutKind {
     pub fn of(op: Op) -> LayoutKind {
         match op {
-            Op::MatVec(_)
+            Op::MatVec { epi: duet_shaders::MvEpilogue::Split, .. } => LayoutKind::MatVecSplit,
+            Op::MatVec { .. }
             | Op::MatMul(_)
             | Op::Embed(_)
             | Op::RmsNorm
@@ -38,6 +44,7 @@ impl LayoutKind {
                 LayoutKind::In1Out1
             }
             Op::KvWrite(_) => LayoutKind::CacheWrite,
+            Op::RopeKv { .. } => LayoutKind::RopeKv,
             Op::LogitAbsmax(_) => LayoutKind::LogitAbsmax,
             Op::Attention { .. } => LayoutKind::Attention,
         }
@@ -47,19 +54,28 @@ impl LayoutKind {
         // true = read-only
         match self {
             LayoutKind::In2Out1 => &[true, true, false],
+            LayoutKind::MatVecSplit => &[true, true, false, false, false, false],
             LayoutKind::In1Out1 => &[true, false],
             LayoutKind::CacheWrite => &[true, false, true],
+            LayoutKind::RopeKv => &[true, false, false, true, false, false, true],
             LayoutKind::LogitAbsmax => &[true, true, false, true],
             LayoutKind::Attention => &[true, true, true, false, true, true],
         }
+    }
+
+    /// Whether each storage binding is read-only.
+    pub fn read_only(self) -> &'static [bool] {
+        self.storage()
     }
 
     pub fn n_storage(self) -> usize {
         self.storage().len()
     }
 
-    const ALL: [LayoutKind; 5] = [
+    const ALL: [LayoutKind; 7] = [
         LayoutKind::In2Out1,
+        LayoutKind::MatVecSplit,
+        LayoutKind::RopeKv,
         LayoutKind::In1Out1,
         LayoutKind::CacheWrite,
         LayoutKind::LogitAbsmax,
@@ -76,10 +92,12 @@ pub struct Pipelines {
     /// Bind-group and pipeline layouts created (all at construction).
     pub layouts_created: usize,
     pub pipelines_created: usize,
+    /// Build the modules of [`Op::trusted`] kernels without naga's runtime checks.
+    trusted: bool,
 }
 
 impl Pipelines {
-    pub fn new(device: &wgpu::Device) -> Pipelines {
+    pub fn new(device: &wgpu::Device, trusted: bool) -> Pipelines {
         let mut layouts = HashMap::new();
         let mut created = 0;
         for kind in LayoutKind::ALL {
@@ -117,7 +135,7 @@ impl Pipelines {
             created += 2;
             layouts.insert(kind, (bgl, pl));
         }
-        Pipelines { layouts, pipelines: HashMap::new(), layouts_created: created, pipelines_created: 0 }
+        Pipelines { layouts, pipelines: HashMap::new(), layouts_created: created, pipelines_created: 0, trusted }
     }
 
     pub fn bind_group_layout(&self, kind: LayoutKind) -> &wgpu::BindGroupLayout {
@@ -130,10 +148,17 @@ impl Pipelines {
             return Arc::clone(p);
         }
         let label = v.label();
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(duet_shaders::source(&v).into()),
-        });
+        };
+        let module = if self.trusted && v.op.trusted() {
+            // SAFETY: Op::trusted kernels index only inside their bindings by construction
+            // (their buffers are padded for it) and every loop of theirs ends.
+            unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        } else {
+            device.create_shader_module(desc)
+        };
         let layout = &self.layouts[&LayoutKind::of(v.op)].1;
         let p = Arc::new(device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),

@@ -46,6 +46,11 @@ pub struct Recorder {
     /// Submissions and dispatches so far (tests check the submissions per token).
     pub submissions: usize,
     pub dispatches: usize,
+    /// Dispatches that wait for earlier ones: those that bind a buffer an earlier dispatch
+    /// of the pass wrote, or write one it used — where wgpu puts a pipeline barrier.
+    pub barriers: usize,
+    /// Each buffer's last use in the current pass: written (true) or only read.
+    last_use: HashMap<u64, bool>,
     pub bind_groups_created: usize,
     /// Times every kernel when the context was opened with `profile`.
     profiler: Option<Profiler>,
@@ -71,6 +76,8 @@ impl Recorder {
             readback_size: 0,
             submissions: 0,
             dispatches: 0,
+            barriers: 0,
+            last_use: HashMap::new(),
             bind_groups_created: 0,
             profiler: ctx.profile.then(|| Profiler::new(ctx)),
             profile_error: None,
@@ -142,6 +149,18 @@ impl Recorder {
         };
         self.pending.push(Dispatch { variant, weight_bytes, pipeline, bind_group, offset, groups });
         self.dispatches += 1;
+        // wgpu changes a buffer's state, with a barrier, between a write and any later use
+        // and between a read and a later write; reads after reads need none.
+        let mut waits = false;
+        for (b, &read_only) in bufs.iter().zip(kind.read_only()) {
+            if let Some(&written) = self.last_use.get(&b.id) {
+                waits |= written || !read_only;
+            }
+        }
+        for (b, &read_only) in bufs.iter().zip(kind.read_only()) {
+            self.last_use.insert(b.id, !read_only);
+        }
+        self.barriers += usize::from(waits);
         if let (Some(p), Some(t0)) = (self.profiler.as_mut(), started) {
             p.host(HostStep::Record, t0.elapsed());
         }
@@ -210,6 +229,8 @@ impl Recorder {
         }
         self.pending.clear();
         self.staging.clear();
+        // A new pass starts with the next dispatch (submissions are ordered: no barrier).
+        self.last_use.clear();
     }
 
     /// Waits for the last submission and returns the first `size` bytes of the readback

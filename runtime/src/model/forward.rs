@@ -77,6 +77,10 @@ impl<B: Backend> Acts<B> {
     }
 }
 
+/// A forward pass's attention step for layer `il` ([`Model::run_layers`]): fills `a.att`,
+/// or, asked to (the bool) and returning true, merges DIFF V2's head pairs itself.
+type Attend<'f, B> = dyn FnMut(&mut B, usize, &mut Acts<B>, bool) -> bool + 'f;
+
 /// Scratch activations for [`Model::forward_many`]: up to `cap` rows in all.
 pub struct DecodeBatch<B: Backend> {
     acts: Acts<B>,
@@ -149,7 +153,19 @@ impl<B: Backend> Model<B> {
         let (a, specs) = (&mut s.acts, &s.attention);
         let mut cache = locked(&s.cache);
         a.set_rows(b, n);
-        let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>| {
+        let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>, pairs: bool| {
+            if ![Probe::Q, Probe::K, Probe::V].into_iter().any(|p| b.observes(p, il)) {
+                // Nobody looks at the rotated rows: the backend may rotate them as it stores
+                // (and merge DIFF V2's head pairs as it combines).
+                let Acts { q, k, v, att, pairs: gated, .. } = a;
+                let (kv, spec) = (&mut cache.kv, &specs[il]);
+                if let (true, Some((gate, combined))) = (pairs, gated) {
+                    b.rope_attention_pairs(q, k, v, kv, seq, il, pos0, &self.rope, spec, (gate, att, combined));
+                    return true;
+                }
+                b.rope_attention(q, k, v, kv, seq, il, pos0, &self.rope, spec, att);
+                return false;
+            }
             b.rope(&mut a.q, c.n_heads, c.head_dim, pos0, &self.rope);
             b.rope(&mut a.k, c.n_kv_heads, c.head_dim, pos0, &self.rope);
             // Keys first: an observer recomputing attention logits needs them for the queries.
@@ -157,6 +173,7 @@ impl<B: Backend> Model<B> {
             b.observe(Probe::V, il, pos0, &a.v);
             b.observe(Probe::Q, il, pos0, &a.q);
             b.attention(&a.q, &a.k, &a.v, &mut cache.kv, seq, il, pos0, &specs[il], &mut a.att);
+            false
         };
         let last_done = self.run_layers(b, a, tokens, pos0, want == Logits::Last, &mut attend);
         drop(cache);
@@ -165,11 +182,14 @@ impl<B: Backend> Model<B> {
         let output = self.output.as_ref().unwrap_or(&self.token_embd);
         match want {
             Logits::Last => {
-                if !last_done {
+                // The last row: `a.last` already (the narrowed last layer), `a.x` itself
+                // when it is the only row (decoding), else copied out.
+                if !last_done && n > 1 {
                     b.copy_row(&a.x, n - 1, &mut a.last, 0);
                 }
+                let last = if !last_done && n == 1 { &a.x } else { &a.last };
                 b.set_rows(&mut a.xn, 1);
-                b.rms_norm(&a.last, &self.output_norm, c.rms_eps, &mut a.xn);
+                b.rms_norm(last, &self.output_norm, c.rms_eps, &mut a.xn);
                 self.output_logits(b, a, 1, output)
             }
             Logits::All => {
@@ -261,7 +281,7 @@ impl<B: Backend> Model<B> {
         // it; otherwise sequence i's rows move into its own scratch for RoPE at its
         // positions and attention over its cache, and its output rows move back.
         let one_cache = sessions.windows(2).all(|w| Arc::ptr_eq(&w[0].cache, &w[1].cache));
-        let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>| {
+        let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>, _pairs: bool| {
             if one_cache {
                 let mut first = 0;
                 let spans: Vec<SeqSpan> = sessions
@@ -276,7 +296,7 @@ impl<B: Backend> Model<B> {
                     .collect();
                 let mut cache = locked(&sessions[0].cache);
                 if b.attention_spans(&mut a.q, &mut a.k, &a.v, &mut cache.kv, il, &spans, &self.rope, &mut a.att) {
-                    return;
+                    return false;
                 }
             }
             let mut first = 0;
@@ -286,15 +306,26 @@ impl<B: Backend> Model<B> {
                 b.copy_rows(&a.q, first, &mut own.q, 0, t.len());
                 b.copy_rows(&a.k, first, &mut own.k, 0, t.len());
                 b.copy_rows(&a.v, first, &mut own.v, 0, t.len());
-                b.rope(&mut own.q, c.n_heads, c.head_dim, pos, &self.rope);
-                b.rope(&mut own.k, c.n_kv_heads, c.head_dim, pos, &self.rope);
                 let seq = SeqPages { pages: &s.pages, slot: s.slot };
                 let mut cache = locked(&s.cache);
-                b.attention(&own.q, &own.k, &own.v, &mut cache.kv, seq, il, pos, &s.attention[il], &mut own.att);
+                let spec = &s.attention[il];
+                b.rope_attention(
+                    &mut own.q,
+                    &mut own.k,
+                    &own.v,
+                    &mut cache.kv,
+                    seq,
+                    il,
+                    pos,
+                    &self.rope,
+                    spec,
+                    &mut own.att,
+                );
                 drop(cache);
                 b.copy_rows(&own.att, 0, &mut a.att, first, t.len());
                 first += t.len();
             }
+            false
         };
         self.run_layers(b, a, &tokens, usize::MAX, false, &mut attend);
         // Each chunk's last row (gathered into `proj`, free after the layers) gets logits.
@@ -313,7 +344,9 @@ impl<B: Backend> Model<B> {
     }
 
     /// Embeds `tokens` into `a.x` and runs every layer on those rows; `attend` fills `a.att`
-    /// from `a.q`, `a.k`, `a.v` (before RoPE) for layer `il`. Probes report positions from
+    /// from `a.q`, `a.k`, `a.v` (before RoPE) for layer `il` — or, asked to merge DIFF V2's
+    /// head pairs (its last argument) and returning true, fills `a.pairs`' combined heads
+    /// instead (`a.att` then scratch). Probes report positions from
     /// `pos0` (`usize::MAX`: rows of several sequences, not reported). With `last_row_only`
     /// the last layer's feed-forward block may run on the last row alone: then the result
     /// is that row, in `a.last` (1 × n_embd), `a.x`'s rows are stale, and this returns true.
@@ -324,7 +357,7 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         pos0: usize,
         last_row_only: bool,
-        attend: &mut dyn FnMut(&mut B, usize, &mut Acts<B>),
+        attend: &mut Attend<'_, B>,
     ) -> bool {
         let c = &self.config;
         let n = tokens.len();
@@ -340,36 +373,48 @@ impl<B: Backend> Model<B> {
             // Attention block.
             b.rms_norm(&a.x, &l.attn_norm, c.rms_eps, &mut a.xn);
             observe(b, Probe::AttnIn, il, &a.xn);
-            b.matmul(&l.wq, &a.xn, &mut a.q);
-            b.matmul(&l.wk, &a.xn, &mut a.k);
-            b.matmul(&l.wv, &a.xn, &mut a.v);
+            // q, k, v (and DIFF V2's λ, before its sigmoid) from the same input, one group.
+            match (&l.lambda_proj, &mut a.pairs) {
+                (Some(w_lambda), Some((gate, _))) => {
+                    b.matmul_group(&[&l.wq, &l.wk, &l.wv, w_lambda], &a.xn, &mut [&mut a.q, &mut a.k, &mut a.v, gate])
+                }
+                _ => b.matmul_group(&[&l.wq, &l.wk, &l.wv], &a.xn, &mut [&mut a.q, &mut a.k, &mut a.v]),
+            }
             for (t, bias) in [(&mut a.q, &l.bq), (&mut a.k, &l.bk), (&mut a.v, &l.bv)] {
                 if let Some(bias) = bias {
                     b.add_bias(t, bias);
                 }
             }
-            attend(b, il, a);
+            // DIFF V2: each query-head pair becomes one head, weighed by λ (computed with
+            // q/k/v). The pair's heads are its two branches: merged by attention itself
+            // unless something looks at them (or DEX changes them first).
+            let branch_probes =
+                [Probe::AttnBranches, Probe::PairGates].into_iter().any(|p| probes && b.observes(p, il));
+            let merge = l.lambda_proj.is_some() && l.dex.is_none() && !branch_probes;
+            let merged = attend(b, il, a, merge);
             if let Some((w_d, lambda, heads)) = &l.dex {
                 b.dex(&mut a.att, w_d, *lambda, heads, c.head_dim);
             }
-            // DIFF V2: λ from the same normalised input as q/k/v, then each query-head
-            // pair becomes one head. The pair's heads are its two branches.
             let att = match (&l.lambda_proj, &mut a.pairs) {
-                (Some(w_lambda), Some((gate, combined))) => {
-                    observe(b, Probe::AttnBranches, il, &a.att);
-                    b.matmul(w_lambda, &a.xn, gate);
-                    observe(b, Probe::PairGates, il, gate);
-                    b.pair_combine(&a.att, gate, c.head_dim, combined);
+                (Some(_), Some((gate, combined))) => {
+                    if !merged {
+                        observe(b, Probe::AttnBranches, il, &a.att);
+                        observe(b, Probe::PairGates, il, gate);
+                        b.pair_combine(&a.att, gate, c.head_dim, combined);
+                    }
                     &*combined
                 }
                 _ => &a.att,
             };
             observe(b, Probe::AttnOut, il, att);
-            b.matmul(&l.wo, att, &mut a.proj);
-            if let Some(bias) = &l.bo {
-                b.add_bias(&mut a.proj, bias);
+            match &l.bo {
+                None => b.matmul_add(&l.wo, att, &mut a.proj, &mut a.x),
+                Some(bias) => {
+                    b.matmul(&l.wo, att, &mut a.proj);
+                    b.add_bias(&mut a.proj, bias);
+                    b.add(&mut a.x, &a.proj);
+                }
             }
-            b.add(&mut a.x, &a.proj);
             // Only the last row's logits wanted: the last layer's feed-forward block (~80% of
             // a layer's multiplies) runs on that row alone, as llama.cpp's does. `x` trades
             // places with the one-row `last` until the loop ends. (Not when an observer wants
@@ -390,21 +435,28 @@ impl<B: Backend> Model<B> {
             // Feed-forward block (SwiGLU).
             b.rms_norm(&a.x, &l.ffn_norm, c.rms_eps, &mut a.xn);
             observe(b, Probe::FfnIn, il, &a.xn);
-            b.matmul(&l.w_gate, &a.xn, &mut a.gate);
-            b.matmul(&l.w_up, &a.xn, &mut a.up);
-            if let Some(bias) = &l.b_gate {
-                b.add_bias(&mut a.gate, bias);
+            if l.b_gate.is_none() && l.b_up.is_none() {
+                b.matmul_swiglu(&l.w_gate, &l.w_up, &a.xn, &mut a.gate, &mut a.up);
+            } else {
+                b.matmul(&l.w_gate, &a.xn, &mut a.gate);
+                b.matmul(&l.w_up, &a.xn, &mut a.up);
+                if let Some(bias) = &l.b_gate {
+                    b.add_bias(&mut a.gate, bias);
+                }
+                if let Some(bias) = &l.b_up {
+                    b.add_bias(&mut a.up, bias);
+                }
+                b.swiglu(&mut a.gate, &a.up);
             }
-            if let Some(bias) = &l.b_up {
-                b.add_bias(&mut a.up, bias);
-            }
-            b.swiglu(&mut a.gate, &a.up);
             observe(b, Probe::FfnDownIn, il, &a.gate);
-            b.matmul(&l.w_down, &a.gate, &mut a.proj);
-            if let Some(bias) = &l.b_down {
-                b.add_bias(&mut a.proj, bias);
+            match &l.b_down {
+                None => b.matmul_add(&l.w_down, &a.gate, &mut a.proj, &mut a.x),
+                Some(bias) => {
+                    b.matmul(&l.w_down, &a.gate, &mut a.proj);
+                    b.add_bias(&mut a.proj, bias);
+                    b.add(&mut a.x, &a.proj);
+                }
             }
-            b.add(&mut a.x, &a.proj);
             observe(b, Probe::Hidden, il, &a.x);
         }
         if narrowed {

@@ -18,7 +18,7 @@ struct Loader<'a, B: Backend> {
     b: &'a mut B,
 }
 
-impl<B: Backend> Loader<'_, B> {
+impl<'a, B: Backend> Loader<'a, B> {
     /// A tensor that must exist with GGUF dims `[cols, rows]` (or `[cols]` when rows == 1).
     fn get(&mut self, name: &str, cols: usize, rows: usize) -> Result<B::Weight, RuntimeError> {
         self.opt(name, cols, rows)?
@@ -26,6 +26,30 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn opt(&mut self, name: &str, cols: usize, rows: usize) -> Result<Option<B::Weight>, RuntimeError> {
+        match self.view(name, cols, rows)? {
+            Some(view) => self.b.load_weight(&view).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Tensors that must exist, (name, cols, rows) each, multiplied by the same input: loaded
+    /// together ([`Backend::load_weight_group`]).
+    fn group(&mut self, tensors: &[(&str, usize, usize)]) -> Result<Vec<B::Weight>, RuntimeError> {
+        let mut views = Vec::with_capacity(tensors.len());
+        for &(name, cols, rows) in tensors {
+            views.push(self.view(name, cols, rows)?.ok_or_else(|| {
+                RuntimeError::BadModel(format!("{}: the model has no tensor '{name}'", self.file.label()))
+            })?);
+        }
+        self.b.load_weight_group(&views)
+    }
+
+    /// The tensor `name` if the file has it, checked to have GGUF dims `[cols, rows]` (or
+    /// `[cols]` when rows == 1).
+    fn view<'n>(&self, name: &'n str, cols: usize, rows: usize) -> Result<Option<WeightView<'n>>, RuntimeError>
+    where
+        'a: 'n,
+    {
         let Some(info) = self.file.tensor(name) else { return Ok(None) };
         let dims = info.dims();
         let ok = match dims {
@@ -40,9 +64,14 @@ impl<B: Backend> Loader<'_, B> {
                 self.file.label()
             )));
         }
-        let view =
-            WeightView { name, ty: info.ggml_type(), cols, rows, data: self.file.tensor_data(info), file: self.file };
-        self.b.load_weight(&view).map(Some)
+        Ok(Some(WeightView {
+            name,
+            ty: info.ggml_type(),
+            cols,
+            rows,
+            data: self.file.tensor_data(info),
+            file: self.file,
+        }))
     }
 
     /// A small tensor's values as f32 (λ vectors, rope factors), read on the host.
@@ -142,25 +171,35 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
             }
             None => None,
         };
+        // q, k, v (and V2's λ) read the same normalised input, gate and up likewise: each
+        // group loaded together, so that a backend may multiply it in one pass.
+        let (q, k, v, lam) = (p("attn_q.weight"), p("attn_k.weight"), p("attn_v.weight"), p("attn_lambda.weight"));
+        let mut qkv = vec![(q.as_str(), d, qd), (k.as_str(), d, kvd), (v.as_str(), d, kvd)];
+        if c.arch == Arch::DiffLlamaV2 {
+            qkv.push((lam.as_str(), d, c.n_heads / 2));
+        }
+        let mut qkv = ld.group(&qkv)?.into_iter();
+        let (wq, wk, wv) = (qkv.next().expect("q"), qkv.next().expect("k"), qkv.next().expect("v"));
+        let lambda_proj = qkv.next();
+        let (gate, up) = (p("ffn_gate.weight"), p("ffn_up.weight"));
+        let mut ffn = ld.group(&[(gate.as_str(), d, ff), (up.as_str(), d, ff)])?.into_iter();
+        let (w_gate, w_up) = (ffn.next().expect("gate"), ffn.next().expect("up"));
         layers.push(Layer {
             attn_norm: ld.get(&p("attn_norm.weight"), d, 1)?,
-            wq: ld.get(&p("attn_q.weight"), d, qd)?,
-            wk: ld.get(&p("attn_k.weight"), d, kvd)?,
-            wv: ld.get(&p("attn_v.weight"), d, kvd)?,
+            wq,
+            wk,
+            wv,
             wo: ld.get(&p("attn_output.weight"), od, d)?,
             bq: ld.opt(&p("attn_q.bias"), qd, 1)?,
             bk: ld.opt(&p("attn_k.bias"), kvd, 1)?,
             bv: ld.opt(&p("attn_v.bias"), kvd, 1)?,
             bo: ld.opt(&p("attn_output.bias"), d, 1)?,
             attention,
-            lambda_proj: match c.arch {
-                Arch::DiffLlamaV2 => Some(ld.get(&p("attn_lambda.weight"), d, c.n_heads / 2)?),
-                Arch::Llama | Arch::DiffLlama => None,
-            },
+            lambda_proj,
             dex,
             ffn_norm: ld.get(&p("ffn_norm.weight"), d, 1)?,
-            w_gate: ld.get(&p("ffn_gate.weight"), d, ff)?,
-            w_up: ld.get(&p("ffn_up.weight"), d, ff)?,
+            w_gate,
+            w_up,
             w_down: ld.get(&p("ffn_down.weight"), ff, d)?,
             b_gate: ld.opt(&p("ffn_gate.bias"), ff, 1)?,
             b_up: ld.opt(&p("ffn_up.bias"), ff, 1)?,

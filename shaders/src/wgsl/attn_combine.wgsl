@@ -2,7 +2,9 @@
 // unit), merges the n_chunks partials of each softmax — max M = max m_c, sum
 // L = Σ l_c·exp(m_c − M), output Σ acc_c·exp(m_c − M) / L — then writes the unit's output:
 // standard, that output; DIFF, RMSNorm(o1 − λ·o2) · (optional sub-norm weight) ·
-// (1 − λ_init) over its 2·head_dim values. One workgroup of CB_WG threads per (row, unit),
+// (1 − λ_init) over its 2·head_dim values; paired (DIFF V2, standard units), units 2i and
+// 2i+1 merged into one head, o_i = a_2i − sigmoid(g_i)·a_2i+1 with the gates in SN (the
+// pair combine folded in). One workgroup of CB_WG threads per (row, unit) or (row, pair),
 // each owning the dims lid + j·CB_WG (j < CB_DIMS). All arithmetic f32.
 
 struct Params {
@@ -10,7 +12,7 @@ struct Params {
     units: u32,
     head_dim: u32,
     n_chunks: u32,
-    q_dim: u32,      // output row stride (n_heads · head_dim)
+    q_dim: u32,      // output row stride (n_heads · head_dim; paired: half that)
     grid_x: u32,
     lambda: f32,
     out_scale: f32,  // 1 − λ_init
@@ -20,7 +22,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> PA: array<f32>;
-@group(0) @binding(2) var<storage, read> SN: array<f32>;
+@group(0) @binding(2) var<storage, read> SN: array<f32>;  // sub-norm weight, or (paired) the gates
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 
 // The merged, normalised output of softmax s at dims lid + j·CB_WG of partials `first`.
@@ -55,14 +57,30 @@ fn merged(first: u32, stride: u32, s: u32, vd: u32, lid: u32) -> array<f32, CB_D
 @compute @workgroup_size(CB_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let item = wg_index(wid, P.grid_x);
+    let per_row = select(P.units, P.units / 2u, ATT_PAIRED);
     // Uniform exit: a whole workgroup leaves or none does (the DIFF path has barriers).
-    if (item >= P.rows * P.units) {
+    if (item >= P.rows * per_row) {
         return;
     }
-    let row = item / P.units;
-    let u = item % P.units;
+    let row = item / per_row;
+    let u = item % per_row;
     let vd = P.head_dim * ATT_NS;
     let stride = ATT_NS * (2u + vd);
+    if (ATT_PAIRED) {
+        // Units 2u and 2u+1 of the row: their partials are consecutive.
+        let first_a = (row * P.units + 2u * u) * P.n_chunks * stride;
+        let a = merged(first_a, stride, 0u, vd, lid);
+        let b = merged(first_a + P.n_chunks * stride, stride, 0u, vd, lid);
+        let lambda = 1.0 / (1.0 + exp(-SN[row * per_row + u]));
+        let out = row * P.q_dim + u * vd;
+        for (var j = 0u; j < CB_DIMS; j++) {
+            let d = lid + j * CB_WG;
+            if (d < vd) {
+                O[out + d] = a[j] - lambda * b[j];
+            }
+        }
+        return;
+    }
     let first = item * P.n_chunks * stride;
     var o = merged(first, stride, 0u, vd, lid);
     let out = row * P.q_dim + u * vd;

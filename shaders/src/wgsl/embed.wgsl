@@ -8,6 +8,7 @@ struct Params {
     row0: u32,    // first table row in this chunk
     n_rows: u32,  // rows in this chunk
     grid_x: u32,
+    w_off: u32,   // first byte of the chunk in W
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -25,7 +26,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (id < P.row0 || id >= P.row0 + P.n_rows) {
         return;
     }
-    let rb = (id - P.row0) * P.row_bytes;
+    let rb = P.w_off + (id - P.row0) * P.row_bytes;
     let groups = (P.cols + 3u) / 4u;
     for (var g = lid; g < groups; g += 64u) {
         let v = decode4(rb, 4u * g, P.cols);

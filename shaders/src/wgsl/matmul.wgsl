@@ -1,4 +1,4 @@
-// Tiled matrix-matrix product for prefill: O[t][out_off + n] = Σ_k W[n][k] · X[t][k].
+// Tiled matrix-matrix product for prefill: O[t][out_off + n] (+)= Σ_k W[n][k] · X[t][k].
 // A workgroup of 256 threads computes a tile of MM_TM weight rows × MM_TN tokens; each
 // step dequantizes MM_TM × 32 weights (decode4 of the weight type) and loads MM_TN × 32
 // activations into workgroup memory (16 KiB in f32, WebGPU's default limit), then every
@@ -14,6 +14,8 @@ struct Params {
     t_rows: u32,     // tokens (T)
     x_stride: u32,   // elements per token row of X
     o_stride: u32,   // elements per token row of O
+    w_off: u32,      // first byte of the weight chunk in W
+    accumulate: u32, // 1: O += products (the residual add), 0: O = products
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -54,7 +56,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let n = n0 + e / TK4;
             var w = vec4<f32>(0.0);
             if (n < P.n_rows) {
-                w = decode4(n * P.row_bytes, k0 + 4u * (e % TK4), P.cols);
+                w = decode4(P.w_off + n * P.row_bytes, k0 + 4u * (e % TK4), P.cols);
             }
             ws[e] = vec4<act>(w);
         }
@@ -85,7 +87,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var j = 0u; j < 4u; j++) {
                 let t = t0 + 4u * tx + j;
                 if (t < P.t_rows) {
-                    O[t * P.o_stride + P.out_off + n] = acc[i][j];
+                    let o = t * P.o_stride + P.out_off + n;
+                    if (P.accumulate != 0u) {
+                        O[o] += acc[i][j];
+                    } else {
+                        O[o] = acc[i][j];
+                    }
                 }
             }
         }

@@ -1,76 +1,92 @@
-// Matrix-vector product for decode: O[out_off + r] = Σ_k W[r][k] · X[k] for one token.
-// A workgroup of MV_WG threads computes MV_WG / tpr consecutive weight rows, tpr =
-// P.threads_per_row threads per row (a power of two), each summing 4-element groups (decode4 of the weight type) four at a
-// time (all four groups' loads issued before any is used: a GPU thread stalls at the first
-// use of a load, so this quarters the stalls), and the sums reduced in workgroup memory.
-// Products in `act` (f16 or f32), sums in f32.
+// Matrix-vector product for decode (`src/matvec.rs` says why it is shaped so): one token
+// times the rows of up to four matrices of one weight buffer. A workgroup of MV_WG threads
+// takes MV_R rows of one matrix; thread t walks slots t, t + MV_WG, … of those rows (see
+// matvec_slots/common.wgsl), loading each slot's activations once for all MV_R rows. The
+// main entry point (matvec_reduce_*.wgsl) sums the threads' partials and calls mv_finish,
+// which applies the epilogue EPI: 0 store, 1 add into O0, 2 SwiGLU (matrix 0 the gate,
+// matrix 1 the up rows: MV_ACC = 2·MV_R partials), 3 split (matrix m into output m).
+// Products and sums in f32.
 
 struct Params {
-    n_rows: u32,     // rows of this weight chunk
-    cols: u32,       // elements per row (K)
-    row_bytes: u32,  // bytes per row in W
-    out_off: u32,    // first output column written (the chunk's first row)
+    cols: u32,       // elements per row (K), the same for every matrix
+    row_bytes: u32,  // bytes per row
     grid_x: u32,     // workgroups along x of the dispatch
-    x_off: u32,      // first element of the token in X
-    o_base: u32,     // first element of the token's output row in O
-    threads_per_row: u32,
+    x_off4: u32,     // first vec4 of the token in X
+    out_off: u32,    // added to every output index (a chunk's first row)
+    rows0: u32,      // matrix 0: rows and first byte in W
+    woff0: u32,
+    rows1: u32,      // matrix 1 (split, SwiGLU's up): rows, first byte, first workgroup
+    woff1: u32,
+    wg1: u32,
+    rows2: u32,
+    woff2: u32,
+    wg2: u32,
+    rows3: u32,
+    woff3: u32,
+    wg3: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> W: array<u32>;
-@group(0) @binding(2) var<storage, read> X: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> O0: array<f32>;
 
-var<workgroup> partial: array<f32, MV_WG>;
-
-fn load_x4(k: u32) -> vec4<f32> {
-    let b = P.x_off + k;
-    if (k + 4u <= P.cols) {
-        return vec4<f32>(X[b], X[b + 1u], X[b + 2u], X[b + 3u]);
-    }
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if (k + j < P.cols) {
-            v[j] = X[b + j];
-        }
-    }
-    return v;
+// A workgroup's work: matrix m, its rows and first byte, the workgroup's first row r0
+// (r0 >= rows: none).
+struct Job {
+    m: u32,
+    rows: u32,
+    woff: u32,
+    r0: u32,
 }
 
-@compute @workgroup_size(MV_WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tpr = P.threads_per_row;
-    let row = wg_index(wid, P.grid_x) * (MV_WG / tpr) + lid / tpr;
-    let t = lid % tpr;
-    var acc = 0.0;
-    if (row < P.n_rows) {
-        let rb = row * P.row_bytes;
-        let groups = (P.cols + 3u) / 4u;
-        var g = t;
-        for (; g + 3u * tpr < groups; g += 4u * tpr) {
-            let w0 = vec4<act>(decode4(rb, 4u * g, P.cols));
-            let w1 = vec4<act>(decode4(rb, 4u * (g + tpr), P.cols));
-            let w2 = vec4<act>(decode4(rb, 4u * (g + 2u * tpr), P.cols));
-            let w3 = vec4<act>(decode4(rb, 4u * (g + 3u * tpr), P.cols));
-            let x0 = vec4<act>(load_x4(4u * g));
-            let x1 = vec4<act>(load_x4(4u * (g + tpr)));
-            let x2 = vec4<act>(load_x4(4u * (g + 2u * tpr)));
-            let x3 = vec4<act>(load_x4(4u * (g + 3u * tpr)));
-            acc += (f32(dot(w0, x0)) + f32(dot(w1, x1))) + (f32(dot(w2, x2)) + f32(dot(w3, x3)));
+fn mv_job(wgi: u32) -> Job {
+    if (EPI == 3u) {
+        if (wgi >= P.wg3) {
+            return Job(3u, P.rows3, P.woff3, (wgi - P.wg3) * MV_R);
         }
-        for (; g < groups; g += tpr) {
-            acc += f32(dot(vec4<act>(decode4(rb, 4u * g, P.cols)), vec4<act>(load_x4(4u * g))));
+        if (wgi >= P.wg2) {
+            return Job(2u, P.rows2, P.woff2, (wgi - P.wg2) * MV_R);
+        }
+        if (wgi >= P.wg1) {
+            return Job(1u, P.rows1, P.woff1, (wgi - P.wg1) * MV_R);
         }
     }
-    partial[lid] = acc;
-    workgroupBarrier();
-    for (var s = tpr / 2u; s > 0u; s >>= 1u) {
-        if (t < s) {
-            partial[lid] += partial[lid + s];
+    return Job(0u, P.rows0, P.woff0, wgi * MV_R);
+}
+
+// This thread's partial sums: acc[r] for row r0 + r, and (SwiGLU) acc[MV_R + r] for the
+// same row of the up matrix. Rows past the matrix's end repeat its last row (their sums
+// are dropped) so that every thread runs the same loop.
+fn mv_partials(job: Job, lid: u32) -> array<f32, MV_ACC> {
+    var acc: array<f32, MV_ACC>;
+    let n_slots = (P.cols + SLOT_ELEMS - 1u) / SLOT_ELEMS;
+    let up = P.woff1 - P.woff0;
+    for (var s = lid; s < n_slots; s += MV_WG) {
+        let xs = slot_x(s);
+        for (var r = 0u; r < MV_R; r++) {
+            let rb = job.woff + min(job.r0 + r, job.rows - 1u) * P.row_bytes;
+            acc[r] += slot_dot(rb, s, xs);
+            if (EPI == 2u) {
+                acc[MV_R + r] += slot_dot(rb + up, s, xs);
+            }
         }
-        workgroupBarrier();
     }
-    if (t == 0u && row < P.n_rows) {
-        O[P.o_base + P.out_off + row] = partial[lid];
+    return acc;
+}
+
+// Row r0 + k's sum `v` (and SwiGLU's up sum `u`) into its output.
+fn mv_finish(job: Job, k: u32, v: f32, u: f32) {
+    let row = job.r0 + k;
+    if (row >= job.rows) {
+        return;
+    }
+    let i = P.out_off + row;
+    if (EPI == 1u) {
+        O0[i] += v;
+    } else if (EPI == 2u) {
+        O0[i] = v / (1.0 + exp(-v)) * u;
+    } else {
+        store_out(job.m, i, v);
     }
 }

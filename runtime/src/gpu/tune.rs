@@ -1,0 +1,76 @@
+//! The kernel choices a run can make (`--gpu-tune`): the matvec's workgroup shape,
+//! subgroup reductions, trusted shader modules and fusion. Each defaults to what suits the
+//! adapter; naming one that the adapter cannot run is refused with the reason when the
+//! device is opened ([`super::device::GpuContext::new`]), never left to fail in a kernel.
+//! One GPU run sweeps them (`runtime/bench/gpu_speed.sh`), so that the defaults follow
+//! measurements.
+
+use duet_shaders::MvShape;
+
+/// Kernel choices; `None` leaves one to the adapter's default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuTune {
+    /// Matvec threads per workgroup and weight rows per workgroup.
+    pub matvec: Option<(u32, u32)>,
+    /// Subgroup reductions in the matvec (default: where the adapter has SUBGROUP).
+    pub subgroups: Option<bool>,
+    /// Shader modules without naga's bounds checks and loop bounding for the kernels whose
+    /// accesses are in range by construction ([`duet_shaders::Op::trusted`]); default off.
+    pub trusted: Option<bool>,
+    /// Fused kernels: matvec epilogues (residual add, SwiGLU, the q/k/v split) and RoPE with
+    /// the K/V write; off runs one dispatch per op (default on).
+    pub fuse: Option<bool>,
+}
+
+impl GpuTune {
+    /// What `--gpu-tune` accepts, for `--help` and error messages.
+    pub const HELP: &'static str = "comma-separated KEY=VALUE: matvec=WGxROWS (threads and weight rows per \
+        workgroup of the decode matvec: WG 32, 64, 128 or 256, ROWS 1, 2 or 4; default 128x2 on a GPU, 32x4 on a \
+        software adapter), subgroups=on|off (subgroup reductions; default on where the adapter has them), \
+        trusted=on|off (kernels proven in bounds skip the shader compiler's runtime checks; default off), \
+        fuse=on|off (fused kernels: matvec epilogues, RoPE with the K/V write; default on)";
+
+    /// Parses `--gpu-tune`'s value (empty: all defaults).
+    pub fn parse(s: &str) -> Result<GpuTune, String> {
+        let mut t = GpuTune::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) =
+                item.split_once('=').ok_or_else(|| format!("'{item}' is not KEY=VALUE ({})", GpuTune::HELP))?;
+            let on_off = || match value.trim() {
+                "on" | "1" | "true" => Ok(true),
+                "off" | "0" | "false" => Ok(false),
+                v => Err(format!("{key}={v}: the value must be on or off")),
+            };
+            match key.trim() {
+                "matvec" => {
+                    let shape = MvShape::parse(value, false)?;
+                    t.matvec = Some((shape.wg, shape.rows));
+                }
+                "subgroups" => t.subgroups = Some(on_off()?),
+                "trusted" => t.trusted = Some(on_off()?),
+                "fuse" => t.fuse = Some(on_off()?),
+                k => return Err(format!("unknown --gpu-tune key '{k}' ({})", GpuTune::HELP)),
+            }
+        }
+        Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_key_and_refuses_what_it_does_not_know() {
+        let t = GpuTune::parse("matvec=64x4, subgroups=off,trusted=on,fuse=0").unwrap();
+        assert_eq!(
+            t,
+            GpuTune { matvec: Some((64, 4)), subgroups: Some(false), trusted: Some(true), fuse: Some(false) }
+        );
+        assert_eq!(GpuTune::parse("").unwrap(), GpuTune::default());
+        for bad in ["matvec=100x2", "matvec=128x3", "matvec=128", "subgroups=maybe", "speed=max", "fuse"] {
+            assert!(GpuTune::parse(bad).is_err(), "{bad} accepted");
+        }
+        assert!(GpuTune::parse("colour=red").unwrap_err().contains("unknown --gpu-tune key 'colour'"));
+    }
+}
