@@ -559,7 +559,72 @@ fn cli_device_flag_run_and_bench() {
     }
     let (_, se) = duet(&["run", "-p", "hello", "-n", "2", "--temp", "0", "--device", "cpu"]);
     assert!(!se.contains("GPU adapter"), "{se}");
+    // Kernel choices: taken, shown in the backend's description, refused with the reason.
+    let (so, _) = duet(&[
+        "bench",
+        "-p",
+        "0",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--device",
+        "gpu",
+        "--gpu-tune",
+        "matvec=64x1,subgroups=off,fuse=off",
+    ]);
+    assert!(so.contains("matvec 64x1 with workgroup-memory sums (no subgroups)") && so.contains("unfused"), "{so}");
+    assert!(so.contains("GPU work of tg2: 39 dispatches per decoded token over 2 layers"), "18 a layer: {so}");
+    let refused = |args: &[&str], why: &str| {
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_duet")).arg("bench").arg("-m").arg(&path).args(args).output().unwrap();
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && se.contains(why) && !se.contains("panicked"), "{args:?}: {se}");
+    };
+    refused(&["--device", "gpu", "--gpu-tune", "matvec=100x2"], "'100x2' is not a matvec shape");
+    refused(&["--device", "gpu", "--gpu-tune", "speed=max"], "unknown --gpu-tune key 'speed'");
+    refused(&["--device", "cpu", "--gpu-tune", "fuse=off"], "--gpu-tune chooses GPU kernels");
     let _ = std::fs::remove_file(&path);
+}
+
+/// `duet bench --gpu-kernels test` times every matvec variant (12 shapes with subgroup sums,
+/// trusted, and without subgroups) on two small matrices and names the best per type.
+#[test]
+fn cli_kernel_sweep() {
+    let test = "cli_kernel_sweep";
+    if let Err(e) = GpuBackend::new(&GpuOptions::default()) {
+        no_gpu(test, &format!("no usable GPU adapter ({e})"));
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(["bench", "--device", "gpu", "--gpu-kernels", "test"])
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+    let rows = |suffix: &str| {
+        so.lines().filter(|l| l.starts_with("| ") && l.split(" |").next().is_some_and(|v| v.ends_with(suffix))).count()
+    };
+    let with_sub = GpuBackend::new(&GpuOptions {
+        tune: GpuTune { subgroups: Some(true), ..Default::default() },
+        ..Default::default()
+    })
+    .is_ok();
+    assert_eq!(rows("-nosub"), 12, "{so}");
+    assert_eq!(rows(" trusted"), if with_sub { 12 } else { 0 }, "{so}");
+    assert!(so.contains("| Q4_0 | small | ") && so.contains("| Q6_K | small | "), "{so}");
+    // Every timing a positive number of microseconds.
+    let variant_rows: Vec<&str> = so
+        .lines()
+        .filter(|l| l.split('|').nth(1).is_some_and(|v| v.trim().starts_with(|c: char| c.is_ascii_digit())))
+        .collect();
+    assert_eq!(variant_rows.len(), if with_sub { 36 } else { 12 }, "{so}");
+    for l in variant_rows {
+        for cell in l.split('|').skip(2).filter(|c| !c.trim().is_empty()) {
+            let us: f64 = cell.trim().split(' ').next().unwrap().parse().unwrap_or(-1.0);
+            assert!(us > 0.0, "{l}");
+        }
+    }
 }
 
 /// A small buffer limit (GpuOptions::max_binding, 16 KiB here) makes a batch's logits too

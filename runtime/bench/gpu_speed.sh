@@ -17,19 +17,14 @@
 #     build its slow fallback kernels;
 #   * the Vulkan loader (libvulkan1 and the GL dispatch libraries the NVIDIA driver's ICD
 #     needs) as .deb files, for a machine image without one.
-# run (the GPU machine; python3 with numpy, nvidia-smi and torch are used if present):
-#   1. every GPU test binary with DUET_REQUIRE_GPU=1 (a missing adapter fails; tests that
-#      need assets not carried — SmolLM2, the Python oracles, Chromium — skip and are listed);
-#   2. random-weight 1.1B models in the TinyLlama shape (converter/bench/make_random_llama.py,
-#      converted by duet): Llama Q4_0, Q4_K_M, Q8_0 and the same-shape DiffLlama Q4_0;
-#   3. `llama-bench -ngl 99` and `duet bench --device gpu`, pp512 and tg128, -r 3, and decode
-#      at depth 4,096 with f16 and 4-bit caches (llama.cpp q4_0/q4_0 with flash attention,
-#      duet q4c/q4r); the card's copy bandwidth (torch, bytes read + written) beside duet's
-#      decode weight streaming rate;
-#   4. `duet bench --gpu-profile`: each kernel's share of the GPU time of pp512 and tg128
-#      (Llama and DiffLlama Q4_0) and of decode at depth 4,096.
-# Results go to $OUT (the device tool's folder) or target/gpu-speed: gpu-speed.md (the table
-# and the machine), gpu-tests.log, profiles.md, run.log.
+# run (the GPU machine; python3 with numpy, nvidia-smi and torch are used if present): the
+#   steps in gpu_speed_run.sh's header, most telling first, each only while RUN_BUDGET
+#   seconds (default 540) last — the kernel tests, the matvec kernel sweep, llama.cpp beside
+#   duet on random 1.1B Llama files (Q4_0, Q4_K_M, Q8_0) and the same-shape DiffLlama,
+#   decode under each --gpu-tune variant, decode at depth 4,096 (f16 and 4-bit caches),
+#   other carried builds, DIFF V2, kernel profiles, the remaining GPU tests.
+# Results go to $OUT (the device tool's folder) or target/gpu-speed: gpu-speed.md (the tables
+# and the machine), kernels.md (the matvec sweep), gpu-tests.log, profiles.md, run.log.
 #
 #   DUET_BASE="path/to/duet-<commit> …" runtime/bench/gpu_speed.sh prepare
 # also carries other duet binaries (named for their commit or change); `run` then adds their

@@ -1,11 +1,36 @@
 # The `run` step of runtime/bench/gpu_speed.sh (sourced by it; see there): on the GPU
 # machine, from the repository root, with .gpu-carry/ made by `prepare` beside it.
+#
+# Device time is short (minutes a session), so the steps run in the order of what they
+# tell, each only if the time left (RUN_BUDGET seconds from the start, default 540) covers
+# what it needs; every result file is written as its rows come, so a run cut short still
+# brings back what it measured:
+#   1. the GPU kernel tests (runtime gpu_ops: every kernel and fallback against the CPU);
+#   2. the card's copy bandwidth and the matvec kernel sweep (`duet bench --gpu-kernels
+#      llama`: every variant on the 1.1B and 8B Llama matrices) -> kernels.md;
+#   3. llama.cpp beside duet, pp512 and tg128, on the random 1.1B Llama (Q4_0, Q4_K_M,
+#      Q8_0) and the same-shape DiffLlama -> gpu-speed.md;
+#   4. decode under each --gpu-tune variant (fusion off, no subgroups, trusted modules,
+#      other matvec shapes, submission sizes) -> gpu-speed.md;
+#   5. decode at depth 4,096, f16 and 4-bit caches, both programs;
+#   6. other duet builds carried by `DUET_BASE=… prepare`, on the same card;
+#   7. the same-shape DIFF V2;
+#   8. where the GPU time goes (`--gpu-profile`) -> profiles.md;
+#   9. the other GPU test binaries.
 
 run() {
   local out=${OUT:-$PWD/target/gpu-speed}
+  local deadline=$((SECONDS + ${RUN_BUDGET:-540}))
+  # Whether `$1` seconds are left for the next step (else it is noted as skipped).
+  time_for() {
+    if [ $((deadline - SECONDS)) -ge "$1" ]; then return 0; fi
+    echo "(skipped for time: $2)" | tee -a "$res" >&2
+    return 1
+  }
   mkdir -p "$out"
-  local log=$out/run.log
+  local log=$out/run.log res=$out/gpu-speed.md kern=$out/kernels.md prof=$out/profiles.md
   : >"$log"
+  : >"$res"
   [ -f "$carry/bin.tar.xz" ] || { echo "error: no $carry/bin.tar.xz: run 'runtime/bench/gpu_speed.sh prepare' first" >&2; exit 1; }
   # The Vulkan loader, where the image has none (the device tool's recipe: unpacked into /).
   if ! ldconfig -p | grep -q 'libvulkan.so.1'; then
@@ -39,23 +64,52 @@ run() {
   driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
   bench_say "GPU: ${gpu:-unknown}, driver ${driver:-unknown}"
 
-  # 1. The GPU tests.
+  # 1. The kernel tests: every kernel and fallback against the CPU backend.
   local tests_log=$out/gpu-tests.log t name failed=0
   : >"$tests_log"
   export DUET_REQUIRE_GPU=1 DUET_SKIP_LOG=$out/skips.txt
   : >"$DUET_SKIP_LOG"
-  [ "${TESTS:-1}" = 1 ] || gpu_tests=()
-  for t in "${gpu_tests[@]}"; do
-    name=${t#*:}
-    bench_say "test binary $name"
-    echo "=== $name" >>"$tests_log"
-    timeout 180 "$stage/target/release/deps/$name" --test-threads "$(nproc)" >>"$tests_log" 2>&1 || failed=1
-  done
-  grep -E '^(=== |test result:|test .* FAILED|failures:|SKIPPED)' "$tests_log" >&2 || true
-  unset DUET_REQUIRE_GPU
+  run_tests() {
+    for t in "$@"; do
+      name=${t#*:}
+      bench_say "test binary $name"
+      echo "=== $name" >>"$tests_log"
+      timeout 150 "$stage/target/release/deps/$name" --test-threads "$(nproc)" >>"$tests_log" 2>&1 || failed=1
+    done
+  }
+  [ "${TESTS:-1}" = 1 ] && run_tests "duet-runtime:gpu_ops"
 
-  # 2. The models.
-  local models=() diff_model depth=4096 tg=128 pp=512
+  # 2. Copy bandwidth (bytes read + written per second), then the matvec sweep.
+  local bw
+  bw=$(python3 - 2>>"$log" <<'PY' || true
+import torch
+x = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
+y = torch.empty_like(x)
+for _ in range(3):
+    y.copy_(x)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20):
+    y.copy_(x)
+e.record()
+torch.cuda.synchronize()
+print(f"{2 * x.numel() * 4 * 20 / (s.elapsed_time(e) / 1e3) / 1e9:.0f}")
+PY
+  )
+  {
+    echo "GPU: ${gpu:-unknown}; driver ${driver:-unknown}; copy bandwidth ${bw:-unmeasured} GB/s (torch, read + written)."
+    echo "duet $(cat "$stage/commit") \`--device gpu\` (Vulkan through wgpu), llama.cpp 0c1e57098 \`llama-bench -ngl 99\` (Vulkan)."
+    echo "Host: $(bench_machine)."
+    echo
+  } >>"$res"
+  if [ "${MODELS:-}" != small ] && time_for 150 "the matvec kernel sweep"; then
+    bench_say "matvec kernel sweep"
+    { echo "GPU: ${gpu:-unknown}; driver ${driver:-unknown}; copy bandwidth ${bw:-unmeasured} GB/s."; echo; } >"$kern"
+    timeout 200 "$duet" bench --device gpu --gpu-kernels llama >>"$kern" 2>>"$log" || echo "(the sweep failed: see run.log)" >>"$kern"
+  fi
+
+  # 3. The models, and the two programs side by side.
+  local models=() diff_model depth=4096 tg=128 pp=512 base
   if [ "${MODELS:-}" = small ]; then
     depth=256
     for m in llama-ref diff-ref; do
@@ -64,7 +118,6 @@ run() {
     models=("$BENCH/llama-ref.q8_0.gguf")
     diff_model=$BENCH/diff-ref.q8_0.gguf
   else
-    local base
     for a in llama diff; do
       base=$BENCH/random-$a-1.1b
       if [ ! -s "$base.f16.gguf" ]; then
@@ -82,36 +135,16 @@ run() {
     diff_model=$BENCH/random-diff-1.1b.q4_0.gguf
     [ -s "$diff_model" ] || "$duet" convert "$BENCH/random-diff-1.1b.f16.gguf" -t q4_0 -o "$diff_model" -q
   fi
-
-  # 3. Speed. The card's copy bandwidth first (bytes read + written per second).
-  local bw
-  bw=$(python3 - 2>>"$log" <<'PY' || true
-import torch
-x = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
-y = torch.empty_like(x)
-for _ in range(3):
-    y.copy_(x)
-s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-s.record()
-for _ in range(20):
-    y.copy_(x)
-e.record()
-torch.cuda.synchronize()
-print(f"{2 * x.numel() * 4 * 20 / (s.elapsed_time(e) / 1e3) / 1e9:.0f}")
-PY
-  )
-  local res=$out/gpu-speed.md
   {
-    echo "GPU: ${gpu:-unknown}; driver ${driver:-unknown}; copy bandwidth ${bw:-unmeasured} GB/s (torch, read + written)."
-    echo "duet $(cat "$stage/commit") \`--device gpu\` (Vulkan through wgpu), llama.cpp 0c1e57098 \`llama-bench -ngl 99\` (Vulkan);"
-    echo "-p $pp -n $tg -r 3; depth rows -p 0 -n $tg -d $depth -r 2. Host: $(bench_machine)."
+    echo "-p $pp -n $tg -r 3:"
     echo
     echo "| model | llama.cpp pp$pp | duet pp$pp | ratio | llama.cpp tg$tg | duet tg$tg | ratio | duet tg weights GB/s (of copy bandwidth) |"
     echo "|---|---|---|---|---|---|---|---|"
-  } >"$res"
+  } >>"$res"
   local m lp lt dp dt dg share
   declare -A duet_tg=()
   for m in "${models[@]}" "$diff_model"; do
+    time_for 40 "$(basename "$m")" || continue
     bench_say "speed of $(basename "$m")"
     read -r lp lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_llama_parse)
     read -r dp dt dg < <(timeout 150 "$duet" bench -m "$m" --device gpu -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
@@ -121,76 +154,114 @@ PY
   done
   {
     echo
-    echo "Decode at depth $depth, $(basename "${models[0]}" .gguf):"
+    echo "duet, DiffLlama / same-shape Llama decode: $(bench_ratio "${duet_tg[$diff_model]:-}" "${duet_tg[${models[0]}]:-}") (llama.cpp does not run DiffLlama)."
     echo
-    echo "| cache | llama.cpp tg$tg @ d$depth | duet tg$tg @ d$depth | ratio |"
-    echo "|---|---|---|---|"
-  } >>"$res"
-  local lc_f16 du_f16 lc_q4 du_q4 x
-  read -r x lc_f16 < <(timeout 150 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_llama_parse)
-  read -r x du_f16 x < <(timeout 150 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_duet_parse)
-  read -r x lc_q4 < <(timeout 150 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -ctk q4_0 -ctv q4_0 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_llama_parse)
-  read -r x du_q4 x < <(timeout 150 "$duet" bench -m "${models[0]}" --device gpu --ctk q4c --ctv q4r -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_duet_parse)
-  {
-    echo "| f16 | $lc_f16 | $du_f16 | $(bench_ratio "$du_f16" "$lc_f16") |"
-    echo "| 4-bit (llama.cpp q4_0/q4_0, duet q4c/q4r) | $lc_q4 | $du_q4 | $(bench_ratio "$du_q4" "$lc_q4") |"
-    echo
-    echo "duet, 4-bit cache / f16 cache at depth $depth: $(bench_ratio "$du_q4" "$du_f16")."
-    echo "duet, DiffLlama / same-shape Llama decode ($(basename "$diff_model" .gguf) / $(basename "${models[0]}" .gguf)): $(bench_ratio "${duet_tg[$diff_model]}" "${duet_tg[${models[0]}]}") (llama.cpp does not run DiffLlama)."
+    grep -h -E '^GPU work of' "$log" | sort -u | sed 's/^/    /'
     echo
     echo "Adapters (from the programs' own logs):"
     echo
     grep -h -E '^GPU adapter:|^ggml_vulkan: [0-9]+ =|^ggml_vulkan: No devices' "$log" | sort -u | sed 's/^/    /'
   } >>"$res"
 
-  # Other builds carried by `DUET_BASE=… prepare`, if any: decode beside this one, and this
-  # one submitting once per token (the host's time then comes before the GPU's).
-  if [ -d "$stage/base" ]; then
-    local b bt nt name
-    declare -A this_tg=()
+  # 4. Decode under each kernel choice, the two main files.
+  local tunes=("" "fuse=off" "subgroups=off" "trusted=on" "matvec=64x2" "matvec=128x1" "matvec=128x4" "matvec=256x2" "matvec=32x4")
+  local x nt v
+  {
+    echo
+    echo "Decode tg$tg (-r 3) under --gpu-tune variants, and submission sizes (--gpu-submit-every):"
+    echo
+    echo "| variant | $(basename "${models[0]}" .gguf) | $(basename "${models[1]:-${models[0]}}" .gguf) |"
+    echo "|---|---|---|"
+  } >>"$res"
+  for v in "${tunes[@]}" "submit=25" "submit=0"; do
+    time_for 15 "tune $v" || break
+    local row="| ${v:-default} |"
+    for m in "${models[0]}" "${models[1]:-${models[0]}}"; do
+      case $v in
+        submit=*) read -r x nt x < <(timeout 60 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 --gpu-submit-every "${v#submit=}" 2>>"$log" | bench_duet_parse) ;;
+        "") nt=${duet_tg[$m]:-} ;;
+        *) read -r x nt x < <(timeout 60 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 --gpu-tune "$v" 2>>"$log" | bench_duet_parse) ;;
+      esac
+      row="$row $nt |"
+    done
+    echo "$row" >>"$res"
+  done
+
+  # 5. Decode at depth.
+  local lc_f16 du_f16 lc_q4 du_q4
+  if time_for 60 "decode at depth $depth"; then
     {
       echo
-      echo "Decode of other duet builds and of this one ($(cat "$stage/commit")), same card, same run:"
+      echo "Decode at depth $depth, $(basename "${models[0]}" .gguf) (-p 0 -n $tg -d $depth -r 2):"
+      echo
+      echo "| cache | llama.cpp tg$tg @ d$depth | duet tg$tg @ d$depth | ratio |"
+      echo "|---|---|---|---|"
+    } >>"$res"
+    read -r x lc_f16 < <(timeout 100 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_llama_parse)
+    read -r x du_f16 x < <(timeout 100 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_duet_parse)
+    echo "| f16 | $lc_f16 | $du_f16 | $(bench_ratio "$du_f16" "$lc_f16") |" >>"$res"
+    read -r x lc_q4 < <(timeout 100 "$lbench" -m "${models[0]}" -ngl 99 -fa 1 -ctk q4_0 -ctv q4_0 -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_llama_parse)
+    read -r x du_q4 x < <(timeout 100 "$duet" bench -m "${models[0]}" --device gpu --ctk q4c --ctv q4r -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_duet_parse)
+    echo "| 4-bit (llama.cpp q4_0/q4_0, duet q4c/q4r) | $lc_q4 | $du_q4 | $(bench_ratio "$du_q4" "$lc_q4") |" >>"$res"
+    echo >>"$res"
+    echo "duet, 4-bit cache / f16 cache at depth $depth: $(bench_ratio "$du_q4" "$du_f16")." >>"$res"
+  fi
+
+  # 6. Other builds carried by `DUET_BASE=… prepare`, on the same card in the same run.
+  if [ -d "$stage/base" ]; then
+    local b bt name
+    {
+      echo
+      echo "Decode tg$tg (-r 3) of other duet builds beside this one ($(cat "$stage/commit")), same card, same run:"
       echo
       echo "| build | model | tg$tg | this build / it |"
       echo "|---|---|---|---|"
     } >>"$res"
     for m in "${models[@]}" "$diff_model"; do
-      read -r x nt x < <(timeout 150 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
-      this_tg[$m]=$nt
-      echo "| this | $(basename "$m" .gguf) | $nt | |" >>"$res"
       for b in "$stage"/base/*/duet; do
+        time_for 12 "$(cat "$(dirname "$b")/name") on $(basename "$m")" || break 2
         name=$(cat "$(dirname "$b")/name")
-        read -r x bt x < <(timeout 150 "$b" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
-        echo "| $name | $(basename "$m" .gguf) | $bt | $(bench_ratio "$nt" "$bt") |" >>"$res"
+        read -r x bt x < <(timeout 60 "$b" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+        echo "| $name | $(basename "$m" .gguf) | $bt | $(bench_ratio "${duet_tg[$m]:-}" "$bt") |" >>"$res"
       done
-    done
-    m=${models[0]}
-    nt=${this_tg[$m]}
-    read -r x bt x < <(timeout 150 "$duet" bench -m "$m" --device gpu --gpu-submit-every 0 -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
-    echo "| this, one submission per token | $(basename "$m" .gguf) | $bt | $(bench_ratio "$nt" "$bt") |" >>"$res"
-    for b in "$stage"/base/*/duet; do
-      name=$(cat "$(dirname "$b")/name")
-      read -r x bt x < <(timeout 150 "$b" bench -m "$m" --device gpu -p 0 -n $tg -d $depth -r 2 2>>"$log" | tee -a "$log" | bench_duet_parse)
-      echo "| $name | $(basename "$m" .gguf) @ d$depth f16 | $bt | $(bench_ratio "$du_f16" "$bt") |" >>"$res"
     done
   fi
 
-  # 4. Where duet's GPU time goes.
-  local prof=$out/profiles.md
-  : >"$prof"
-  for m in "${models[0]}" "$diff_model"; do
-    echo "## $(basename "$m" .gguf): pp$pp and tg$tg" >>"$prof"
-    timeout 150 "$duet" bench -m "$m" --device gpu --gpu-profile -p $pp -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
-  done
-  echo "## $(basename "${models[0]}" .gguf): decode at depth $depth, f16 and q4c/q4r caches" >>"$prof"
-  timeout 150 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
-  timeout 150 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile --ctk q4c --ctv q4r -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" \
-    || echo "(failed)" >>"$prof"
+  # 7. DIFF V2 of the same shape.
+  if [ "${MODELS:-}" != small ] && time_for 90 "the DIFF V2 model"; then
+    base=$BENCH/random-v2-1.1b
+    if [ ! -s "$base.q4_0.gguf" ]; then
+      bench_say "making the random 1.1B DIFF V2"
+      bench_random_llama "$base" --dtype f16 --v2 >>"$log" && "$duet" convert "$base" -t q4_0 -o "$base.q4_0.gguf" -q
+      rm -rf "$base"
+    fi
+    read -r x nt x < <(timeout 60 "$duet" bench -m "$base.q4_0.gguf" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+    echo >>"$res"
+    echo "duet, DIFF V2 / same-shape Llama decode (random-v2-1.1b.q4_0, tg$tg $nt): $(bench_ratio "$nt" "${duet_tg[${models[0]}]:-}")." >>"$res"
+  fi
 
+  # 8. Where duet's GPU time goes.
+  : >"$prof"
+  if time_for 40 "the profiles"; then
+    for m in "${models[0]}" "${models[1]:-${models[0]}}"; do
+      echo "## $(basename "$m" .gguf): tg$tg" >>"$prof"
+      timeout 60 "$duet" bench -m "$m" --device gpu --gpu-profile -p 0 -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
+    done
+    echo "## $(basename "${models[0]}" .gguf): decode at depth $depth, q4c/q4r caches" >>"$prof"
+    timeout 60 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile --ctk q4c --ctv q4r -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" \
+      || echo "(failed)" >>"$prof"
+  fi
+
+  # 9. The other GPU test binaries.
+  if [ "${TESTS:-1}" = 1 ]; then
+    local rest=()
+    for t in "${gpu_tests[@]}"; do [ "$t" = "duet-runtime:gpu_ops" ] || rest+=("$t"); done
+    if time_for 200 "the other GPU test binaries"; then run_tests "${rest[@]}"; fi
+  fi
   {
     echo
     echo "GPU tests on this card: $(grep -c '^test result: ok' "$tests_log") binaries passed, $(grep -c '^test result: FAILED' "$tests_log") failed; skipped: $(wc -l <"$DUET_SKIP_LOG")."
+    grep -E '^(=== |test result:|test .* FAILED)' "$tests_log" | sed 's/^/    /'
   } >>"$res"
   cat "$res"
   [ "$failed" = 0 ] || { echo "error: a GPU test failed (see $tests_log)" >&2; exit 1; }

@@ -54,6 +54,12 @@ pub struct Args {
     /// forward pass). For measuring the host's share of a token
     #[arg(long, value_name = "N")]
     pub gpu_submit_every: Option<usize>,
+    /// Instead of a model's speed, time the GPU's decode matvec variants (every workgroup
+    /// shape, with and without subgroup sums and trusted modules) on a set of matrices and
+    /// print which variant suits each weight type here (needs no -m; `--gpu-tune` settles
+    /// the choice for a run)
+    #[arg(long, value_enum, value_name = "SET")]
+    pub gpu_kernels: Option<super::bench_kernels::KernelSet>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -65,6 +71,16 @@ fn median(v: &mut [f64]) -> f64 {
 pub fn run(args: Args) -> Result<()> {
     if args.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
+    }
+    if let Some(set) = args.gpu_kernels {
+        let adapter = match args.model.device {
+            super::common::Device::Cpu => {
+                anyhow::bail!("--gpu-kernels times GPU kernels: use it with --device gpu or auto")
+            }
+            super::common::Device::Auto => duet_runtime::gpu::AdapterChoice::Hardware,
+            super::common::Device::Gpu => duet_runtime::gpu::AdapterChoice::Any,
+        };
+        return super::bench_kernels::run(adapter, set);
     }
     let path = require_model(&args.model)?;
     let mut model_args = args.model.clone();
@@ -136,12 +152,11 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         if counts.0 > 0 {
             // Per forward pass: a prompt's batch, or one decoded token.
             let passes = (args.reps * if prompt { 1 } else { n }) as f64;
-            let layers = engine.model.config.n_layers as f64;
+            let layers = engine.model.config.n_layers;
             let (d, b) = (counts.0 as f64 / passes, counts.1 as f64 / passes);
             let per = if prompt { "prompt batch" } else { "decoded token" };
             dispatch_lines.push(format!(
-                "GPU work of {label}: {d:.0} dispatches per {per} ({:.1} per layer), {b:.0} of them after a barrier",
-                d / layers
+                "GPU work of {label}: {d:.0} dispatches per {per} over {layers} layers, {b:.0} of them after a barrier"
             ));
         }
         let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));

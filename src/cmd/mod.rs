@@ -3,6 +3,7 @@
 pub mod attn_bench;
 pub mod attn_map;
 pub mod bench;
+pub mod bench_kernels;
 pub mod chat;
 pub mod common;
 pub mod convert;

@@ -173,12 +173,11 @@ fn write_rows(
     let pt = Arc::clone(&cache.page_tables);
     match elem.kind() {
         CacheKind::Plain | CacheKind::Blocks { .. } => {
-            // Plain: one invocation per pair of values; blocks: per pair of blocks.
-            let items = match elem.kind() {
-                CacheKind::Blocks { per_scale, .. } => rows * (kv_dim / per_scale as usize).div_ceil(2),
-                _ => rows * kv_dim / 2,
+            // Plain: one invocation per pair of values; blocks: a workgroup per pair of blocks.
+            let g = match elem.kind() {
+                CacheKind::Blocks { per_scale, .. } => grid(rows * (kv_dim / per_scale as usize).div_ceil(2), 1),
+                _ => grid(rows * kv_dim / 2, EW_WG as usize),
             };
-            let g = grid(items, EW_WG as usize);
             let params =
                 KvWriteParams { rows: rows as u32, kv_dim: kv_dim as u32, pos0: pos0 as u32, grid_x: g.0, pt_base };
             b.run(Op::KvWrite(elem), &params, &[src, dst, &pt], g);

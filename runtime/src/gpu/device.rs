@@ -29,6 +29,9 @@ pub struct GpuOptions {
     /// Time every kernel with timestamp queries ([`super::profile`]); an adapter without
     /// timestamps inside compute passes is refused.
     pub profile: bool,
+    /// With `profile`: time whole passes only, their time split over their dispatches (the
+    /// kernel sweep's passes of one kernel; no timestamp between dispatches).
+    pub profile_passes: bool,
     /// Kernel choices (`--gpu-tune`): the matvec's shape, subgroups, trusted modules,
     /// fusion. Tests run every fallback on any adapter through it.
     pub tune: super::GpuTune,
@@ -44,6 +47,7 @@ impl Default for GpuOptions {
             f16: None,
             max_binding: None,
             profile: false,
+            profile_passes: false,
             tune: super::GpuTune::default(),
             submit_every: None,
         }
@@ -68,8 +72,10 @@ pub struct GpuContext {
     pub f16: bool,
     /// Bytes of one weight chunk at most (a multiple of 4).
     pub max_chunk_bytes: u64,
-    /// Kernels are timed ([`GpuOptions::profile`]).
+    /// Kernels are timed ([`GpuOptions::profile`]), whole passes only
+    /// ([`GpuOptions::profile_passes`]).
     pub profile: bool,
+    pub profile_passes: bool,
     /// The matvec's workgroup shape (its `subgroups`: whether the SUBGROUP feature is on).
     pub mv_shape: duet_shaders::MvShape,
     /// Kernels proven in bounds skip naga's runtime checks ([`duet_shaders::Op::trusted`]).
@@ -271,6 +277,7 @@ impl GpuContext {
             f16,
             max_chunk_bytes,
             profile: opts.profile,
+            profile_passes: opts.profile_passes,
             mv_shape,
             trusted: opts.tune.trusted.unwrap_or(false),
             fuse: opts.tune.fuse.unwrap_or(true),

@@ -126,6 +126,21 @@ fn matvec(
     x: &Arc<Buf>,
 ) {
     let shape = b.ctx.mv_shape;
+    matvec_shaped(b, shape, w, w_buf, epi, mats, out_off, x)
+}
+
+/// [`matvec`] in workgroups of `shape` (the kernel sweep's; its `subgroups` the context's).
+#[allow(clippy::too_many_arguments)]
+fn matvec_shaped(
+    b: &mut GpuBackend,
+    shape: duet_shaders::MvShape,
+    w: &GpuWeight,
+    w_buf: &Arc<Buf>,
+    epi: MvEpilogue,
+    mats: &[MvMat],
+    out_off: usize,
+    x: &Arc<Buf>,
+) {
     let per_wg = shape.rows as usize;
     // Workgroups of each matrix (SwiGLU: the gate's alone, each reads its up row too).
     let jobs = if epi == MvEpilogue::Split { mats.len() } else { 1 };
@@ -172,6 +187,22 @@ fn matvec(
 
 /// `out (+)= x · wᵀ` over every chunk of `w`: the matvec for one token, else the tiled
 /// matmul; `accumulate` adds into `out` (the residual add).
+/// `out = x · wᵀ` for one token (`x` 1 × cols) in workgroups of `shape`: the kernel sweep
+/// times each shape on one backend.
+pub(super) fn matvec_store_shaped(
+    b: &mut GpuBackend,
+    shape: duet_shaders::MvShape,
+    w: &GpuWeight,
+    x: &GpuTensor,
+    out: &GpuTensor,
+) {
+    assert!(shape.subgroups == b.ctx.mv_shape.subgroups, "the context decides subgroups");
+    for c in &w.chunks {
+        let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
+        matvec_shaped(b, shape, w, &c.buf, MvEpilogue::Store, &[mat], c.row0, &x.buf);
+    }
+}
+
 fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor, accumulate: bool) {
     assert_eq!(x.cols, w.cols, "matmul: activation width {} != weight row length {}", x.cols, w.cols);
     assert_eq!(out.cols, w.rows, "matmul: output width {} != weight rows {}", out.cols, w.rows);

@@ -20,6 +20,7 @@ mod ops;
 pub mod pipelines;
 pub mod profile;
 mod record;
+pub mod sweep;
 pub mod tune;
 
 use std::collections::HashMap;

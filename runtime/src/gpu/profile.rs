@@ -62,6 +62,10 @@ impl HostStep {
 }
 
 pub struct Profiler {
+    /// Time whole passes (timestamps at their start and end only) and split each pass's
+    /// time evenly over its dispatches: for passes of one kernel (the kernel sweeps), with
+    /// no timestamp between dispatches to add its own cost.
+    pub passes_only: bool,
     queries: wgpu::QuerySet,
     /// Resolved timestamps (u64 ticks), then copied to `read` to map.
     resolve: wgpu::Buffer,
@@ -74,7 +78,7 @@ pub struct Profiler {
 }
 
 impl Profiler {
-    pub fn new(ctx: &GpuContext) -> Profiler {
+    pub fn new(ctx: &GpuContext, passes_only: bool) -> Profiler {
         let bytes = MAX_TIMESTAMPS as u64 * wgpu::QUERY_SIZE as u64;
         let buffer = |label, usage| {
             ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -85,6 +89,7 @@ impl Profiler {
             })
         };
         Profiler {
+            passes_only,
             queries: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("duet kernel timestamps"),
                 ty: wgpu::QueryType::Timestamp,
@@ -105,6 +110,16 @@ impl Profiler {
         e.1 += elapsed.as_nanos() as f64;
     }
 
+    /// The timestamps of a pass timed whole ([`Profiler::passes_only`]): 0 at its start, 1
+    /// at its end.
+    pub fn pass_writes(&self) -> wgpu::ComputePassTimestampWrites<'_> {
+        wgpu::ComputePassTimestampWrites {
+            query_set: &self.queries,
+            beginning_of_pass_write_index: Some(0),
+            end_of_pass_write_index: Some(1),
+        }
+    }
+
     /// Timestamp `i` of the pass: 0 before the first dispatch, i after dispatch i−1.
     pub fn stamp(&self, pass: &mut wgpu::ComputePass<'_>, i: usize) {
         pass.write_timestamp(&self.queries, i as u32);
@@ -119,7 +134,7 @@ impl Profiler {
     /// Waits for the submission whose pass ran `kernels` (variant, weight bytes) in order and
     /// adds each one's time.
     pub fn collect(&mut self, ctx: &GpuContext, kernels: &[(Variant, u64)]) -> Result<(), RuntimeError> {
-        let n = kernels.len() + 1;
+        let n = if self.passes_only { 2 } else { kernels.len() + 1 };
         let bytes = (n * wgpu::QUERY_SIZE as usize) as u64;
         let slot = Arc::new(Mutex::new(None));
         {
@@ -140,7 +155,16 @@ impl Profiler {
                 .get_mapped_range(0..bytes)
                 .map_err(|e| RuntimeError::Device(format!("reading the kernel timestamps back failed: {e}")))?;
             let ticks: &[u64] = bytemuck::cast_slice(&view);
-            for (&(k, bytes), w) in kernels.iter().zip(ticks.windows(2)) {
+            if self.passes_only {
+                let ns = ticks[1].saturating_sub(ticks[0]) as f64 * self.ns_per_tick / kernels.len().max(1) as f64;
+                for &(k, bytes) in kernels {
+                    let e = self.totals.entry(k).or_insert((0, 0.0, 0));
+                    e.0 += 1;
+                    e.1 += ns;
+                    e.2 += bytes;
+                }
+            }
+            for (&(k, bytes), w) in kernels.iter().zip(ticks.windows(2)).filter(|_| !self.passes_only) {
                 // Timestamps may wrap or be reordered by a driver: count such a gap as 0.
                 let ns = w[1].saturating_sub(w[0]) as f64 * self.ns_per_tick;
                 let e = self.totals.entry(k).or_insert((0, 0.0, 0));

@@ -79,7 +79,7 @@ impl Recorder {
             barriers: 0,
             last_use: HashMap::new(),
             bind_groups_created: 0,
-            profiler: ctx.profile.then(|| Profiler::new(ctx)),
+            profiler: ctx.profile.then(|| Profiler::new(ctx, ctx.profile_passes)),
             profile_error: None,
         }
     }
@@ -184,22 +184,27 @@ impl Recorder {
         let mut enc = ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("duet token") });
         let profiled = self.profiler.as_ref().filter(|_| !self.pending.is_empty());
         if !self.pending.is_empty() {
-            let mut pass = enc
-                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("duet ops"), timestamp_writes: None });
-            if let Some(p) = profiled {
+            // Timestamps after every dispatch, or (passes_only) at the pass's ends.
+            let whole = profiled.filter(|p| p.passes_only);
+            let each = profiled.filter(|p| !p.passes_only);
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("duet ops"),
+                timestamp_writes: whole.map(Profiler::pass_writes),
+            });
+            if let Some(p) = each {
                 p.stamp(&mut pass, 0);
             }
             for (i, d) in self.pending.iter().enumerate() {
                 pass.set_pipeline(&d.pipeline);
                 pass.set_bind_group(0, Some(d.bind_group.as_ref()), &[d.offset]);
                 pass.dispatch_workgroups(d.groups.0, d.groups.1, 1);
-                if let Some(p) = profiled {
+                if let Some(p) = each {
                     p.stamp(&mut pass, i + 1);
                 }
             }
         }
         if let Some(p) = profiled {
-            p.resolve(&mut enc, self.pending.len() + 1);
+            p.resolve(&mut enc, if p.passes_only { 2 } else { self.pending.len() + 1 });
         }
         if let Some((src, off, size)) = readback {
             if self.readback_size < size {

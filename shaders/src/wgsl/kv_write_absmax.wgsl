@@ -11,31 +11,41 @@ const BLOCK: u32 = 32u;
 const BB: u32 = 2u + 4u * QBITS;
 const QMAX: f32 = f32((1u << (QBITS - 1u)) - 1u);
 
-// Quantizes the BLOCK values of S at `src` into the block at byte `off` of wbuf.
-fn quantize_block(src: u32, off: u32) {
-    var amax = 0.0;
-    for (var i = 0u; i < BLOCK; i++) {
-        amax = max(amax, abs(S[src + i]));
-    }
-    var d = 0.0;
+// d = amax / qmax of the block whose value of largest magnitude is `m`.
+fn block_d(m: f32) -> f32 {
+    let amax = abs(m);
     if (amax > 0.0) {
-        d = div_rn(amax, QMAX);
+        return div_rn(amax, QMAX);
     }
+    return 0.0;
+}
+
+// The block's scale: f16(d), rounded to nearest even.
+fn block_scale(m: f32) -> u32 {
+    return f16_rne(block_d(m));
+}
+
+// The code of value `v` of that block: q8 stores the two's-complement byte (Q8_0), q6/q4
+// q + 2^(QBITS-1).
+fn block_code(v: f32, m: f32, scale: u32) -> u32 {
+    let d = block_d(m);
     var id = 0.0;
     if (d != 0.0) {
         id = div_rn(1.0, d);
     }
-    let h = f16_rne(d);
-    put_byte(off, h);
-    put_byte(off + 1u, h >> 8u);
-    for (var i = 0u; i < BLOCK; i++) {
-        let q = i32(clamp(round_away(S[src + i] * id), -QMAX, QMAX));
-        // q8 stores the two's-complement byte (Q8_0), q6/q4 q + 2^(QBITS-1).
-        if (QBITS == 8u) {
-            codes[i] = bitcast<u32>(q) & 0xffu;
-        } else {
-            codes[i] = u32(q + i32(QMAX) + 1);
-        }
+    let q = i32(clamp(round_away(v * id), -QMAX, QMAX));
+    if (QBITS == 8u) {
+        return bitcast<u32>(q) & 0xffu;
+    }
+    return u32(q + i32(QMAX) + 1);
+}
+
+// Block k's scale and codes (in workgroup memory) packed at byte `off` of wbuf.
+fn store_block(off: u32, k: u32) {
+    put_byte(off, sh_scale[k]);
+    put_byte(off + 1u, sh_scale[k] >> 8u);
+    for (var i = 0u; i < 32u; i++) {
+        codes[i] = sh_codes[64u * k + i];
     }
     pack_codes(off + 2u);
 }

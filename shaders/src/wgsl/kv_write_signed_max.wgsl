@@ -13,31 +13,32 @@ const BLOCK: u32 = 64u;
 const BB: u32 = 2u + 8u * QBITS;
 const H: i32 = 1 << (QBITS - 1u);
 
-// Quantizes the BLOCK values of S at `src` into the block at byte `off` of wbuf.
-fn quantize_block(src: u32, off: u32) {
-    var m = 0.0;
-    for (var i = 0u; i < BLOCK; i++) {
-        let v = S[src + i];
-        if (abs(v) > abs(m)) {
-            m = v;
-        }
+// The block's scale: the f16 bits of d. (-1/h is a power of two, ldexp keeps it exact:
+// the product is exact.)
+fn block_scale(m: f32) -> u32 {
+    return f16_rne_signed(m * ldexp(-1.0, -i32(QBITS - 1u)));
+}
+
+fn block_code(v: f32, m: f32, scale: u32) -> u32 {
+    let d = half_to_f32(scale);
+    var q = 0;
+    if (d != 0.0) {
+        q = i32(clamp(round_away(div_signed(v, d)), -f32(H), f32(H - 1)));
     }
-    // -1/h is a power of two (ldexp keeps it exact): the product is exact.
-    let dh = f16_rne_signed(m * ldexp(-1.0, -i32(QBITS - 1u)));
-    put_byte(off, dh);
-    put_byte(off + 1u, dh >> 8u);
-    let d = half_to_f32(dh);
+    if (QBITS == 8u) {
+        return bitcast<u32>(q) & 0xffu;
+    }
+    return u32(q + H);
+}
+
+// Block k's scale and codes (in workgroup memory) packed at byte `off` of wbuf: the scale,
+// then each half's 32 codes.
+fn store_block(off: u32, k: u32) {
+    put_byte(off, sh_scale[k]);
+    put_byte(off + 1u, sh_scale[k] >> 8u);
     for (var half = 0u; half < 2u; half++) {
         for (var i = 0u; i < 32u; i++) {
-            var q = 0;
-            if (d != 0.0) {
-                q = i32(clamp(round_away(div_signed(S[src + 32u * half + i], d)), -f32(H), f32(H - 1)));
-            }
-            if (QBITS == 8u) {
-                codes[i] = bitcast<u32>(q) & 0xffu;
-            } else {
-                codes[i] = u32(q + H);
-            }
+            codes[i] = sh_codes[64u * k + 32u * half + i];
         }
         pack_codes(off + 2u + half * 4u * QBITS);
     }

@@ -1,9 +1,16 @@
 // The driver shared by the block-quantized cache writes (kv_write_absmax, kv_write_signed_max):
 // rows r < rows of S (kv_dim values each, a multiple of BLOCK) go to the sequence's
-// positions pos0 + r (cache_row: its page table). A row is kv_dim / BLOCK blocks of BB bytes, padded with zero bytes to a whole
-// u32 word. Two blocks are 2·BB bytes, a multiple of 4, so each invocation quantizes a pair
-// of blocks with the kernel's quantize_block (the last of a row may be single, then it also
-// writes the row's padding) and owns every word it writes.
+// positions pos0 + r (cache_row: its page table). A row is kv_dim / BLOCK blocks of BB
+// bytes, padded with zero bytes to a whole u32 word. Two blocks are 2·BB bytes, a multiple
+// of 4, so one workgroup of 64 threads writes a pair of blocks (the last of a row may be
+// single, then it also writes the row's padding) and owns every word it writes.
+//
+// The work of a block is spread over the threads, a value each (of BLOCK ≤ 64): the value
+// of largest magnitude (the first found, as the CPU's loop finds it) by a reduction, then
+// each value's code with the kernel's `block_scale` and `block_code` (correctly rounded
+// divisions in integer arithmetic: slow, so one per thread, not 64 in a row), then thread 0
+// packs the codes with `store_block`. (A thread per block pair took 125 µs per q4r row on
+// an H200.)
 
 struct Params {
     rows: u32,
@@ -17,11 +24,18 @@ struct Params {
 @group(0) @binding(1) var<storage, read> S: array<f32>;
 @group(0) @binding(2) var<storage, read_write> C: array<u32>;
 
-@compute @workgroup_size(256)
+var<workgroup> red_key: array<f32, 64>;
+var<workgroup> red_idx: array<u32, 64>;
+// Each block's codes (64 a block at most) and f16 scale bits.
+var<workgroup> sh_codes: array<u32, 128>;
+var<workgroup> sh_scale: array<u32, 2>;
+
+@compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let p = wg_index(wid, P.grid_x) * 256u + lid;
+    let p = wg_index(wid, P.grid_x);
     let nb = P.kv_dim / BLOCK;
     let pairs = (nb + 1u) / 2u;
+    // Uniform exit: the whole workgroup or none.
     if (p >= P.rows * pairs) {
         return;
     }
@@ -29,16 +43,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let pair = p % pairs;
     let b0 = 2u * pair;
     let n = min(2u, nb - b0);
-    for (var w = 0u; w < WBUF_WORDS; w++) {
-        wbuf[w] = 0u;
-    }
     for (var k = 0u; k < n; k++) {
-        quantize_block(r * P.kv_dim + (b0 + k) * BLOCK, k * BB);
+        let src = r * P.kv_dim + (b0 + k) * BLOCK;
+        // (|v|, index) of this thread's value (none: −1), then the largest, the lowest index
+        // among equals.
+        var key = -1.0;
+        if (lid < BLOCK) {
+            key = abs(S[src + lid]);
+        }
+        red_key[lid] = key;
+        red_idx[lid] = lid;
+        workgroupBarrier();
+        for (var w = 32u; w > 0u; w /= 2u) {
+            if (lid < w) {
+                let ok = red_key[lid + w];
+                let oi = red_idx[lid + w];
+                if (ok > red_key[lid] || (ok == red_key[lid] && oi < red_idx[lid])) {
+                    red_key[lid] = ok;
+                    red_idx[lid] = oi;
+                }
+            }
+            workgroupBarrier();
+        }
+        let m = S[src + red_idx[0]];
+        // Every thread has read the winner before the next block reuses the table.
+        workgroupBarrier();
+        let scale = block_scale(m);
+        if (lid == 0u) {
+            sh_scale[k] = scale;
+        }
+        if (lid < BLOCK) {
+            sh_codes[64u * k + lid] = block_code(S[src + lid], m, scale);
+        }
     }
-    let row_words = (nb * BB + 3u) / 4u;
-    let base = cache_row(P.pos0 + r) * row_words + pair * (BB / 2u);
-    let nw = (n * BB + 3u) / 4u;
-    for (var w = 0u; w < nw; w++) {
-        C[base + w] = wbuf[w];
+    workgroupBarrier();
+    if (lid == 0u) {
+        for (var w = 0u; w < WBUF_WORDS; w++) {
+            wbuf[w] = 0u;
+        }
+        for (var k = 0u; k < n; k++) {
+            store_block(k * BB, k);
+        }
+        let row_words = (nb * BB + 3u) / 4u;
+        let base = cache_row(P.pos0 + r) * row_words + pair * (BB / 2u);
+        let nw = (n * BB + 3u) / 4u;
+        for (var w = 0u; w < nw; w++) {
+            C[base + w] = wbuf[w];
+        }
     }
 }
