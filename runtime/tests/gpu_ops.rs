@@ -497,12 +497,11 @@ fn attention_case_rope(
                 p.cpu.rope_attention(&mut qc, &mut kc, &vc, &mut cc, seq, 1, pos0, r, spec, &mut oc);
                 p.gpu.rope_attention(&mut qg, &mut kg, &vg, &mut cg, seq, 1, pos0, r, spec, &mut og);
                 for (what, (g, c)) in [("Q", p.read(&qc, &qg)), ("K", p.read(&kc, &kg))] {
-                    // The same f32 arithmetic on the same table: the same bits.
-                    assert!(
-                        g == c,
-                        "rope_attention's rotated {what} rows {n} at {pos0} differ (nmse {:.3e})",
-                        nmse(&g, &c)
-                    );
+                    // The same f32 arithmetic on the same table: the same bits on lavapipe,
+                    // a rounding apart where a compiler fuses a·cos − b·sin (NMSE 1.05e-15
+                    // on an H200).
+                    let e = nmse(&g, &c);
+                    assert!(e <= 1e-13, "rope_attention's rotated {what} rows {n} at {pos0}: nmse {e:.3e}");
                 }
             }
         }

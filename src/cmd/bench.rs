@@ -50,7 +50,7 @@ pub struct Args {
     #[arg(long)]
     pub gpu_profile: bool,
     /// GPU dispatches recorded before they are submitted without waiting, so that the GPU
-    /// starts a token while the rest is recorded (default 100; 0: one submission per
+    /// starts a token while the rest is recorded (default 25; 0: one submission per
     /// forward pass). For measuring the host's share of a token
     #[arg(long, value_name = "N")]
     pub gpu_submit_every: Option<usize>,

@@ -32,9 +32,11 @@ struct Dispatch {
 const PARAM_SLOTS: u64 = 4096;
 
 /// Dispatches recorded before they are submitted (llama.cpp's Vulkan backend submits every
-/// 100 graph nodes for the same reason): a decoded token is ~400 dispatches, and encoding
-/// them all before the GPU starts put the host's time in front of the GPU's.
-pub const SUBMIT_EVERY: usize = 100;
+/// 100 graph nodes for the same reason): encoding a whole token before the GPU starts put
+/// the host's time in front of the GPU's. wgpu encodes ~4 µs a dispatch; at 25 the GPU
+/// starts sooner than at 100 (H200, ~200 dispatches a token: decode 1.04-1.06×,
+/// gpu-h200-2026-11-27-8df709e.md).
+pub const SUBMIT_EVERY: usize = 25;
 
 pub struct Recorder {
     params: Arc<Buf>,

@@ -15,7 +15,8 @@ pub struct GpuTune {
     /// Subgroup reductions in the matvec (default: where the adapter has SUBGROUP).
     pub subgroups: Option<bool>,
     /// Shader modules without naga's bounds checks and loop bounding for the kernels whose
-    /// accesses are in range by construction ([`duet_shaders::Op::trusted`]); default off.
+    /// accesses are in range by construction ([`duet_shaders::Op::trusted`]); default on
+    /// hardware adapters.
     pub trusted: Option<bool>,
     /// Fused kernels: matvec epilogues (residual add, SwiGLU, the q/k/v split) and RoPE with
     /// the K/V write; off runs one dispatch per op (default on).
@@ -27,7 +28,7 @@ impl GpuTune {
     pub const HELP: &'static str = "comma-separated KEY=VALUE: matvec=WGxROWS (threads and weight rows per \
         workgroup of the decode matvec: WG 32, 64, 128 or 256, ROWS 1, 2 or 4; default 128x2 on a GPU, 32x4 on a \
         software adapter), subgroups=on|off (subgroup reductions; default on where the adapter has them), \
-        trusted=on|off (kernels proven in bounds skip the shader compiler's runtime checks; default off), \
+        trusted=on|off (kernels proven in bounds skip the shader compiler's runtime checks; default on a GPU, off on a software adapter), \
         fuse=on|off (fused kernels: matvec epilogues, RoPE with the K/V write; default on)";
 
     /// Parses `--gpu-tune`'s value (empty: all defaults).

@@ -10,20 +10,22 @@ fn slot_x(s: u32) -> Xs {
     return Xs(X[i], X[i + 1u], X[i + 8u], X[i + 9u]);
 }
 
-// Byte `k` (0..11) of the packed scales.
+// Byte `k` (0..11) of the packed scales, without indexing a vector by a run-time value
+// (which can put it in local memory).
 fn k4_byte(sc: vec3<u32>, k: u32) -> u32 {
-    return (sc[k / 4u] >> (8u * (k % 4u))) & 0xffu;
+    let w = select(select(sc.x, sc.y, k >= 4u), sc.z, k >= 8u);
+    return extractBits(w, 8u * (k % 4u), 8u);
 }
 
-// ggml's get_scale_min_k4 on the scale words: (scale, min) of sub-block j.
+// ggml's get_scale_min_k4 on the scale words: (scale, min) of sub-block j, both of its
+// forms computed and one selected, so that the threads of a warp (whose slots hold
+// sub-blocks on both sides of 4) do not diverge.
 fn k4_scale_min(sc: vec3<u32>, j: u32) -> vec2<f32> {
-    if (j < 4u) {
-        return vec2<f32>(f32(k4_byte(sc, j) & 63u), f32(k4_byte(sc, j + 4u) & 63u));
-    }
+    let lo = vec2<u32>(k4_byte(sc, j) & 63u, k4_byte(sc, j + 4u) & 63u);
     let a = k4_byte(sc, j + 4u);
-    let s = (a & 0xfu) | ((k4_byte(sc, j - 4u) >> 6u) << 4u);
-    let m = (a >> 4u) | ((k4_byte(sc, j) >> 6u) << 4u);
-    return vec2<f32>(f32(s), f32(m));
+    let jm = select(j, j - 4u, j >= 4u);
+    let hi = vec2<u32>((a & 0xfu) | ((k4_byte(sc, jm) >> 6u) << 4u), (a >> 4u) | ((k4_byte(sc, j) >> 6u) << 4u));
+    return vec2<f32>(select(hi, lo, j < 4u));
 }
 
 fn slot_dot(rb: u32, s: u32, x: Xs) -> f32 {
