@@ -129,6 +129,17 @@ impl LogitQuant {
     }
 }
 
+/// RMSNorm of `x`'s rows with `weight` and `eps`: the input of the products that take it
+/// ([`Backend::norm_matmul_group`], [`Backend::norm_matmul_swiglu`]). A backend may fold the
+/// norm into them; otherwise it writes the normalised rows into `xn` first (which then
+/// holds them; folded, `xn` is left as it was).
+pub struct Normed<'a, T, W> {
+    pub x: &'a T,
+    pub weight: &'a W,
+    pub eps: f32,
+    pub xn: &'a mut T,
+}
+
 /// Points of the forward pass where an observer may look at activations (calibration).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Probe {
@@ -238,6 +249,30 @@ pub trait Backend {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             self.matmul(w, x, out);
         }
+    }
+    /// [`Backend::matmul_group`] of RMSNorm(`n.x`) (see [`Normed`]). Default: the norm into
+    /// `n.xn`, then the products.
+    fn norm_matmul_group(
+        &mut self,
+        n: Normed<'_, Self::Tensor, Self::Weight>,
+        ws: &[&Self::Weight],
+        outs: &mut [&mut Self::Tensor],
+    ) {
+        self.rms_norm(n.x, n.weight, n.eps, n.xn);
+        self.matmul_group(ws, n.xn, outs);
+    }
+    /// [`Backend::matmul_swiglu`] of RMSNorm(`n.x`) (see [`Normed`]). Default: the norm into
+    /// `n.xn`, then the products and SwiGLU.
+    fn norm_matmul_swiglu(
+        &mut self,
+        n: Normed<'_, Self::Tensor, Self::Weight>,
+        w_gate: &Self::Weight,
+        w_up: &Self::Weight,
+        gate: &mut Self::Tensor,
+        up: &mut Self::Tensor,
+    ) {
+        self.rms_norm(n.x, n.weight, n.eps, n.xn);
+        self.matmul_swiglu(w_gate, w_up, n.xn, gate, up);
     }
     /// gate = silu(x · w_gateᵀ) · (x · w_upᵀ), the two loaded together; `up` is scratch of
     /// gate's shape. Default: both products, then [`Backend::swiglu`].

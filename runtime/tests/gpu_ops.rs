@@ -261,7 +261,8 @@ fn nmse64(got: &[f32], want: &[f64]) -> f64 {
 
 /// The fused products against exact arithmetic, in every matvec tuning and unfused: q, k, v
 /// (and a fourth, DIFF V2's λ) loaded as one group and multiplied by one split matvec;
-/// gate and up by one SwiGLU matvec; the residual add in the epilogue. A token (the fused
+/// gate and up by one SwiGLU matvec; the residual add in the epilogue; each with the RMSNorm
+/// before it folded in. A token (the fused
 /// kernels) and three (the matmul path) for the common types and one generic slot reader.
 #[test]
 fn fused_products_match_exact() {
@@ -311,6 +312,54 @@ fn fused_products_on(mut gpu: GpuBackend) {
                     assert!(e <= 1e-11, "matmul_group of {n} {ty} {name} t={t}: nmse {e:.3e}");
                 }
             }
+            // The same products of RMSNorm(r)·g (folded into the matvecs for a token): the
+            // split of four, SwiGLU, and a weight alone (the output projection's case).
+            let rv: Vec<f32> = rng.normals(t * cols).iter().map(|v| 3.0 * v).collect();
+            let gv: Vec<f32> = rng.normals(cols).iter().map(|v| 1.0 + 0.2 * v).collect();
+            let rg = gpu.new_tensor(t, cols);
+            gpu.upload(&rg, &rv);
+            let norm_file = weights_file(&[("norm", GgmlType::F32, 1, cols, gv.clone())]);
+            let ng = gpu.load_weight(&view(&norm_file, "norm")).unwrap();
+            let eps = 1e-5f32;
+            // x = r / sqrt(mean(r²) + eps) · g, in f64.
+            let normed: Vec<f32> = rv
+                .chunks(cols)
+                .flat_map(|row| {
+                    let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+                    let inv = 1.0 / (ms + eps as f64).sqrt();
+                    row.iter().zip(&gv).map(move |(&v, &g)| (v as f64 * inv * g as f64) as f32).collect::<Vec<_>>()
+                })
+                .collect();
+            let mut xn = gpu.new_tensor(t, cols);
+            let mut outs: Vec<GpuTensor> = shapes[..4].iter().map(|&(_, r)| gpu.new_tensor(t, r)).collect();
+            {
+                let wrefs: Vec<&_> = ws.iter().collect();
+                let mut orefs: Vec<&mut GpuTensor> = outs.iter_mut().collect();
+                let n = duet_runtime::backend::Normed { x: &rg, weight: &ng, eps, xn: &mut xn };
+                gpu.norm_matmul_group(n, &wrefs, &mut orefs);
+            }
+            for (o, &(name, rows)) in outs.iter().zip(&shapes[..4]) {
+                let got = gpu.read_rows(o, 0..t).unwrap();
+                let e = nmse64(&got, &exact_product(&deq(name, rows), rows, cols, &normed));
+                eprintln!("norm_matmul_group {ty:>5} {name} t={t}: nmse {e:.2e}");
+                assert!(e <= 1e-11, "norm_matmul_group {ty} {name} t={t}: nmse {e:.3e}");
+            }
+            let mut alone = gpu.new_tensor(t, cols);
+            let n = duet_runtime::backend::Normed { x: &rg, weight: &ng, eps, xn: &mut xn };
+            gpu.norm_matmul_group(n, &[&wo], &mut [&mut alone]);
+            let got = gpu.read_rows(&alone, 0..t).unwrap();
+            let e = nmse64(&got, &exact_product(&deq("o", cols), cols, cols, &normed));
+            assert!(e <= 1e-11, "norm_matmul_group of one {ty} t={t}: nmse {e:.3e}");
+            let (mut gate, mut up) = (gpu.new_tensor(t, 97), gpu.new_tensor(t, 97));
+            let n = duet_runtime::backend::Normed { x: &rg, weight: &ng, eps, xn: &mut xn };
+            gpu.norm_matmul_swiglu(n, &ffn[0], &ffn[1], &mut gate, &mut up);
+            let got = gpu.read_rows(&gate, 0..t).unwrap();
+            let g = exact_product(&deq("gate", 97), 97, cols, &normed);
+            let u = exact_product(&deq("up", 97), 97, cols, &normed);
+            let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect();
+            let e = nmse64(&got, &want);
+            eprintln!("norm_matmul_swiglu {ty:>5} t={t}: nmse {e:.2e}");
+            assert!(e <= 1e-11, "norm_matmul_swiglu {ty} t={t}: nmse {e:.3e}");
             // SwiGLU.
             let (mut gate, mut up) = (gpu.new_tensor(t, 97), gpu.new_tensor(t, 97));
             gpu.matmul_swiglu(&ffn[0], &ffn[1], &xg, &mut gate, &mut up);

@@ -12,7 +12,7 @@ use std::fmt::{self, Write};
 mod matvec;
 mod params;
 
-pub use matvec::{MV_MAX_SPLIT, MvEpilogue, MvShape, has_own_slots};
+pub use matvec::{MV_MAX_SPLIT, MvEpilogue, MvShape, has_own_slots, norm_binding};
 pub use params::*;
 
 /// Weight element types the matmul, matvec and embedding kernels read.
@@ -229,6 +229,8 @@ pub enum Op {
         ty: WeightType,
         epi: MvEpilogue,
         shape: MvShape,
+        /// The input is RMSNorm(X)·G, folded into the product (store, SwiGLU and split).
+        norm: bool,
     },
     MatMul(WeightType),
     Embed(WeightType),
@@ -304,14 +306,18 @@ impl Op {
         for t in WeightType::ALL {
             for epi in MvEpilogue::ALL {
                 for (hw, sub) in [(true, true), (true, false), (false, true), (false, false)] {
-                    mv.insert(Op::MatVec { ty: t, epi, shape: MvShape::default_for(hw, sub) });
+                    let shape = MvShape::default_for(hw, sub);
+                    mv.insert(Op::MatVec { ty: t, epi, shape, norm: false });
+                    if epi != MvEpilogue::Add {
+                        mv.insert(Op::MatVec { ty: t, epi, shape, norm: true });
+                    }
                 }
             }
             v.extend([Op::MatMul(t), Op::Embed(t)]);
         }
         for sub in [false, true] {
             for shape in MvShape::all(sub) {
-                mv.insert(Op::MatVec { ty: WeightType::Q4_0, epi: MvEpilogue::Store, shape });
+                mv.insert(Op::MatVec { ty: WeightType::Q4_0, epi: MvEpilogue::Store, shape, norm: false });
             }
         }
         v.extend(mv);
@@ -381,7 +387,9 @@ impl Variant {
         let f = if self.f16 { "-f16" } else { "" };
         let c = |c: CacheElem| c.name();
         match self.op {
-            Op::MatVec { ty, epi, shape } => format!("matvec-{ty}-{}-{shape}", epi.name()),
+            Op::MatVec { ty, epi, shape, norm } => {
+                format!("matvec-{ty}-{}{}-{shape}", if norm { "norm-" } else { "" }, epi.name())
+            }
             Op::MatMul(t) => format!("matmul-{t}{f}"),
             Op::Embed(t) => format!("embed-{t}"),
             Op::RmsNorm => "rms_norm".into(),
@@ -508,9 +516,9 @@ pub fn source(v: &Variant) -> String {
         s.push_str(t.decoder());
     };
     match v.op {
-        Op::MatVec { ty, epi, shape } => {
+        Op::MatVec { ty, epi, shape, norm } => {
             weights(&mut s, ty);
-            matvec::source(&mut s, ty, epi, shape);
+            matvec::source(&mut s, ty, epi, shape, norm);
         }
         Op::MatMul(t) => {
             weights(&mut s, t);

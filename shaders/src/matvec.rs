@@ -137,18 +137,32 @@ pub fn has_own_slots(t: WeightType) -> bool {
     matches!(t, WeightType::Q4_0 | WeightType::Q8_0 | WeightType::Q4K | WeightType::Q6K)
 }
 
+/// The storage binding of a normed matvec's RMSNorm weight: after its outputs.
+pub fn norm_binding(epi: MvEpilogue) -> u32 {
+    if epi == MvEpilogue::Split { 7 } else { 4 }
+}
+
 /// The matvec's constants, slot reader and kernel, after the header, prelude and weight
-/// decoder that `crate::source` puts first.
-pub(crate) fn source(s: &mut String, t: WeightType, epi: MvEpilogue, shape: MvShape) {
+/// decoder that `crate::source` puts first. `norm`: the input is RMSNorm(X)·G, folded in
+/// (the threads' activations together are the whole row: their squares sum to its norm).
+pub(crate) fn source(s: &mut String, t: WeightType, epi: MvEpilogue, shape: MvShape, norm: bool) {
     use std::fmt::Write;
+    assert!(!(norm && epi == MvEpilogue::Add), "a residual add's input is never normalised");
+    let sums = shape.rows * if epi == MvEpilogue::SwiGlu { 2 } else { 1 };
     let _ = writeln!(
         s,
-        "const MV_WG: u32 = {}u;\nconst MV_R: u32 = {}u;\nconst EPI: u32 = {}u;\nconst MV_ACC: u32 = {}u;",
+        "const MV_WG: u32 = {}u;\nconst MV_R: u32 = {}u;\nconst EPI: u32 = {}u;\nconst MV_NORM: bool = {norm};\nconst MV_ACC: u32 = {}u;",
         shape.wg,
         shape.rows,
         epi.code(),
-        shape.rows * if epi == MvEpilogue::SwiGlu { 2 } else { 1 },
+        sums + u32::from(norm),
     );
+    if norm {
+        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> G: array<vec4<f32>>;", norm_binding(epi));
+    } else {
+        // Never read: MV_NORM is false.
+        s.push_str("var<private> G: array<vec4<f32>, 1>;\n");
+    }
     s.push_str(include_str!("wgsl/matvec_slots/common.wgsl"));
     s.push_str(slots(t));
     s.push_str(include_str!("wgsl/matvec.wgsl"));

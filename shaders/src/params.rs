@@ -93,6 +93,8 @@ params! {
         rows3: u32,
         woff3: u32,
         wg3: u32,
+        /// The folded RMSNorm's epsilon (normed variants).
+        eps: f32,
     }
 
     /// matmul.wgsl: tokens times a weight chunk, tiled.

@@ -39,13 +39,14 @@ fn every_variant_validates() {
         all.len(),
         failures.join("\n")
     );
-    // 11 weight types × (matmul, embed, and the matvec's 4 epilogues in 4 default shapes:
-    // hardware and software, with and without subgroups), the 2 × 12 matvec shapes for
+    // 11 weight types × (matmul, embed, and the matvec's 4 epilogues in 4 default shapes —
+    // hardware and software, with and without subgroups — 3 of them also with a folded
+    // RMSNorm), the 2 × 12 matvec shapes for
     // Q4_0's store (of which 4 are default shapes), 10 plain ops (logit_reduce, kv_window,
     // rotate and pair_combine included), 4 RoPE-and-write passes (f16 and f32 K and V
     // caches), 11 cache writes, 11 logit-absmax readers,
     // 4 × 121 attend steps and 3 combine steps, plus the f16 forms of the 11 matmuls.
-    assert_eq!(all.len(), 11 * (2 + 4 * 4) + (24 - 4) + 10 + 4 + 11 + 11 + 4 * 121 + 3 + 11);
+    assert_eq!(all.len(), 11 * (2 + 4 * 4 + 3 * 4) + (24 - 4) + 10 + 4 + 11 + 11 + 4 * 121 + 3 + 11);
 }
 
 #[test]
@@ -63,8 +64,12 @@ fn f16_variants_need_shader_f16() {
 fn subgroup_variants_need_subgroup() {
     // Likewise the subgroup reductions: the backend builds them only with SUBGROUP.
     let shape = duet_shaders::MvShape::default_for(true, true);
-    let op =
-        duet_shaders::Op::MatVec { ty: duet_shaders::WeightType::Q4_0, epi: duet_shaders::MvEpilogue::Store, shape };
+    let op = duet_shaders::Op::MatVec {
+        ty: duet_shaders::WeightType::Q4_0,
+        epi: duet_shaders::MvEpilogue::Store,
+        shape,
+        norm: false,
+    };
     let src = source(&Variant::new(op, false));
     let module = naga::front::wgsl::parse_str(&src).unwrap();
     let caps = wgpu_naga_bridge::features_to_naga_capabilities(Features::empty(), DownlevelFlags::compliant());

@@ -11,7 +11,7 @@ use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_MAX_SPLIT, MatMulParams, MatVec
 
 use super::buffers::{Buf, Chunk, GpuTensor, GpuWeight, WEIGHT_PAD, group_layout, upload_rows, weight_type};
 use super::{GpuBackend, grid};
-use crate::backend::WeightView;
+use crate::backend::{Normed, WeightView};
 use crate::error::RuntimeError;
 
 /// The weight type the kernels read `w` as, and its row bytes; an error naming the tensor
@@ -31,12 +31,21 @@ fn kernel_type(w: &WeightView<'_>) -> Result<(WeightType, usize), RuntimeError> 
     Ok((ty, row_bytes))
 }
 
-/// The matrix kernels of `ty` that a model can dispatch, compiled now rather than at the
-/// first token.
-fn prepare_matrix_ops(b: &mut GpuBackend, ty: WeightType) -> Result<(), RuntimeError> {
+/// The matrix kernels of `ty` that a model can dispatch with a weight loaded alone or (`group`)
+/// in a group, compiled now rather than at the first token: the matmul and the store, add and
+/// normed store matvecs (and the embedding) for one alone; the split and SwiGLU matvecs with
+/// and without a folded norm for a group.
+fn prepare_matrix_ops(b: &mut GpuBackend, ty: WeightType, group: bool) -> Result<(), RuntimeError> {
     let shape = b.ctx.mv_shape;
-    let mut ops = vec![Op::MatMul(ty), Op::Embed(ty)];
-    ops.extend(MvEpilogue::ALL.map(|epi| Op::MatVec { ty, epi, shape }));
+    let mv = |epi, norm| Op::MatVec { ty, epi, shape, norm };
+    let mut ops = vec![Op::MatMul(ty), mv(MvEpilogue::Store, false), mv(MvEpilogue::Store, true)];
+    if group {
+        for epi in [MvEpilogue::Split, MvEpilogue::SwiGlu] {
+            ops.extend([mv(epi, false), mv(epi, true)]);
+        }
+    } else {
+        ops.extend([Op::Embed(ty), mv(MvEpilogue::Add, false)]);
+    }
     b.prepare(&ops)
 }
 
@@ -66,7 +75,7 @@ pub fn load_weight(b: &mut GpuBackend, w: &WeightView<'_>) -> Result<GpuWeight, 
     }
     let (ty, row_bytes) = kernel_type(w)?;
     let chunks = upload_rows(&b.ctx, &b.alloc, w.name, w.data, w.rows, row_bytes)?;
-    prepare_matrix_ops(b, ty)?;
+    prepare_matrix_ops(b, ty, false)?;
     Ok(GpuWeight { ty, rows: w.rows, cols: w.cols, row_bytes, chunks })
 }
 
@@ -96,7 +105,7 @@ pub fn load_weight_group(b: &mut GpuBackend, ws: &[WeightView<'_>]) -> Result<Ve
         let buf = b.ctx.checked(&format!("tensors {label}"), || b.alloc.init_parts(&b.ctx, size, &parts, &label))?;
         debug_assert!(size as usize >= offsets.last().copied().unwrap_or(0) + WEIGHT_PAD);
         let (ty, row_bytes) = kinds[i];
-        prepare_matrix_ops(b, ty)?;
+        prepare_matrix_ops(b, ty, true)?;
         for (&j, &w_off) in members.iter().zip(&offsets) {
             let w = &ws[j];
             let chunks = vec![Chunk { row0: 0, rows: w.rows, buf: Arc::clone(&buf), w_off }];
@@ -114,6 +123,13 @@ struct MvMat<'a> {
     out: &'a Arc<Buf>,
 }
 
+/// A matvec's token: its activations, and the RMSNorm (weight, epsilon) to fold in, if any.
+#[derive(Clone, Copy)]
+struct MvIn<'a> {
+    x: &'a Arc<Buf>,
+    norm: Option<(&'a Arc<Buf>, f32)>,
+}
+
 /// One matvec dispatch over `mats` (all in `w_buf`, of `w`'s type and row length; for
 /// SwiGLU the gate then the up matrix, for split up to four), the token in `x`.
 fn matvec(
@@ -123,7 +139,7 @@ fn matvec(
     epi: MvEpilogue,
     mats: &[MvMat],
     out_off: usize,
-    x: &Arc<Buf>,
+    x: MvIn,
 ) {
     let shape = b.ctx.mv_shape;
     matvec_shaped(b, shape, w, w_buf, epi, mats, out_off, x)
@@ -139,7 +155,7 @@ fn matvec_shaped(
     epi: MvEpilogue,
     mats: &[MvMat],
     out_off: usize,
-    x: &Arc<Buf>,
+    x: MvIn,
 ) {
     let per_wg = shape.rows as usize;
     // Workgroups of each matrix (SwiGLU: the gate's alone, each reads its up row too).
@@ -173,20 +189,23 @@ fn matvec_shaped(
         rows3,
         woff3,
         wg3: first[3],
+        eps: x.norm.map_or(0.0, |n| n.1),
     };
     let weight_bytes = mats.iter().map(|m| (m.rows * w.row_bytes) as u64).sum();
-    let op = Op::MatVec { ty: w.ty, epi, shape };
+    let op = Op::MatVec { ty: w.ty, epi, shape, norm: x.norm.is_some() };
+    let mut bufs: Vec<&Arc<Buf>> = vec![w_buf, x.x];
+    let dummies = b.split_dummies();
     if epi == MvEpilogue::Split {
-        let dummies = b.split_dummies();
-        let out = |i: usize| mats.get(i).map_or_else(|| &dummies[i - 1], |m| m.out);
-        b.run_weighted(op, &params, &[w_buf, x, out(0), out(1), out(2), out(3)], g, weight_bytes);
+        bufs.extend((0..MV_MAX_SPLIT).map(|i| mats.get(i).map_or_else(|| &dummies[i - 1], |m| m.out)));
     } else {
-        b.run_weighted(op, &params, &[w_buf, x, mats[0].out], g, weight_bytes);
+        bufs.push(mats[0].out);
     }
+    if let Some((g_buf, _)) = x.norm {
+        bufs.push(g_buf);
+    }
+    b.run_weighted(op, &params, &bufs, g, weight_bytes);
 }
 
-/// `out (+)= x · wᵀ` over every chunk of `w`: the matvec for one token, else the tiled
-/// matmul; `accumulate` adds into `out` (the residual add).
 /// `out = x · wᵀ` for one token (`x` 1 × cols) in workgroups of `shape`: the kernel sweep
 /// times each shape on one backend.
 pub(super) fn matvec_store_shaped(
@@ -199,10 +218,12 @@ pub(super) fn matvec_store_shaped(
     assert!(shape.subgroups == b.ctx.mv_shape.subgroups, "the context decides subgroups");
     for c in &w.chunks {
         let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
-        matvec_shaped(b, shape, w, &c.buf, MvEpilogue::Store, &[mat], c.row0, &x.buf);
+        matvec_shaped(b, shape, w, &c.buf, MvEpilogue::Store, &[mat], c.row0, MvIn { x: &x.buf, norm: None });
     }
 }
 
+/// `out (+)= x · wᵀ` over every chunk of `w`: the matvec for one token, else the tiled
+/// matmul; `accumulate` adds into `out` (the residual add).
 fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor, accumulate: bool) {
     assert_eq!(x.cols, w.cols, "matmul: activation width {} != weight row length {}", x.cols, w.cols);
     assert_eq!(out.cols, w.rows, "matmul: output width {} != weight rows {}", out.cols, w.rows);
@@ -212,7 +233,7 @@ fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor
     for c in &w.chunks {
         if t == 1 {
             let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
-            matvec(b, w, &c.buf, epi, &[mat], c.row0, &x.buf);
+            matvec(b, w, &c.buf, epi, &[mat], c.row0, MvIn { x: &x.buf, norm: None });
         } else {
             let g = (c.rows.div_ceil(MM_TM as usize) as u32, t.div_ceil(MM_TN as usize) as u32);
             let params = MatMulParams {
@@ -261,6 +282,35 @@ fn shared_buffer<'a>(b: &GpuBackend, ws: &[&'a GpuWeight]) -> Option<&'a Arc<Buf
 /// `outs[i] = x · ws[i]ᵀ`: for a token, one split matvec per set of weights that share a
 /// group's buffer, one product for each other weight; for more tokens, one product each.
 pub fn matmul_group(b: &mut GpuBackend, ws: &[&GpuWeight], x: &GpuTensor, outs: &mut [&mut GpuTensor]) {
+    group_products(b, ws, MvIn { x: &x.buf, norm: None }, x, outs)
+}
+
+/// Whether one token's RMSNorm with `weight` can be folded into the matvecs reading it:
+/// fusion on, and rows of whole vec4s (the matvec reads the norm weight so).
+fn norm_folds(b: &GpuBackend, n: &Normed<'_, GpuTensor, GpuWeight>) -> bool {
+    b.ctx.fuse && n.x.rows == 1 && n.x.cols.is_multiple_of(4) && n.weight.chunks.len() == 1
+}
+
+/// [`matmul_group`] of RMSNorm(`n.x`): folded into the matvecs for a token, else the norm
+/// into `n.xn` first.
+pub fn norm_matmul_group(
+    b: &mut GpuBackend,
+    n: Normed<'_, GpuTensor, GpuWeight>,
+    ws: &[&GpuWeight],
+    outs: &mut [&mut GpuTensor],
+) {
+    if !norm_folds(b, &n) {
+        super::ops::rms_norm(b, n.x, n.weight, n.eps, n.xn);
+        return matmul_group(b, ws, n.xn, outs);
+    }
+    assert_eq!(n.weight.cols, n.x.cols, "norm_matmul_group: norm weight width");
+    let g = Arc::clone(n.weight.single());
+    group_products(b, ws, MvIn { x: &n.x.buf, norm: Some((&g, n.eps)) }, n.x, outs)
+}
+
+/// The products of [`matmul_group`] with the token `input` (`x`'s buffer, and a norm to
+/// fold in, which only a one-token `x` has).
+fn group_products(b: &mut GpuBackend, ws: &[&GpuWeight], input: MvIn, x: &GpuTensor, outs: &mut [&mut GpuTensor]) {
     assert_eq!(ws.len(), outs.len(), "matmul_group: {} weights, {} outputs", ws.len(), outs.len());
     let mut done = vec![false; ws.len()];
     for i in 0..ws.len() {
@@ -284,10 +334,20 @@ pub fn matmul_group(b: &mut GpuBackend, ws: &[&GpuWeight], x: &GpuTensor, outs: 
                     .iter()
                     .map(|&j| MvMat { rows: ws[j].rows, w_off: ws[j].chunks[0].w_off, out: &outs[j].buf })
                     .collect();
-                matvec(b, ws[i], &buf, MvEpilogue::Split, &mats, 0, &x.buf);
+                matvec(b, ws[i], &buf, MvEpilogue::Split, &mats, 0, input);
                 for &j in &set {
                     done[j] = true;
                 }
+            }
+            None if input.norm.is_some() => {
+                // A weight of its own, the norm still folded: a store matvec per chunk.
+                let (w, out) = (ws[i], &mut *outs[i]);
+                assert!(x.cols == w.cols && out.cols == w.rows && out.rows == 1, "matmul_group: shapes");
+                for c in &w.chunks {
+                    let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
+                    matvec(b, w, &c.buf, MvEpilogue::Store, &[mat], c.row0, input);
+                }
+                done[i] = true;
             }
             None => {
                 matmul(b, ws[i], x, outs[i]);
@@ -309,21 +369,54 @@ pub fn matmul_swiglu(
 ) {
     let fused = if x.rows == 1 && w_gate.rows == w_up.rows { shared_buffer(b, &[w_gate, w_up]) } else { None };
     match fused {
-        Some(buf) => {
-            assert!(x.cols == w_gate.cols && gate.cols == w_gate.rows && gate.rows == 1, "matmul_swiglu: shapes");
-            let buf = Arc::clone(buf);
-            let mats = [
-                MvMat { rows: w_gate.rows, w_off: w_gate.chunks[0].w_off, out: &gate.buf },
-                MvMat { rows: w_up.rows, w_off: w_up.chunks[0].w_off, out: &gate.buf },
-            ];
-            matvec(b, w_gate, &buf, MvEpilogue::SwiGlu, &mats, 0, &x.buf);
-        }
+        Some(buf) => swiglu_matvec(b, w_gate, w_up, &Arc::clone(buf), MvIn { x: &x.buf, norm: None }, x, gate),
         None => {
             matmul(b, w_gate, x, gate);
             matmul(b, w_up, x, up);
             super::ops::swiglu(b, gate, up);
         }
     }
+}
+
+/// [`matmul_swiglu`] of RMSNorm(`n.x`): folded into the SwiGLU matvec for a token whose gate
+/// and up share a buffer, else the norm into `n.xn` first.
+pub fn norm_matmul_swiglu(
+    b: &mut GpuBackend,
+    n: Normed<'_, GpuTensor, GpuWeight>,
+    w_gate: &GpuWeight,
+    w_up: &GpuWeight,
+    gate: &mut GpuTensor,
+    up: &mut GpuTensor,
+) {
+    let shared = if w_gate.rows == w_up.rows { shared_buffer(b, &[w_gate, w_up]).map(Arc::clone) } else { None };
+    match shared.filter(|_| norm_folds(b, &n)) {
+        Some(buf) => {
+            let g = Arc::clone(n.weight.single());
+            swiglu_matvec(b, w_gate, w_up, &buf, MvIn { x: &n.x.buf, norm: Some((&g, n.eps)) }, n.x, gate)
+        }
+        None => {
+            super::ops::rms_norm(b, n.x, n.weight, n.eps, n.xn);
+            matmul_swiglu(b, w_gate, w_up, n.xn, gate, up)
+        }
+    }
+}
+
+/// The SwiGLU matvec of gate and up in `buf` for the token `input` into `gate`.
+fn swiglu_matvec(
+    b: &mut GpuBackend,
+    w_gate: &GpuWeight,
+    w_up: &GpuWeight,
+    buf: &Arc<Buf>,
+    input: MvIn,
+    x: &GpuTensor,
+    gate: &mut GpuTensor,
+) {
+    assert!(x.cols == w_gate.cols && gate.cols == w_gate.rows && gate.rows == 1, "matmul_swiglu: shapes");
+    let mats = [
+        MvMat { rows: w_gate.rows, w_off: w_gate.chunks[0].w_off, out: &gate.buf },
+        MvMat { rows: w_up.rows, w_off: w_up.chunks[0].w_off, out: &gate.buf },
+    ];
+    matvec(b, w_gate, buf, MvEpilogue::SwiGlu, &mats, 0, input);
 }
 
 pub fn embed(b: &mut GpuBackend, table: &GpuWeight, tokens: &[u32], out: &mut GpuTensor) {

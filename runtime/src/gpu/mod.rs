@@ -34,7 +34,7 @@ pub use record::SUBMIT_EVERY;
 pub use tune::GpuTune;
 pub use wgpu::{AdapterInfo, Backend as WgpuBackend, DeviceType};
 
-use crate::backend::{AttentionSpec, Backend, RopeSpec, WeightView};
+use crate::backend::{AttentionSpec, Backend, Normed, RopeSpec, WeightView};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
 use crate::kv_pages::SeqPages;
@@ -361,6 +361,26 @@ impl Backend for GpuBackend {
 
     fn matmul_group(&mut self, ws: &[&GpuWeight], x: &GpuTensor, outs: &mut [&mut GpuTensor]) {
         matmul::matmul_group(self, ws, x, outs)
+    }
+
+    fn norm_matmul_group(
+        &mut self,
+        n: Normed<'_, GpuTensor, GpuWeight>,
+        ws: &[&GpuWeight],
+        outs: &mut [&mut GpuTensor],
+    ) {
+        matmul::norm_matmul_group(self, n, ws, outs)
+    }
+
+    fn norm_matmul_swiglu(
+        &mut self,
+        n: Normed<'_, GpuTensor, GpuWeight>,
+        w_gate: &GpuWeight,
+        w_up: &GpuWeight,
+        gate: &mut GpuTensor,
+        up: &mut GpuTensor,
+    ) {
+        matmul::norm_matmul_swiglu(self, n, w_gate, w_up, gate, up)
     }
 
     fn matmul_swiglu(

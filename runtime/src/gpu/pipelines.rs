@@ -16,6 +16,11 @@ pub enum LayoutKind {
     In2Out1,
     /// read weights, read activations, four read_write outputs (the split matvec).
     MatVecSplit,
+    /// read weights, read activations, read_write output, read RMSNorm weight (a matvec with
+    /// a folded norm).
+    MatVecNorm,
+    /// The split matvec's, then the RMSNorm weight.
+    MatVecSplitNorm,
     /// read, read_write (rope, swiglu, add, copy_row, kv_window, dex, logit_reduce).
     In1Out1,
     /// read rows, read_write cache, read page tables (kv_write).
@@ -32,7 +37,9 @@ pub enum LayoutKind {
 impl LayoutKind {
     pub fn of(op: Op) -> LayoutKind {
         match op {
-            Op::MatVec { epi: duet_shaders::MvEpilogue::Split, .. } => LayoutKind::MatVecSplit,
+            Op::MatVec { epi: duet_shaders::MvEpilogue::Split, norm: false, .. } => LayoutKind::MatVecSplit,
+            Op::MatVec { epi: duet_shaders::MvEpilogue::Split, norm: true, .. } => LayoutKind::MatVecSplitNorm,
+            Op::MatVec { norm: true, .. } => LayoutKind::MatVecNorm,
             Op::MatVec { .. }
             | Op::MatMul(_)
             | Op::Embed(_)
@@ -55,6 +62,8 @@ impl LayoutKind {
         match self {
             LayoutKind::In2Out1 => &[true, true, false],
             LayoutKind::MatVecSplit => &[true, true, false, false, false, false],
+            LayoutKind::MatVecNorm => &[true, true, false, true],
+            LayoutKind::MatVecSplitNorm => &[true, true, false, false, false, false, true],
             LayoutKind::In1Out1 => &[true, false],
             LayoutKind::CacheWrite => &[true, false, true],
             LayoutKind::RopeKv => &[true, false, false, true, false, false, true],
@@ -72,9 +81,11 @@ impl LayoutKind {
         self.storage().len()
     }
 
-    const ALL: [LayoutKind; 7] = [
+    const ALL: [LayoutKind; 9] = [
         LayoutKind::In2Out1,
         LayoutKind::MatVecSplit,
+        LayoutKind::MatVecNorm,
+        LayoutKind::MatVecSplitNorm,
         LayoutKind::RopeKv,
         LayoutKind::In1Out1,
         LayoutKind::CacheWrite,

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, Probe, SeqSpan};
+use crate::backend::{Backend, Normed, Probe, SeqSpan};
 use crate::error::RuntimeError;
 use crate::kv_pages::SeqPages;
 use crate::model::{Logits, Model, ModelConfig, Session, locked};
@@ -189,8 +189,15 @@ impl<B: Backend> Model<B> {
                 }
                 let last = if !last_done && n == 1 { &a.x } else { &a.last };
                 b.set_rows(&mut a.xn, 1);
-                b.rms_norm(last, &self.output_norm, c.rms_eps, &mut a.xn);
-                self.output_logits(b, a, 1, output)
+                // The final norm folded into the output product.
+                if a.logits_rows < 1 {
+                    a.logits = b.new_tensor(1, c.n_vocab);
+                    a.logits_rows = 1;
+                }
+                b.set_rows(&mut a.logits, 1);
+                let n = Normed { x: last, weight: &self.output_norm, eps: c.rms_eps, xn: &mut a.xn };
+                b.norm_matmul_group(n, &[output], &mut [&mut a.logits]);
+                b.read_rows(&a.logits, 0..1)
             }
             Logits::All => {
                 b.rms_norm(&a.x, &self.output_norm, c.rms_eps, &mut a.xn);
@@ -370,15 +377,28 @@ impl<B: Backend> Model<B> {
         };
         b.embed(&self.token_embd, tokens, &mut a.x);
         for (il, l) in self.layers.iter().enumerate() {
-            // Attention block.
-            b.rms_norm(&a.x, &l.attn_norm, c.rms_eps, &mut a.xn);
-            observe(b, Probe::AttnIn, il, &a.xn);
-            // q, k, v (and DIFF V2's λ, before its sigmoid) from the same input, one group.
-            match (&l.lambda_proj, &mut a.pairs) {
-                (Some(w_lambda), Some((gate, _))) => {
-                    b.matmul_group(&[&l.wq, &l.wk, &l.wv, w_lambda], &a.xn, &mut [&mut a.q, &mut a.k, &mut a.v, gate])
+            // Attention block: q, k, v (and DIFF V2's λ, before its sigmoid) from the same
+            // normalised input, one group; the norm folded into the products unless an
+            // observer looks at it.
+            let fold = !(probes && b.observes(Probe::AttnIn, il));
+            if !fold {
+                b.rms_norm(&a.x, &l.attn_norm, c.rms_eps, &mut a.xn);
+                observe(b, Probe::AttnIn, il, &a.xn);
+            }
+            let normed = Normed { x: &a.x, weight: &l.attn_norm, eps: c.rms_eps, xn: &mut a.xn };
+            match (&l.lambda_proj, &mut a.pairs, fold) {
+                (Some(w_lambda), Some((gate, _)), true) => {
+                    let ws = [&l.wq, &l.wk, &l.wv, w_lambda];
+                    b.norm_matmul_group(normed, &ws, &mut [&mut a.q, &mut a.k, &mut a.v, gate])
                 }
-                _ => b.matmul_group(&[&l.wq, &l.wk, &l.wv], &a.xn, &mut [&mut a.q, &mut a.k, &mut a.v]),
+                (Some(w_lambda), Some((gate, _)), false) => {
+                    let ws = [&l.wq, &l.wk, &l.wv, w_lambda];
+                    b.matmul_group(&ws, normed.xn, &mut [&mut a.q, &mut a.k, &mut a.v, gate])
+                }
+                (_, _, true) => {
+                    b.norm_matmul_group(normed, &[&l.wq, &l.wk, &l.wv], &mut [&mut a.q, &mut a.k, &mut a.v])
+                }
+                (_, _, false) => b.matmul_group(&[&l.wq, &l.wk, &l.wv], normed.xn, &mut [&mut a.q, &mut a.k, &mut a.v]),
             }
             for (t, bias) in [(&mut a.q, &l.bq), (&mut a.k, &l.bk), (&mut a.v, &l.bv)] {
                 if let Some(bias) = bias {
@@ -432,12 +452,18 @@ impl<B: Backend> Model<B> {
                 }
                 narrowed = true;
             }
-            // Feed-forward block (SwiGLU).
-            b.rms_norm(&a.x, &l.ffn_norm, c.rms_eps, &mut a.xn);
-            observe(b, Probe::FfnIn, il, &a.xn);
-            if l.b_gate.is_none() && l.b_up.is_none() {
+            // Feed-forward block (SwiGLU), the norm folded in as above.
+            let biased = l.b_gate.is_some() || l.b_up.is_some();
+            if !biased && !(probes && b.observes(Probe::FfnIn, il)) {
+                let normed = Normed { x: &a.x, weight: &l.ffn_norm, eps: c.rms_eps, xn: &mut a.xn };
+                b.norm_matmul_swiglu(normed, &l.w_gate, &l.w_up, &mut a.gate, &mut a.up);
+            } else if !biased {
+                b.rms_norm(&a.x, &l.ffn_norm, c.rms_eps, &mut a.xn);
+                observe(b, Probe::FfnIn, il, &a.xn);
                 b.matmul_swiglu(&l.w_gate, &l.w_up, &a.xn, &mut a.gate, &mut a.up);
             } else {
+                b.rms_norm(&a.x, &l.ffn_norm, c.rms_eps, &mut a.xn);
+                observe(b, Probe::FfnIn, il, &a.xn);
                 b.matmul(&l.w_gate, &a.xn, &mut a.gate);
                 b.matmul(&l.w_up, &a.xn, &mut a.up);
                 if let Some(bias) = &l.b_gate {

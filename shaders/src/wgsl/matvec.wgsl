@@ -4,8 +4,11 @@
 // matvec_slots/common.wgsl), loading each slot's activations once for all MV_R rows. The
 // main entry point (matvec_reduce_*.wgsl) sums the threads' partials and calls mv_finish,
 // which applies the epilogue EPI: 0 store, 1 add into O0, 2 SwiGLU (matrix 0 the gate,
-// matrix 1 the up rows: MV_ACC = 2·MV_R partials), 3 split (matrix m into output m).
-// Products and sums in f32.
+// matrix 1 the up rows), 3 split (matrix m into output m). With MV_NORM the input is
+// RMSNorm(X)·G: the slot readers multiply each activation by G and add its square to `ssq`,
+// the last of the MV_ACC partials, which summed over the workgroup is the row's square norm
+// (the threads' slots together are the whole row), and each sum is scaled by 1/rms at the
+// end. Products and sums in f32.
 
 struct Params {
     cols: u32,       // elements per row (K), the same for every matrix
@@ -24,6 +27,7 @@ struct Params {
     rows3: u32,
     woff3: u32,
     wg3: u32,
+    eps: f32,        // the folded RMSNorm's epsilon (MV_NORM)
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -55,9 +59,23 @@ fn mv_job(wgi: u32) -> Job {
     return Job(0u, P.rows0, P.woff0, wgi * MV_R);
 }
 
-// This thread's partial sums: acc[r] for row r0 + r, and (SwiGLU) acc[MV_R + r] for the
-// same row of the up matrix. Rows past the matrix's end repeat its last row (their sums
-// are dropped) so that every thread runs the same loop.
+// The sum of squares of the activations this thread has loaded (MV_NORM).
+var<private> ssq: f32;
+
+// Activations `i` (a vec4 of the token's row): times the norm weight with MV_NORM, their
+// squares counted.
+fn xv(i: u32) -> vec4<f32> {
+    let v = X[P.x_off4 + i];
+    if (MV_NORM) {
+        ssq += dot(v, v);
+        return v * G[i];
+    }
+    return v;
+}
+
+// This thread's partial sums: acc[r] for row r0 + r, (SwiGLU) acc[MV_R + r] for the same
+// row of the up matrix, and (MV_NORM) last its squares. Rows past the matrix's end repeat
+// its last row (their sums are dropped) so that every thread runs the same loop.
 fn mv_partials(job: Job, lid: u32) -> array<f32, MV_ACC> {
     var acc: array<f32, MV_ACC>;
     let n_slots = (P.cols + SLOT_ELEMS - 1u) / SLOT_ELEMS;
@@ -72,14 +90,26 @@ fn mv_partials(job: Job, lid: u32) -> array<f32, MV_ACC> {
             }
         }
     }
+    if (MV_NORM) {
+        acc[MV_ACC - 1u] = ssq;
+    }
     return acc;
 }
 
-// Row r0 + k's sum `v` (and SwiGLU's up sum `u`) into its output.
-fn mv_finish(job: Job, k: u32, v: f32, u: f32) {
+// Row r0 + k's sum `v` (and SwiGLU's up sum `u`; with MV_NORM `sq`, the row's square
+// norm) into its output.
+fn mv_finish(job: Job, k: u32, v_sum: f32, u_sum: f32, sq: f32) {
     let row = job.r0 + k;
     if (row >= job.rows) {
         return;
+    }
+    var v = v_sum;
+    var u = u_sum;
+    if (MV_NORM) {
+        // As rms_norm.wgsl: 1 / sqrt(mean + eps).
+        let inv = 1.0 / sqrt(sq / f32(P.cols) + P.eps);
+        v *= inv;
+        u *= inv;
     }
     let i = P.out_off + row;
     if (EPI == 1u) {

@@ -27,12 +27,16 @@ fn main(
     if (lid < MV_R) {
         var v = 0.0;
         var u = 0.0;
+        var sq = 0.0;
         for (var j = 0u; j < n_sg; j++) {
             v += red[lid * MV_WG + j];
             if (EPI == 2u) {
                 u += red[(MV_R + lid) * MV_WG + j];
             }
+            if (MV_NORM) {
+                sq += red[(MV_ACC - 1u) * MV_WG + j];
+            }
         }
-        mv_finish(job, lid, v, u);
+        mv_finish(job, lid, v, u, sq);
     }
 }

@@ -27,6 +27,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (EPI == 2u) {
             u = red[(MV_R + lid) * MV_WG];
         }
-        mv_finish(job, lid, red[lid * MV_WG], u);
+        var sq = 0.0;
+        if (MV_NORM) {
+            sq = red[(MV_ACC - 1u) * MV_WG];
+        }
+        mv_finish(job, lid, red[lid * MV_WG], u, sq);
     }
 }

@@ -1,7 +1,8 @@
 // What every matvec slot reader shares. A slot is 16 weights of one row that one thread
 // multiplies in one step, and the 16 activations they meet (`Xs`, four vec4s, loaded once
 // for all the workgroup's rows). Each type's reader defines SLOT_ELEMS (values per slot),
-// `slot_x(s)` (the activations of slot s) and `slot_dot(rb, s, x)` (the slot's dot product
+// `slot_x(s)` (the activations of slot s, each vec4 through matvec.wgsl's `xv`, which
+// applies a folded RMSNorm's weight) and `slot_dot(rb, s, x)` (the slot's dot product
 // in the row whose bytes start at `rb`), and orders slots so that consecutive slots are
 // neighbouring bytes of the row: consecutive threads then read one run of bytes.
 

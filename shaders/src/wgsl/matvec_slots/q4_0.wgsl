@@ -3,8 +3,8 @@
 const SLOT_ELEMS: u32 = 16u;
 
 fn slot_x(s: u32) -> Xs {
-    let i = P.x_off4 + 8u * (s / 2u) + 2u * (s % 2u);
-    return Xs(X[i], X[i + 1u], X[i + 4u], X[i + 5u]);
+    let i = 8u * (s / 2u) + 2u * (s % 2u);
+    return Xs(xv(i), xv(i + 1u), xv(i + 4u), xv(i + 5u));
 }
 
 fn slot_dot(rb: u32, s: u32, x: Xs) -> f32 {

@@ -6,8 +6,8 @@ const SLOT_ELEMS: u32 = 16u;
 
 fn slot_x(s: u32) -> Xs {
     let j = s % 16u;
-    let i = P.x_off4 + 64u * (s / 16u) + 16u * (j / 4u) + 2u * (j % 4u);
-    return Xs(X[i], X[i + 1u], X[i + 8u], X[i + 9u]);
+    let i = 64u * (s / 16u) + 16u * (j / 4u) + 2u * (j % 4u);
+    return Xs(xv(i), xv(i + 1u), xv(i + 8u), xv(i + 9u));
 }
 
 // Byte `k` (0..11) of the packed scales, without indexing a vector by a run-time value

@@ -6,8 +6,8 @@ const SLOT_ELEMS: u32 = 16u;
 
 fn slot_x(s: u32) -> Xs {
     let j = s % 16u;
-    let i = P.x_off4 + 64u * (s / 16u) + 32u * (j / 8u) + (j % 8u);
-    return Xs(X[i], X[i + 8u], X[i + 16u], X[i + 24u]);
+    let i = 64u * (s / 16u) + 32u * (j / 8u) + (j % 8u);
+    return Xs(xv(i), xv(i + 8u), xv(i + 16u), xv(i + 24u));
 }
 
 fn q6_scale(b: u32) -> f32 {

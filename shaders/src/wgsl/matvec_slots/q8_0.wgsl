@@ -2,8 +2,8 @@
 const SLOT_ELEMS: u32 = 16u;
 
 fn slot_x(s: u32) -> Xs {
-    let i = P.x_off4 + 4u * s;
-    return Xs(X[i], X[i + 1u], X[i + 2u], X[i + 3u]);
+    let i = 4u * s;
+    return Xs(xv(i), xv(i + 1u), xv(i + 2u), xv(i + 3u));
 }
 
 fn slot_dot(rb: u32, s: u32, x: Xs) -> f32 {
