@@ -164,7 +164,7 @@ PY
   } >>"$res"
 
   # 4. Decode under each kernel choice, the two main files.
-  local tunes=("" "fuse=off" "subgroups=off" "trusted=on" "matvec=64x2" "matvec=128x1" "matvec=128x4" "matvec=256x2" "matvec=32x4")
+  local tunes=("" "fuse=off" "subgroups=off" "trusted=off" "matvec=64x2" "matvec=128x1" "matvec=128x4" "matvec=256x2")
   local x nt v
   {
     echo
@@ -173,7 +173,7 @@ PY
     echo "| variant | $(basename "${models[0]}" .gguf) | $(basename "${models[1]:-${models[0]}}" .gguf) |"
     echo "|---|---|---|"
   } >>"$res"
-  for v in "${tunes[@]}" "submit=25" "submit=0"; do
+  for v in "${tunes[@]}" "submit=10" "submit=100" "submit=0"; do
     time_for 15 "tune $v" || break
     local row="| ${v:-default} |"
     for m in "${models[0]}" "${models[1]:-${models[0]}}"; do
@@ -205,6 +205,13 @@ PY
     echo "| 4-bit (llama.cpp q4_0/q4_0, duet q4c/q4r) | $lc_q4 | $du_q4 | $(bench_ratio "$du_q4" "$lc_q4") |" >>"$res"
     echo >>"$res"
     echo "duet, 4-bit cache / f16 cache at depth $depth: $(bench_ratio "$du_q4" "$du_f16")." >>"$res"
+    # The decode attention's spread (workgroups a row), f16 cache.
+    local aw
+    for aw in 512 1024 4096; do
+      time_for 20 "attn=$aw at depth" || break
+      read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 --gpu-tune "attn=$aw" 2>>"$log" | bench_duet_parse)
+      echo "duet f16 cache at depth $depth with --gpu-tune attn=$aw: $nt t/s ($(bench_ratio "$nt" "$du_f16") the default's)." >>"$res"
+    done
   fi
 
   # 6. Other builds carried by `DUET_BASE=… prepare`, on the same card in the same run.

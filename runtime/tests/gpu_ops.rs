@@ -661,6 +661,29 @@ fn attention_standard_and_differential() {
 /// leave rows in their window; shapes include a row of an odd number of blocks (padded on
 /// the GPU), head_dim 16 (heads sharing blocks), and head_dim 48 (rotated in blocks of 16).
 /// Types a shape's rows cannot hold are skipped (KvCacheSpec::check).
+/// The decode step with few workgroups a row (`--gpu-tune attn=N`), so that a workgroup's
+/// chunk holds several 64-key tiles (its online softmax across tiles) and the combine step
+/// merges chunks of several tiles: all in one chunk, and a few chunks.
+#[test]
+fn decode_attention_multi_tile_chunks() {
+    let test = "decode_attention_multi_tile_chunks";
+    for workgroups in [4, 16] {
+        let tune = GpuTune { attn_workgroups: Some(workgroups), ..Default::default() };
+        let Some(gpu) = gpu_with(test, GpuOptions { f16: Some(false), tune, ..Default::default() }) else { return };
+        let mut p = Pair { cpu: ggml_cpu(), gpu };
+        let mut rng = Rng::new(31);
+        let std = standard_spec(4, 2, 64);
+        let diff = AttentionSpec {
+            kind: AttentionKind::Differential { lambda: 0.4, lambda_init: 0.3, sub_norm: None },
+            ..std.clone()
+        };
+        for spec in [&std, &diff] {
+            attention_case(&mut p, &mut rng, spec, CacheType::F32, CacheType::F32, &[150, 1, 170, 1], true);
+            attention_case(&mut p, &mut rng, spec, CacheType::F16, CacheType::Q8r, &[150, 1, 170, 1], true);
+        }
+    }
+}
+
 /// RoPE with the cache write (one kernel into plain caches, with fusion on) against the
 /// CPU's RoPE then attention: every plain cache pair, a quantized pair (the separate RoPE
 /// dispatches), partial rotation with frequency factors, prefill and decode rows; and fusion

@@ -434,16 +434,18 @@ pub const MM_TN: u32 = 64;
 /// Attention workgroup size and the largest head_dim the kernels accept.
 pub const ATT_WG: u32 = 64;
 pub const ATT_MAX_HEAD_DIM: u32 = 128;
-/// Query rows and keys per tile: (rows, keys) for each shape. Decode tiles are short: the
-/// keys are split into chunks of whole tiles over many workgroups, and each workgroup walks
-/// its keys with chains of dependent loads (page table, then cache), so its time grows with
-/// the keys it holds (64-key tiles: ~45 µs per layer on an H200 even at depth 64).
+/// Query rows and keys per tile: (rows, keys) for each shape. Decode (attention_decode.wgsl)
+/// scores a key per thread, ATT_WG keys a tile; the keys are split into chunks of whole
+/// tiles over many workgroups.
 pub const fn attn_tile(shape: AttnShape) -> (u32, u32) {
     match shape {
-        AttnShape::Decode => (1, 16),
+        AttnShape::Decode => (1, ATT_WG),
         AttnShape::Prefill => (8, 32),
     }
 }
+/// Chunks the keys of a decoded row are split into at most (the combine step holds a weight
+/// per chunk in workgroup memory).
+pub const ATT_MAX_CHUNKS: u32 = 256;
 /// Threads of the attention combine step's workgroups, and the output dims each owns
 /// (2·ATT_MAX_HEAD_DIM at most, for DIFF).
 pub const CB_WG: u32 = 64;
@@ -602,6 +604,24 @@ pub fn source(v: &Variant) -> String {
             s.push_str(&workgroup_reduce(LA_WG));
             s.push_str(include_str!("wgsl/logit_reduce.wgsl"));
         }
+        Op::Attention { diff, shape: AttnShape::Decode, k, v: ve } => {
+            let ns = if diff { 2 } else { 1 };
+            let _ = writeln!(
+                s,
+                "const ATT_NS: u32 = {ns}u;\nconst ATT_WG: u32 = {ATT_WG}u;\nconst ATT_MAX_HD: u32 = {ATT_MAX_HEAD_DIM}u;\nconst ATT_DPT: u32 = {}u;",
+                (ATT_MAX_HEAD_DIM * ns).div_ceil(ATT_WG)
+            );
+            s.push_str(&page_table(6));
+            s.push_str(&cache_reader('k', k));
+            s.push_str(&cache_reader('v', ve));
+            s.push_str(&workgroup_reduce(ATT_WG));
+            s.push_str(if k == CacheElem::F16 {
+                include_str!("wgsl/attention_kdot_f16.wgsl")
+            } else {
+                include_str!("wgsl/attention_kdot.wgsl")
+            });
+            s.push_str(include_str!("wgsl/attention_decode.wgsl"));
+        }
         Op::Attention { diff, shape, k, v: ve } => {
             let ns = if diff { 2 } else { 1 };
             let (br, bc) = attn_tile(shape);
@@ -620,7 +640,7 @@ pub fn source(v: &Variant) -> String {
             let ns = if diff { 2 } else { 1 };
             let _ = writeln!(
                 s,
-                "const ATT_NS: u32 = {ns}u;\nconst ATT_PAIRED: bool = {paired};\nconst CB_WG: u32 = {CB_WG}u;\nconst CB_DIMS: u32 = {CB_DIMS}u;"
+                "const ATT_NS: u32 = {ns}u;\nconst ATT_PAIRED: bool = {paired};\nconst CB_WG: u32 = {CB_WG}u;\nconst CB_DIMS: u32 = {CB_DIMS}u;\nconst CB_MAX_CHUNKS: u32 = {ATT_MAX_CHUNKS}u;"
             );
             s.push_str(&workgroup_reduce(CB_WG));
             s.push_str(include_str!("wgsl/attn_combine.wgsl"));

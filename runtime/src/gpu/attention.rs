@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use duet_quant::kv::hadamard;
 use duet_shaders::{
-    ATT_MAX_HEAD_DIM, AttentionParams, AttnCombineParams, AttnShape, CacheElem, CacheKind, EW_WG, KvWindowParams,
-    KvWriteChannelParams, KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RopeKvParams, RotateParams,
-    attn_tile,
+    ATT_MAX_CHUNKS, ATT_MAX_HEAD_DIM, AttentionParams, AttnCombineParams, AttnShape, CacheElem, CacheKind, EW_WG,
+    KvWindowParams, KvWriteChannelParams, KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RopeKvParams,
+    RotateParams, attn_tile,
 };
 
 use super::buffers::{Buf, GpuKvCache, GpuTensor};
@@ -442,7 +442,7 @@ fn attend(
     let ns = if diff { 2 } else { 1 };
     let (units, vd) = (spec.n_heads / ns, hd * ns);
     let (br, bc) = attn_tile(shape);
-    let (chunk_keys, n_chunks) = key_chunks(shape, pos0 + rows, units, bc as usize);
+    let (chunk_keys, n_chunks) = key_chunks(shape, pos0 + rows, units, bc as usize, b.ctx.decode_workgroups);
     let g = grid(rows.div_ceil(br as usize) * units * n_chunks, 1);
     let groups = cache_groups(cache);
     let slot = seq.slot as u32;
@@ -501,19 +501,20 @@ fn attend(
 
 /// Workgroups the decode step aims for: enough to fill a large GPU (an H200 has 132
 /// multiprocessors, 2,048 workgroups of 64 threads are half of what it holds at once) when
-/// a single query row has few units. With 512 a decode at depth 4,096 still took 222 µs
-/// per layer there, each workgroup walking 256 keys.
-const DECODE_WORKGROUPS: usize = 2048;
+/// a single query row has few units (at most ATT_MAX_CHUNKS chunks a unit, which the
+/// combine step holds a weight for).
+pub const DECODE_WORKGROUPS: usize = 2048;
 
 /// (keys per chunk, chunks) of the attend step over keys `0..keys`. Prefill: one chunk, its
 /// row tiles already fill the GPU. Decode: one query row, so the keys are split (in whole
-/// tiles of `tile` keys) until units × chunks reaches [`DECODE_WORKGROUPS`]: flash-decoding.
+/// tiles of `tile` keys) until units × chunks reaches `workgroups` ([`DECODE_WORKGROUPS`] by
+/// default): flash-decoding.
 /// Unsplit, one workgroup per unit walked all 4,096 keys of a deep cache alone.
-pub fn key_chunks(shape: AttnShape, keys: usize, units: usize, tile: usize) -> (usize, usize) {
+pub fn key_chunks(shape: AttnShape, keys: usize, units: usize, tile: usize, workgroups: usize) -> (usize, usize) {
     let tiles = keys.div_ceil(tile).max(1);
     let chunks = match shape {
         AttnShape::Prefill => 1,
-        AttnShape::Decode => (DECODE_WORKGROUPS / units.max(1)).clamp(1, tiles),
+        AttnShape::Decode => (workgroups / units.max(1)).clamp(1, tiles).min(ATT_MAX_CHUNKS as usize),
     };
     let chunk_keys = tiles.div_ceil(chunks) * tile;
     (chunk_keys, keys.div_ceil(chunk_keys).max(1))
@@ -528,7 +529,7 @@ mod tests {
         for shape in [AttnShape::Decode, AttnShape::Prefill] {
             for keys in [1, 2, 63, 64, 65, 127, 700, 4096, 4097, 100_000] {
                 for units in [1, 4, 16, 32, 64, 600] {
-                    let (chunk, n) = key_chunks(shape, keys, units, 64);
+                    let (chunk, n) = key_chunks(shape, keys, units, 64, DECODE_WORKGROUPS);
                     assert_eq!(chunk % 64, 0, "whole tiles");
                     assert!(n * chunk >= keys && (n - 1) * chunk < keys, "{keys} keys in {n} × {chunk}");
                     if shape == AttnShape::Prefill {
@@ -538,8 +539,10 @@ mod tests {
             }
         }
         // 32 heads at depth 4,096 in tiles of 16: 64 chunks of 64 keys (2,048 workgroups).
-        assert_eq!(key_chunks(AttnShape::Decode, 4096, 32, 16), (64, 64));
+        assert_eq!(key_chunks(AttnShape::Decode, 4096, 32, 16, DECODE_WORKGROUPS), (64, 64));
+        // One unit: 256 chunks at most (of 4 tiles of 16 keys here).
+        assert_eq!(key_chunks(AttnShape::Decode, 16384, 1, 16, DECODE_WORKGROUPS), (64, 256));
         // 32 heads over 100 keys: a chunk per tile.
-        assert_eq!(key_chunks(AttnShape::Decode, 100, 32, 16), (16, 7));
+        assert_eq!(key_chunks(AttnShape::Decode, 100, 32, 16, DECODE_WORKGROUPS), (16, 7));
     }
 }

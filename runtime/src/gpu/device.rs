@@ -82,6 +82,8 @@ pub struct GpuContext {
     pub trusted: bool,
     /// Fused kernels (matvec epilogues, RoPE with the K/V write).
     pub fuse: bool,
+    /// Workgroups a decoded row's attention is spread over (flash-decoding's chunks).
+    pub decode_workgroups: usize,
     /// Dispatches recorded before they are submitted.
     pub submit_every: usize,
     pub sink: Arc<Mutex<ErrorSink>>,
@@ -283,6 +285,7 @@ impl GpuContext {
             // software adapters keep naga's checks (they are where new kernels are tested).
             trusted: opts.tune.trusted.unwrap_or(hardware),
             fuse: opts.tune.fuse.unwrap_or(true),
+            decode_workgroups: opts.tune.attn_workgroups.unwrap_or(super::attention::DECODE_WORKGROUPS),
             submit_every: opts.submit_every.unwrap_or(super::SUBMIT_EVERY).max(1),
             sink,
         })

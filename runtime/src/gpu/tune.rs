@@ -21,6 +21,9 @@ pub struct GpuTune {
     /// Fused kernels: matvec epilogues (residual add, SwiGLU, the q/k/v split) and RoPE with
     /// the K/V write; off runs one dispatch per op (default on).
     pub fuse: Option<bool>,
+    /// Workgroups a decoded row's attention is spread over, the keys split into chunks of
+    /// whole 64-key tiles until the heads × chunks reach it (default 2,048).
+    pub attn_workgroups: Option<usize>,
 }
 
 impl GpuTune {
@@ -29,7 +32,8 @@ impl GpuTune {
         workgroup of the decode matvec: WG 32, 64, 128 or 256, ROWS 1, 2 or 4; default 128x2 on a GPU, 32x4 on a \
         software adapter), subgroups=on|off (subgroup reductions; default on where the adapter has them), \
         trusted=on|off (kernels proven in bounds skip the shader compiler's runtime checks; default on a GPU, off on a software adapter), \
-        fuse=on|off (fused kernels: matvec epilogues, RoPE with the K/V write; default on)";
+        fuse=on|off (fused kernels: matvec epilogues, RoPE with the K/V write; default on), \
+        attn=N (workgroups a decoded token's attention is split over, 1 to 65536; default 2048)";
 
     /// Parses `--gpu-tune`'s value (empty: all defaults).
     pub fn parse(s: &str) -> Result<GpuTune, String> {
@@ -50,6 +54,13 @@ impl GpuTune {
                 "subgroups" => t.subgroups = Some(on_off()?),
                 "trusted" => t.trusted = Some(on_off()?),
                 "fuse" => t.fuse = Some(on_off()?),
+                "attn" => {
+                    let n: usize = value.trim().parse().map_err(|_| format!("attn={value}: not a number"))?;
+                    if !(1..=65536).contains(&n) {
+                        return Err(format!("attn={n}: must be 1 to 65536"));
+                    }
+                    t.attn_workgroups = Some(n);
+                }
                 k => return Err(format!("unknown --gpu-tune key '{k}' ({})", GpuTune::HELP)),
             }
         }
@@ -63,13 +74,21 @@ mod tests {
 
     #[test]
     fn parses_every_key_and_refuses_what_it_does_not_know() {
-        let t = GpuTune::parse("matvec=64x4, subgroups=off,trusted=on,fuse=0").unwrap();
+        let t = GpuTune::parse("matvec=64x4, subgroups=off,trusted=on,fuse=0,attn=512").unwrap();
         assert_eq!(
             t,
-            GpuTune { matvec: Some((64, 4)), subgroups: Some(false), trusted: Some(true), fuse: Some(false) }
+            GpuTune {
+                matvec: Some((64, 4)),
+                subgroups: Some(false),
+                trusted: Some(true),
+                fuse: Some(false),
+                attn_workgroups: Some(512)
+            }
         );
         assert_eq!(GpuTune::parse("").unwrap(), GpuTune::default());
-        for bad in ["matvec=100x2", "matvec=128x3", "matvec=128", "subgroups=maybe", "speed=max", "fuse"] {
+        for bad in
+            ["matvec=100x2", "matvec=128x3", "matvec=128", "subgroups=maybe", "speed=max", "fuse", "attn=0", "attn=x"]
+        {
             assert!(GpuTune::parse(bad).is_err(), "{bad} accepted");
         }
         assert!(GpuTune::parse("colour=red").unwrap_err().contains("unknown --gpu-tune key 'colour'"));

@@ -1,7 +1,8 @@
 // The largest (workgroup_max) or the sum (workgroup_sum) of the RED_WG threads' values,
 // returned to every thread: a tree reduction in workgroup memory, the same tree for every
 // kernel. The kernel sets RED_WG (its workgroup size, a power of two). Call from uniform
-// control flow: they hold workgroup barriers.
+// control flow: they hold workgroup barriers, the last after every thread has read the
+// result, so that calls may follow each other.
 
 var<workgroup> red: array<f32, RED_WG>;
 
@@ -14,7 +15,9 @@ fn workgroup_max(lid: u32, v: f32) -> f32 {
         }
         workgroupBarrier();
     }
-    return red[0];
+    let r = red[0];
+    workgroupBarrier();
+    return r;
 }
 
 fn workgroup_sum(lid: u32, v: f32) -> f32 {
@@ -26,5 +29,7 @@ fn workgroup_sum(lid: u32, v: f32) -> f32 {
         }
         workgroupBarrier();
     }
-    return red[0];
+    let r = red[0];
+    workgroupBarrier();
+    return r;
 }

@@ -1,0 +1,167 @@
+// The attend step of decode attention (one query row; attention.wgsl is the general one,
+// for prompts), standard (ATT_NS = 1) or differential (ATT_NS = 2), flash-decoding: a
+// workgroup takes one unit (a head, or a DIFF head pair j, j + H/2) and one chunk of the
+// keys, and walks the chunk in tiles of ATT_WG keys with an online softmax:
+//   1. thread t scores key kt + t: the unit's query (in workgroup memory) · the key's row
+//      (`k_dot`, the K cache's reader), for each softmax;
+//   2. the tile's max and sum by workgroup reductions update the running max and sum,
+//      every thread holding the same values;
+//   3. thread t accumulates the unit's V dims t, t + ATT_WG, … of P·V over the tile's keys
+//      (neighbouring threads read neighbouring values of a V row).
+// Every thread of the workgroup works in every step: attention.wgsl's decode shape scored
+// 16 keys a tile with 16 of its 64 threads and ran each softmax on one thread (24 µs a
+// layer at a depth of 64 on an H200, 174 µs at 4,096). It writes the partials as
+// attention.wgsl does, per (unit, chunk) and softmax: the running max m, the sum l, the
+// unnormalised P·V (vd values); attn_combine merges the chunks. All arithmetic f32.
+//
+// Logit quantization (lq_qmax > 0) as attention.wgsl's: each score absmax-quantized before
+// its softmax, absmax LA[r · lq_stride + h].
+
+struct Params {
+    rows: u32,       // 1
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    pos0: u32,       // the row's position: keys 0 ..= pos0
+    q_dim: u32,
+    kv_dim: u32,
+    grid_x: u32,
+    scale: f32,
+    chunk_keys: u32, // keys per chunk (a multiple of ATT_WG)
+    n_chunks: u32,
+    units: u32,
+    lq_qmax: f32,
+    lq_stride: u32,
+    cache_groups: u32,
+    pt_base: u32,
+    window: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;
+// binding 2: KC (k_at, k_dot), binding 3: VC (v_at), from the cache readers
+@group(0) @binding(4) var<storage, read_write> O: array<f32>;
+@group(0) @binding(5) var<storage, read> LA: array<f32>;
+// binding 6: PT, the page tables (pages.wgsl)
+
+// The unit's query (both heads of a DIFF pair) and the tile's probabilities.
+var<workgroup> qs: array<f32, ATT_NS * ATT_MAX_HD>;
+var<workgroup> ps: array<f32, ATT_NS * ATT_WG>;
+
+// Logit s absmax-quantized against `absmax` (attention.wgsl's).
+fn quantize_logit(s: f32, absmax: f32) -> f32 {
+    let step = absmax / P.lq_qmax;
+    if (step == 0.0) {
+        return 0.0;
+    }
+    if (!(step < 3.0e38)) {
+        return s;
+    }
+    let x = s / step;
+    var n = trunc(x);
+    if (abs(x - n) >= 0.5) {
+        n += sign(x);
+    }
+    return step * clamp(n, -P.lq_qmax, P.lq_qmax);
+}
+
+// Where dimension d of the unit's V lives inside a cache row (attention.wgsl's).
+fn v_offset(u: u32, d: u32, gqa: u32) -> u32 {
+    let hd = P.head_dim;
+    let c = u / gqa;
+    if (ATT_NS == 1u || d < hd) {
+        return c * hd + d;
+    }
+    return (c + P.n_kv_heads / 2u) * hd + (d - hd);
+}
+
+@compute @workgroup_size(ATT_WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let item = wg_index(wid, P.grid_x);
+    // Uniform exit: the whole workgroup or none (the steps hold barriers).
+    if (item >= P.units * P.n_chunks) {
+        return;
+    }
+    let u = item % P.units;
+    let chunk = item / P.units;
+    let hd = P.head_dim;
+    let gqa = P.n_heads / P.n_kv_heads;
+    let vd = hd * ATT_NS;
+    let first_key = chunk * P.chunk_keys;
+    let end_key = min(first_key + P.chunk_keys, P.pos0 + 1u);
+
+    for (var i = lid; i < ATT_NS * hd; i += ATT_WG) {
+        let qh = u + (i / hd) * (P.n_heads / 2u);
+        qs[i] = Q[qh * hd + i % hd];
+    }
+    workgroupBarrier();
+
+    var m: array<f32, ATT_NS>;
+    var l: array<f32, ATT_NS>;
+    var acc: array<f32, ATT_NS * ATT_DPT>;
+    for (var s = 0u; s < ATT_NS; s++) {
+        m[s] = NEG_BIG;
+        l[s] = 0.0;
+    }
+    for (var i = 0u; i < ATT_NS * ATT_DPT; i++) {
+        acc[i] = 0.0;
+    }
+    for (var kt = first_key; kt < end_key; kt += ATT_WG) {
+        let key = kt + lid;
+        let valid = key < end_key;
+        // 1-2. Scores, then each softmax's online update.
+        for (var s = 0u; s < ATT_NS; s++) {
+            var sc = NEG_BIG;
+            let qh = u + s * (P.n_heads / 2u);
+            if (valid) {
+                sc = k_dot(key, (qh / gqa) * hd, s * hd) * P.scale;
+                if (P.lq_qmax > 0.0) {
+                    sc = quantize_logit(sc, LA[qh]);
+                }
+            }
+            let m_new = max(m[s], workgroup_max(lid, sc));
+            let p = select(0.0, exp(sc - m_new), valid);
+            ps[s * ATT_WG + lid] = p;
+            let alpha = exp(m[s] - m_new);
+            // (Its barriers also publish ps for step 3.)
+            l[s] = l[s] * alpha + workgroup_sum(lid, p);
+            m[s] = m_new;
+            for (var j = 0u; j < ATT_DPT; j++) {
+                acc[s * ATT_DPT + j] *= alpha;
+            }
+        }
+        // 3. P·V over the tile's keys.
+        let n = min(ATT_WG, end_key - kt);
+        for (var j = 0u; j < ATT_DPT; j++) {
+            let d = lid + j * ATT_WG;
+            if (d < vd) {
+                let vo = v_offset(u, d, gqa);
+                for (var s = 0u; s < ATT_NS; s++) {
+                    var x = acc[s * ATT_DPT + j];
+                    for (var c = 0u; c < n; c++) {
+                        x += ps[s * ATT_WG + c] * v_at(kt + c, vo);
+                    }
+                    acc[s * ATT_DPT + j] = x;
+                }
+            }
+        }
+        // The next tile rewrites ps.
+        workgroupBarrier();
+    }
+
+    // The partials: m and l (thread 0), then P·V.
+    let stride = ATT_NS * (2u + vd);
+    let b = (u * P.n_chunks + chunk) * stride;
+    for (var s = 0u; s < ATT_NS; s++) {
+        if (lid == 0u) {
+            O[b + s * (2u + vd)] = m[s];
+            O[b + s * (2u + vd) + 1u] = l[s];
+        }
+        for (var j = 0u; j < ATT_DPT; j++) {
+            let d = lid + j * ATT_WG;
+            if (d < vd) {
+                O[b + s * (2u + vd) + 2u + d] = acc[s * ATT_DPT + j];
+            }
+        }
+    }
+}
