@@ -10,13 +10,15 @@
 #      llama`: every variant on the 1.1B and 8B Llama matrices) -> kernels.md;
 #   3. llama.cpp beside duet, pp512 and tg128, on the random 1.1B Llama (Q4_0, Q4_K_M,
 #      Q8_0) and the same-shape DiffLlama -> gpu-speed.md;
-#   4. decode under each --gpu-tune variant (fusion off, no subgroups, trusted modules,
+#   4. where the GPU time goes (`--gpu-profile`) -> profiles.md;
+#   5. decode under each --gpu-tune variant (fusion off, no subgroups, no trusted modules,
 #      other matvec shapes, submission sizes) -> gpu-speed.md;
-#   5. decode at depth 4,096, f16 and 4-bit caches, both programs;
-#   6. other duet builds carried by `DUET_BASE=… prepare`, on the same card;
-#   7. the same-shape DIFF V2;
-#   8. where the GPU time goes (`--gpu-profile`) -> profiles.md;
+#   6. decode at depth 4,096, f16 and 4-bit caches, both programs, and the attention's
+#      spread (--gpu-tune attn=N);
+#   7. other duet builds carried by `DUET_BASE=… prepare`, on the same card;
+#   8. the same-shape DIFF V2;
 #   9. the other GPU test binaries.
+# SWEEP=0 leaves out the kernel sweep (step 2).
 
 run() {
   local out=${OUT:-$PWD/target/gpu-speed}
@@ -102,7 +104,7 @@ PY
     echo "Host: $(bench_machine)."
     echo
   } >>"$res"
-  if [ "${MODELS:-}" != small ] && time_for 150 "the matvec kernel sweep"; then
+  if [ "${MODELS:-}" != small ] && [ "${SWEEP:-1}" = 1 ] && time_for 150 "the matvec kernel sweep"; then
     bench_say "matvec kernel sweep"
     { echo "GPU: ${gpu:-unknown}; driver ${driver:-unknown}; copy bandwidth ${bw:-unmeasured} GB/s."; echo; } >"$kern"
     timeout 200 "$duet" bench --device gpu --gpu-kernels llama >>"$kern" 2>>"$log" || echo "(the sweep failed: see run.log)" >>"$kern"
@@ -163,7 +165,19 @@ PY
     grep -h -E '^GPU adapter:|^ggml_vulkan: [0-9]+ =|^ggml_vulkan: No devices' "$log" | sort -u | sed 's/^/    /'
   } >>"$res"
 
-  # 4. Decode under each kernel choice, the two main files.
+  # 4. Where duet's GPU time goes.
+  : >"$prof"
+  if time_for 40 "the profiles"; then
+    for m in "${models[@]:0:2}"; do
+      echo "## $(basename "$m" .gguf): tg$tg" >>"$prof"
+      timeout 60 "$duet" bench -m "$m" --device gpu --gpu-profile -p 0 -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
+    done
+    echo "## $(basename "${models[0]}" .gguf): decode at depth $depth, q4c/q4r caches" >>"$prof"
+    timeout 60 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile --ctk q4c --ctv q4r -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" \
+      || echo "(failed)" >>"$prof"
+  fi
+
+  # 5. Decode under each kernel choice, the two main files.
   local tunes=("" "fuse=off" "subgroups=off" "trusted=off" "matvec=64x2" "matvec=128x1" "matvec=128x4" "matvec=256x2")
   local x nt v
   {
@@ -187,7 +201,7 @@ PY
     echo "$row" >>"$res"
   done
 
-  # 5. Decode at depth.
+  # 6. Decode at depth.
   local lc_f16 du_f16 lc_q4 du_q4
   if time_for 60 "decode at depth $depth"; then
     {
@@ -214,7 +228,7 @@ PY
     done
   fi
 
-  # 6. Other builds carried by `DUET_BASE=… prepare`, on the same card in the same run.
+  # 7. Other builds carried by `DUET_BASE=… prepare`, on the same card in the same run.
   if [ -d "$stage/base" ]; then
     local b bt name
     {
@@ -234,7 +248,7 @@ PY
     done
   fi
 
-  # 7. DIFF V2 of the same shape.
+  # 8. DIFF V2 of the same shape.
   if [ "${MODELS:-}" != small ] && time_for 90 "the DIFF V2 model"; then
     base=$BENCH/random-v2-1.1b
     if [ ! -s "$base.q4_0.gguf" ]; then
@@ -245,18 +259,6 @@ PY
     read -r x nt x < <(timeout 60 "$duet" bench -m "$base.q4_0.gguf" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
     echo >>"$res"
     echo "duet, DIFF V2 / same-shape Llama decode (random-v2-1.1b.q4_0, tg$tg $nt): $(bench_ratio "$nt" "${duet_tg[${models[0]}]:-}")." >>"$res"
-  fi
-
-  # 8. Where duet's GPU time goes.
-  : >"$prof"
-  if time_for 40 "the profiles"; then
-    for m in "${models[0]}" "${models[1]:-${models[0]}}"; do
-      echo "## $(basename "$m" .gguf): tg$tg" >>"$prof"
-      timeout 60 "$duet" bench -m "$m" --device gpu --gpu-profile -p 0 -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
-    done
-    echo "## $(basename "${models[0]}" .gguf): decode at depth $depth, q4c/q4r caches" >>"$prof"
-    timeout 60 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile --ctk q4c --ctv q4r -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" \
-      || echo "(failed)" >>"$prof"
   fi
 
   # 9. The other GPU test binaries.
