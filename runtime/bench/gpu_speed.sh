@@ -63,7 +63,8 @@ vulkan_tools() {
     printf '#!/bin/sh\nexec %s/ld-linux-x86-64.so.2 --library-path %s %s/usr/bin/glslc "$@"\n' "$lib" "$lib" "$vk/root" >"$vk/glslc"
     chmod +x "$vk/glslc"
   fi
-  "$vk/glslc" --version | head -1 >&2
+  # (sed reads all of it: head would leave glslc a broken pipe, which pipefail makes fatal)
+  "$vk/glslc" --version | sed -n 1p >&2
   VK=$vk
 }
 
