@@ -221,7 +221,7 @@ PY
     echo "duet, 4-bit cache / f16 cache at depth $depth: $(bench_ratio "$du_q4" "$du_f16")." >>"$res"
     # The decode attention's spread (workgroups a row), f16 cache.
     local aw
-    for aw in 512 1024 4096; do
+    for aw in 1024 2048 8192; do
       time_for 20 "attn=$aw at depth" || break
       read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 --gpu-tune "attn=$aw" 2>>"$log" | bench_duet_parse)
       echo "duet f16 cache at depth $depth with --gpu-tune attn=$aw: $nt t/s ($(bench_ratio "$nt" "$du_f16") the default's)." >>"$res"

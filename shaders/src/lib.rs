@@ -615,7 +615,8 @@ pub fn source(v: &Variant) -> String {
             s.push_str(&cache_reader('k', k));
             s.push_str(&cache_reader('v', ve));
             s.push_str(&workgroup_reduce(ATT_WG));
-            s.push_str(if k == CacheElem::F16 {
+            // The fast accessors read both caches as f16 rows: where both are.
+            s.push_str(if k == CacheElem::F16 && ve == CacheElem::F16 {
                 include_str!("wgsl/attention_kdot_f16.wgsl")
             } else {
                 include_str!("wgsl/attention_kdot.wgsl")

@@ -500,10 +500,11 @@ fn attend(
 }
 
 /// Workgroups the decode step aims for: enough to fill a large GPU (an H200 has 132
-/// multiprocessors, 2,048 workgroups of 64 threads are half of what it holds at once) when
-/// a single query row has few units (at most ATT_MAX_CHUNKS chunks a unit, which the
-/// combine step holds a weight for).
-pub const DECODE_WORKGROUPS: usize = 2048;
+/// multiprocessors) when a single query row has few units, at most ATT_MAX_CHUNKS chunks
+/// a unit (the combine step holds a weight for each). On an H200 at depth 4,096 (32 heads)
+/// 4,096 decoded 1.19× faster than 2,048, 512 0.62× as fast
+/// (gpu-h200-2026-11-27-81c320c.md).
+pub const DECODE_WORKGROUPS: usize = 4096;
 
 /// (keys per chunk, chunks) of the attend step over keys `0..keys`. Prefill: one chunk, its
 /// row tiles already fill the GPU. Decode: one query row, so the keys are split (in whole
@@ -538,8 +539,10 @@ mod tests {
                 }
             }
         }
-        // 32 heads at depth 4,096 in tiles of 16: 64 chunks of 64 keys (2,048 workgroups).
-        assert_eq!(key_chunks(AttnShape::Decode, 4096, 32, 16, DECODE_WORKGROUPS), (64, 64));
+        // 32 heads at depth 4,096 in tiles of 64: 64 chunks of one tile (2,048 workgroups).
+        assert_eq!(key_chunks(AttnShape::Decode, 4096, 32, 64, DECODE_WORKGROUPS), (64, 64));
+        // 16 heads at depth 8,192: 256 chunks of 32 keys in tiles of 16 (4,096 workgroups).
+        assert_eq!(key_chunks(AttnShape::Decode, 8192, 16, 16, DECODE_WORKGROUPS), (32, 256));
         // One unit: 256 chunks at most (of 4 tiles of 16 keys here).
         assert_eq!(key_chunks(AttnShape::Decode, 16384, 1, 16, DECODE_WORKGROUPS), (64, 256));
         // 32 heads over 100 keys: a chunk per tile.

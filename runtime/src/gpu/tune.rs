@@ -22,7 +22,7 @@ pub struct GpuTune {
     /// the K/V write; off runs one dispatch per op (default on).
     pub fuse: Option<bool>,
     /// Workgroups a decoded row's attention is spread over, the keys split into chunks of
-    /// whole 64-key tiles until the heads × chunks reach it (default 2,048).
+    /// whole 64-key tiles until the heads × chunks reach it (default 4,096).
     pub attn_workgroups: Option<usize>,
 }
 
@@ -33,7 +33,7 @@ impl GpuTune {
         software adapter), subgroups=on|off (subgroup reductions; default on where the adapter has them), \
         trusted=on|off (kernels proven in bounds skip the shader compiler's runtime checks; default on a GPU, off on a software adapter), \
         fuse=on|off (fused kernels: matvec epilogues, RoPE with the K/V write; default on), \
-        attn=N (workgroups a decoded token's attention is split over, 1 to 65536; default 2048)";
+        attn=N (workgroups a decoded token's attention is split over, 1 to 65536; default 4096)";
 
     /// Parses `--gpu-tune`'s value (empty: all defaults).
     pub fn parse(s: &str) -> Result<GpuTune, String> {

@@ -7,7 +7,8 @@
 //   2. the tile's max and sum by workgroup reductions update the running max and sum,
 //      every thread holding the same values;
 //   3. thread t accumulates the unit's V dims t, t + ATT_WG, … of P·V over the tile's keys
-//      (neighbouring threads read neighbouring values of a V row).
+//      (neighbouring threads read neighbouring values of a V row; each key's cache row
+//      looked up once, by its thread in step 1, and four rows' values in flight).
 // Every thread of the workgroup works in every step: attention.wgsl's decode shape scored
 // 16 keys a tile with 16 of its 64 threads and ran each softmax on one thread (24 µs a
 // layer at a depth of 64 on an H200, 174 µs at 4,096). It writes the partials as
@@ -44,9 +45,12 @@ struct Params {
 @group(0) @binding(5) var<storage, read> LA: array<f32>;
 // binding 6: PT, the page tables (pages.wgsl)
 
-// The unit's query (both heads of a DIFF pair) and the tile's probabilities.
+// The unit's query (both heads of a DIFF pair), the tile's probabilities, and the cache row
+// of each of the tile's keys (looked up once in the page table by the key's thread, so that
+// step 3's loads do not each wait for a page-table load first).
 var<workgroup> qs: array<f32, ATT_NS * ATT_MAX_HD>;
 var<workgroup> ps: array<f32, ATT_NS * ATT_WG>;
+var<workgroup> crows: array<u32, ATT_WG>;
 
 // Logit s absmax-quantized against `absmax` (attention.wgsl's).
 fn quantize_logit(s: f32, absmax: f32) -> f32 {
@@ -109,12 +113,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var kt = first_key; kt < end_key; kt += ATT_WG) {
         let key = kt + lid;
         let valid = key < end_key;
+        var crow = 0u;
+        if (valid) {
+            crow = cache_row(key);
+        }
+        crows[lid] = crow;
         // 1-2. Scores, then each softmax's online update.
         for (var s = 0u; s < ATT_NS; s++) {
             var sc = NEG_BIG;
             let qh = u + s * (P.n_heads / 2u);
             if (valid) {
-                sc = k_dot(key, (qh / gqa) * hd, s * hd) * P.scale;
+                sc = k_dot(key, crow, (qh / gqa) * hd, s * hd) * P.scale;
                 if (P.lq_qmax > 0.0) {
                     sc = quantize_logit(sc, LA[qh]);
                 }
@@ -130,18 +139,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 acc[s * ATT_DPT + j] *= alpha;
             }
         }
-        // 3. P·V over the tile's keys.
+        // 3. P·V over the tile's keys (its barriers published crows and ps), four keys'
+        // values loaded before any is used.
         let n = min(ATT_WG, end_key - kt);
         for (var j = 0u; j < ATT_DPT; j++) {
             let d = lid + j * ATT_WG;
             if (d < vd) {
                 let vo = v_offset(u, d, gqa);
-                for (var s = 0u; s < ATT_NS; s++) {
-                    var x = acc[s * ATT_DPT + j];
-                    for (var c = 0u; c < n; c++) {
-                        x += ps[s * ATT_WG + c] * v_at(kt + c, vo);
+                var c = 0u;
+                for (; c + 4u <= n; c += 4u) {
+                    let v0 = v_val(kt + c, crows[c], vo);
+                    let v1 = v_val(kt + c + 1u, crows[c + 1u], vo);
+                    let v2 = v_val(kt + c + 2u, crows[c + 2u], vo);
+                    let v3 = v_val(kt + c + 3u, crows[c + 3u], vo);
+                    for (var s = 0u; s < ATT_NS; s++) {
+                        let pb = s * ATT_WG + c;
+                        acc[s * ATT_DPT + j] += (ps[pb] * v0 + ps[pb + 1u] * v1) + (ps[pb + 2u] * v2 + ps[pb + 3u] * v3);
                     }
-                    acc[s * ATT_DPT + j] = x;
+                }
+                for (; c < n; c++) {
+                    let v = v_val(kt + c, crows[c], vo);
+                    for (var s = 0u; s < ATT_NS; s++) {
+                        acc[s * ATT_DPT + j] += ps[s * ATT_WG + c] * v;
+                    }
                 }
             }
         }
