@@ -197,3 +197,40 @@ fn bench_reports_weight_streaming_and_bandwidth() {
         .unwrap();
     assert!(bw > 0.1, "{bw}");
 }
+
+/// `--save-logits` never replaces one of the command's inputs (the text, the model, the
+/// base logits) or a file that is not a regular one (a FIFO made for the test): refused
+/// before any work, the input unchanged.
+#[test]
+fn save_logits_refuses_inputs_and_special_files() {
+    let m = fixture_gguf();
+    let dir = std::env::temp_dir().join(format!("duet-save-logits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("corpus.txt");
+    std::fs::write(&text, "Once upon a time there was a little model that wanted to speak.").unwrap();
+    let model_bytes = std::fs::read(&m).unwrap();
+    let (t, ms) = (text.to_str().unwrap(), m.to_str().unwrap());
+    for target in [t, ms] {
+        let o = duet(&["perplexity", "-q", "-m", ms, "-f", t, "--device", "cpu", "--save-logits", target]);
+        assert_clean_failure(&o, &["--save-logits", "also an input"]);
+    }
+    assert_eq!(
+        std::fs::read_to_string(&text).unwrap(),
+        "Once upon a time there was a little model that wanted to speak."
+    );
+    assert!(std::fs::read(&m).unwrap() == model_bytes, "the model changed");
+    let fifo = dir.join("logits.fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let o = duet(&["perplexity", "-q", "-m", ms, "-f", t, "--device", "cpu", "--save-logits", fifo.to_str().unwrap()]);
+    assert_clean_failure(&o, &["--save-logits", "not a regular file"]);
+    // A regular target is written, and no temporary file is left beside it.
+    let out = dir.join("logits.dlog");
+    let o = duet(&["perplexity", "-q", "-m", ms, "-f", t, "--device", "cpu", "--save-logits", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["corpus.txt", "logits.dlog", "logits.fifo"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -400,6 +400,75 @@ fn output_path_equal_to_an_input_is_refused() {
     assert_eq!(names, ["imatrix.dat", "llama-gqa", "model.gguf"], "no temporary file is left");
 }
 
+/// A target that is not a regular file is never replaced (`-o /dev/null` once turned the
+/// device into an 11 MB file when run as root): a FIFO made for the test, a symbolic link
+/// to a file, a directory. Each refusal names the target and leaves it as it was, and no
+/// temporary file behind.
+#[test]
+fn special_targets_are_refused() {
+    let t = TempDir::new("special");
+    let fifo = t.join("out.gguf");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo failed");
+    let out = convert(&fixture("llama-gqa"), &["-t", "q8_0"], &fifo);
+    assert_refused("output = a FIFO", &out, &["out.gguf", "not a regular file"]);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO was replaced");
+        let target = t.join("real.gguf");
+        std::fs::write(&target, b"keep").unwrap();
+        let link = t.join("link.gguf");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let out = convert(&fixture("llama-gqa"), &["-t", "q8_0"], &link);
+        assert_refused("output = a symbolic link", &out, &["link.gguf", "symbolic link"]);
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    }
+    let names: Vec<String> = listing(&t.0).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["link.gguf", "out.gguf", "real.gguf"], "no temporary file is left");
+}
+
+/// An interrupted conversion (SIGINT, SIGTERM or SIGHUP) leaves nothing: not its output's
+/// temporary file, not calibration's temporary F16 model in TMPDIR.
+#[cfg(unix)]
+#[test]
+fn signals_leave_no_file() {
+    let t = TempDir::new("signal");
+    let tmp = t.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out_dir = t.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    // A long calibration text keeps the command busy after its temporary model exists.
+    let text = t.join("calib.txt");
+    std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(20_000)).unwrap();
+    for signal in ["INT", "TERM", "HUP"] {
+        let mut child = Command::new(DUET)
+            .args(["convert", "-q", "-t", "q4_k_m", "--calibrate"])
+            .arg(&text)
+            .arg(fixture("llama-gqa"))
+            .arg("-o")
+            .arg(out_dir.join("out.gguf"))
+            .env("TMPDIR", &tmp)
+            .env("XDG_RUNTIME_DIR", &t.0)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run duet");
+        // Wait (up to 60 s) for calibration's temporary model, then signal.
+        let t0 = std::time::Instant::now();
+        while listing(&tmp).is_empty() && t0.elapsed().as_secs() < 60 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!listing(&tmp).is_empty(), "SIG{signal}: no temporary model appeared");
+        let sent = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+        assert!(sent.success());
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "SIG{signal}: the conversion finished before the signal");
+        assert!(listing(&tmp).is_empty(), "SIG{signal}: left {:?} in TMPDIR", listing(&tmp));
+        assert!(listing(&out_dir).is_empty(), "SIG{signal}: left {:?} beside the output", listing(&out_dir));
+    }
+}
+
 /// Runs a conversion whose writes fail, and checks the report and that `out_dir` stays empty.
 fn full_disk_case(what: &str, out: Output, out_dir: &Path, needle: &str) {
     assert_refused(what, &out, &[needle, "out.gguf"]);

@@ -84,12 +84,13 @@ impl Conversion {
             return Err(ConvertError::Usage("--calibrate measures its own importance matrix: drop --imatrix".into()));
         }
         let report = if opts.input.is_dir() {
-            let tmp = std::env::temp_dir().join(format!("duet-calibrate-{}.f16.gguf", std::process::id()));
+            // A fresh name of this process's own, removed when done, on error and (through
+            // duet_quant::output::remove_pending) on an interrupting signal.
+            let tmp = duet_quant::output::TempPath::new_in(&std::env::temp_dir(), "duet-calibrate", ".f16.gguf")
+                .map_err(|e| ConvertError::Usage(format!("cannot create calibration's temporary model: {e}")))?;
             let f16 = Options { preset: Preset::F16, overrides: vec![], ..opts.clone() };
-            Conversion::prepare(&f16)?.write(&tmp, opts.threads, &Quiet)?;
-            let r = calibrate_gguf(&tmp, cal, progress);
-            let _ = std::fs::remove_file(&tmp);
-            r?
+            Conversion::prepare(&f16)?.write(tmp.path(), opts.threads, &Quiet)?;
+            calibrate_gguf(tmp.path(), cal, progress)?
         } else {
             calibrate_gguf(&opts.input, cal, progress)?
         };

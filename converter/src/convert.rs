@@ -183,19 +183,17 @@ impl Conversion {
         )
     }
 
+    /// Refuses an output that would replace one of the conversion's inputs (the same file,
+    /// through any path or link) or something that is not a regular file (a device, FIFO,
+    /// directory or symbolic link): duet_quant::output.
     fn refuse_overwriting_input(&self, out: &Path) -> Result<(), ConvertError> {
-        let Ok(out_c) = out.canonicalize() else {
-            return Ok(());
-        }; // does not exist yet
-        for f in &self.input_files {
-            if f.canonicalize().is_ok_and(|c| c == out_c) {
-                return Err(ConvertError::Usage(format!(
-                    "refusing to overwrite the input file {} (choose another output path)",
-                    out.display()
-                )));
-            }
+        if self.input_files.iter().any(|f| duet_quant::output::same_file(out, f)) {
+            return Err(ConvertError::Usage(format!(
+                "refusing to overwrite the input file {} (choose another output path)",
+                out.display()
+            )));
         }
-        Ok(())
+        duet_quant::output::check_target(out, &[]).map_err(|e| ConvertError::Usage(e.to_string()))
     }
 
     /// The bytes of one output tensor, into `out` (resized to them).

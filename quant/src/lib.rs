@@ -22,6 +22,7 @@ pub mod gguf;
 pub mod kquants;
 pub mod kv;
 pub mod legacy;
+pub mod output;
 mod rounding;
 mod row;
 mod search;

@@ -48,13 +48,14 @@ impl LogitsFile {
         Ok(LogitsFile { tokens, n_vocab: v, logits })
     }
 
-    /// Writes atomically (temp file + rename).
+    /// Writes through duet_quant::output's AtomicFile: a temporary file beside `path`,
+    /// renamed over it when complete; a device, FIFO, directory or link is never replaced.
     pub fn write(&self, path: &Path) -> Result<(), RuntimeError> {
         let label = path.display().to_string();
         let io = |source| RuntimeError::Io { path: label.clone(), source };
-        let tmp = path.with_extension("dlog.tmp");
+        let mut file = duet_quant::output::AtomicFile::create(path).map_err(io)?;
         {
-            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+            let mut f = std::io::BufWriter::new(file.file());
             f.write_all(b"DLOG").map_err(io)?;
             for x in [1u32, self.tokens.len() as u32, self.n_vocab as u32] {
                 f.write_all(&x.to_le_bytes()).map_err(io)?;
@@ -67,7 +68,7 @@ impl LogitsFile {
             }
             f.flush().map_err(io)?;
         }
-        std::fs::rename(&tmp, path).map_err(io)
+        file.commit().map_err(io)
     }
 }
 

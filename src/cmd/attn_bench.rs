@@ -76,6 +76,7 @@ fn parse_granularity(s: &str) -> Result<LogitGranularity, String> {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    super::common::remove_temp_files_on_signal();
     let mut opts = BenchOptions {
         n_tokens: args.tokens,
         windows: args.windows,

@@ -48,6 +48,7 @@ pub struct Args {
 const MAX_MAP_BYTES: u64 = 2 << 30;
 
 pub fn run(args: Args) -> Result<()> {
+    super::common::remove_temp_files_on_signal();
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
         (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,

@@ -316,16 +316,23 @@ pub fn file_name(p: &Path) -> String {
     p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())
 }
 
-/// Writes `path` through `path.part` renamed into place, so a failed write leaves neither a
-/// partial file nor a changed old one.
+/// On SIGINT, SIGTERM or SIGHUP, removes the temporary files of the outputs being written
+/// (duet_quant::output: a conversion's half-written GGUF, calibration's temporary model, a
+/// report or saved logits) and exits with 130, so that an interrupted command leaves
+/// nothing behind. Commands that write files call it first.
+pub fn remove_temp_files_on_signal() {
+    // Failing to install the handler (one is installed already) only means the signal keeps
+    // its default meaning.
+    let _ = ctrlc::set_handler(|| {
+        duet_quant::output::remove_pending();
+        eprintln!("\ninterrupted: nothing was written");
+        std::process::exit(130);
+    });
+}
+
+/// Writes `path` through duet_quant::output (a temporary file beside it under a random name,
+/// renamed into place when complete), so a failed write leaves neither a partial file nor a
+/// changed old one, and a device, FIFO, directory or link is never replaced.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".part");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, contents)
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })
-        .with_context(|| format!("writing {}", path.display()))
+    duet_quant::output::write_file(path, contents).with_context(|| format!("writing {}", path.display()))
 }

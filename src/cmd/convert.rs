@@ -82,6 +82,8 @@ fn default_output(input: &std::path::Path, preset: Preset) -> PathBuf {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    // Before anything is written (calibration's temporary model included).
+    super::common::remove_temp_files_on_signal();
     let opts = Options {
         input: args.input.clone(),
         preset: args.preset,
@@ -118,7 +120,6 @@ pub fn run(args: Args) -> Result<()> {
     if output.is_dir() {
         bail!("{} is a directory; give -o a file path", output.display());
     }
-    remove_temp_files_on_ctrl_c(&output);
     let start = Instant::now();
     let progress = Bar::new(args.quiet);
     conv.write(&output, args.threads, &progress).with_context(|| format!("converting {}", args.input.display()))?;
@@ -136,29 +137,6 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// On Ctrl-C, deletes the half-written temporary file (the GGUF writer names it
-/// `.{name}.tmp-{pid}-{n}` beside the output) so an interrupted conversion leaves nothing.
-fn remove_temp_files_on_ctrl_c(output: &std::path::Path) {
-    let dir = output.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new(".")).to_path_buf();
-    let prefix = format!(
-        ".{}.tmp-{}-",
-        output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        std::process::id()
-    );
-    // Failing to install the handler only means Ctrl-C keeps its default behaviour.
-    let _ = ctrlc::set_handler(move || {
-        if let Ok(entries) = std::fs::read_dir(&dir) {
-            for e in entries.flatten() {
-                if e.file_name().to_string_lossy().starts_with(&prefix) {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
-        eprintln!("\ninterrupted: nothing was written");
-        std::process::exit(130);
-    });
 }
 
 fn print_plan(conv: &Conversion) -> Result<()> {

@@ -58,6 +58,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    super::common::remove_temp_files_on_signal();
     if let Some(d) = args.depths.iter().find(|d| !(0.0..=100.0).contains(*d)) {
         bail!("--depths {d}: depths are percentages from 0 to 100");
     }

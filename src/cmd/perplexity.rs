@@ -47,6 +47,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let path = require_model(&args.model)?;
+    if let Some(out) = &args.save_logits {
+        // Before any work: never the model, the text or the base logits, never a device.
+        let inputs: Vec<&std::path::Path> =
+            [Some(path.as_path()), args.file.as_deref(), args.kl_base.as_deref()].into_iter().flatten().collect();
+        duet_quant::output::check_target(out, &inputs).map_err(|e| anyhow::anyhow!("--save-logits: {e}"))?;
+        super::common::remove_temp_files_on_signal();
+    }
     let base = args.kl_base.as_ref().map(|p| LogitsFile::read(p)).transpose()?;
     let mut model_args = args.model.clone();
     if model_args.ctx_size == 0 {

@@ -1,13 +1,12 @@
 //! Writing: everything is validated before the first byte is written; tensor data is then
-//! streamed into a temporary file beside the target, which replaces the target only once
-//! complete and synced.
+//! streamed into a temporary file beside the target (crate::output: a random name created
+//! exclusively, removed on error, drop or signal), which replaces the target only once
+//! complete and synced — and only if the target is absent or a regular file.
 
 use std::collections::HashSet;
-use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::error::{GgufError, GgufErrorKind, short};
 use super::value::{Array, Value};
@@ -234,15 +233,11 @@ impl GgufWriter {
     /// Creates the temporary file beside the target and writes the header; the returned
     /// writer takes the tensor data.
     pub fn start(self) -> Result<GgufDataWriter, GgufError> {
-        let tmp = temp_path(&self.path).ok_or_else(|| {
-            let source = io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name");
-            self.err(None, GgufErrorKind::Io { action: "cannot write".into(), source })
-        })?;
-        let file = OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(|source| {
-            self.err(
-                None,
-                GgufErrorKind::Io { action: format!("cannot create temporary file {}", tmp.display()), source },
-            )
+        // A device, FIFO, directory or link is never replaced (crate::output).
+        crate::output::check_target(&self.path, &[])
+            .map_err(|source| self.err(None, GgufErrorKind::Io { action: "cannot write".into(), source }))?;
+        let (tmp, file) = crate::output::create_temp_beside(&self.path).map_err(|source| {
+            self.err(None, GgufErrorKind::Io { action: "cannot create the temporary file".into(), source })
         })?;
         let mut w = GgufDataWriter {
             label: self.label,
@@ -285,17 +280,6 @@ impl GgufWriter {
         }
         w.finish()
     }
-}
-
-/// `.{name}.tmp-{pid}-{n}` beside `path`: same directory, so the final rename is atomic;
-/// pid and a counter, so concurrent writers never share one.
-fn temp_path(path: &Path) -> Option<PathBuf> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path.file_name()?;
-    let mut tmp = OsString::from(".");
-    tmp.push(name);
-    tmp.push(format!(".tmp-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
-    Some(path.with_file_name(tmp))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -463,11 +447,16 @@ impl GgufDataWriter {
         let file = out.into_inner().map_err(|e| self.io_err("writing", e.into_error()))?;
         file.sync_all().map_err(|e| self.io_err("syncing", e))?;
         drop(file);
+        // Checked again: the target may have changed while the file was written.
+        crate::output::check_target(&self.target, &[]).map_err(|source| {
+            GgufError::new(&self.label, None, GgufErrorKind::Io { action: "cannot write".into(), source })
+        })?;
         fs::rename(&self.tmp, &self.target).map_err(|source| {
             let action = format!("cannot rename {} to {}", self.tmp.display(), self.target.display());
             GgufError::new(&self.label, None, GgufErrorKind::Io { action, source })
         })?;
         self.state = State::Done;
+        crate::output::release_temp(&self.tmp);
         // Makes the rename itself durable; not every platform or filesystem can sync a
         // directory, and the data is already safe, so a failure here is not reported.
         if let Some(dir) = self.target.parent().filter(|d| !d.as_os_str().is_empty())
@@ -530,6 +519,7 @@ impl GgufDataWriter {
     fn discard(&mut self) {
         drop(self.out.take());
         let _ = fs::remove_file(&self.tmp);
+        crate::output::release_temp(&self.tmp);
     }
 }
 

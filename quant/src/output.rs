@@ -1,0 +1,304 @@
+//! Output files written so that nothing is lost: a target is checked before any work (absent
+//! or a regular file — never a device, FIFO, directory or socket, never a symbolic link, and
+//! never one of the command's inputs), written to a temporary file created exclusively under
+//! a random name beside it, and renamed over it only once complete. The temporary file is
+//! removed on every error, when its writer is dropped, and — through [`remove_pending`],
+//! which the CLI's signal handler calls — on SIGINT, SIGTERM and SIGHUP. Every file the
+//! tools write goes through here: GGUF files, saved logits, reports, calibration's
+//! temporary model ([`TempPath`]).
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Temporary files alive now: removed by [`remove_pending`] when the process is stopped.
+static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn register(p: &Path) {
+    PENDING.lock().unwrap_or_else(|e| e.into_inner()).push(p.to_path_buf());
+}
+
+fn unregister(p: &Path) {
+    PENDING.lock().unwrap_or_else(|e| e.into_inner()).retain(|q| q != p);
+}
+
+/// Removes every temporary file still pending (a signal handler's last act before it exits:
+/// an interrupted command leaves nothing behind). Returns how many it removed.
+pub fn remove_pending() -> usize {
+    remove_pending_where(|_| true)
+}
+
+/// Removes the pending temporary files that `which` selects.
+fn remove_pending_where(which: impl Fn(&Path) -> bool) -> usize {
+    let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let (gone, keep): (Vec<PathBuf>, Vec<PathBuf>) = pending.drain(..).partition(|p| which(p));
+    *pending = keep;
+    gone.iter().filter(|p| fs::remove_file(p).is_ok()).count()
+}
+
+/// The temporary files pending now (tests).
+pub fn pending() -> Vec<PathBuf> {
+    PENDING.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+fn refuse(target: &Path, why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, format!("refusing to write {}: {why}", target.display()))
+}
+
+/// Whether `a` and `b` are the same file (device and inode; elsewhere the same canonical
+/// path). False when either does not exist.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (fs::metadata(a), fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        matches!((fs::canonicalize(a), fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
+    }
+}
+
+/// Checks that `target` may be written: absent, or a regular file that is none of `inputs`.
+/// The error names the file and the reason.
+pub fn check_target(target: &Path, inputs: &[&Path]) -> io::Result<()> {
+    match fs::symlink_metadata(target) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io::Error::new(e.kind(), format!("cannot check {}: {e}", target.display()))),
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(refuse(target, "it is a symbolic link (give the path of the file itself)"));
+        }
+        Ok(m) if !m.is_file() => {
+            let what = if m.is_dir() { "a directory" } else { "not a regular file (a device, FIFO or socket)" };
+            return Err(refuse(target, &format!("it is {what}")));
+        }
+        Ok(_) => {}
+    }
+    for input in inputs {
+        if same_file(target, input) {
+            return Err(refuse(target, &format!("it is also an input of this command ({})", input.display())));
+        }
+    }
+    Ok(())
+}
+
+/// A random hex tag for temporary names (the standard library's per-process random hash
+/// keys, the time and a counter: unguessable enough that a planted name is not in the way,
+/// and creation is exclusive anyway).
+fn random_tag() -> String {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    format!("{:016x}", h.finish())
+}
+
+/// Creates a new file `dir/.{stem}.{random}{suffix}` exclusively (never following or reusing
+/// what is there), registered for [`remove_pending`].
+fn create_exclusive(dir: &Path, stem: &std::ffi::OsStr, suffix: &str) -> io::Result<(PathBuf, File)> {
+    for _ in 0..16 {
+        let mut name = OsString::from(".");
+        name.push(stem);
+        name.push(format!(".{}{suffix}", random_tag()));
+        let path = dir.join(name);
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(f) => {
+                register(&path);
+                return Ok((path, f));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io::Error::new(e.kind(), format!("cannot create a file in {}: {e}", dir.display()))),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("cannot find a free temporary name in {}", dir.display())))
+}
+
+fn parent_of(target: &Path) -> &Path {
+    target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Creates the temporary file for `target` beside it (its directory, so that the final
+/// rename is atomic): a fresh random name, created exclusively, registered for
+/// [`remove_pending`] until [`release_temp`]. For writers that manage the rename themselves
+/// (the GGUF writer); others use [`AtomicFile`].
+pub fn create_temp_beside(target: &Path) -> io::Result<(PathBuf, File)> {
+    let name = target.file_name().ok_or_else(|| refuse(target, "the path has no file name"))?;
+    create_exclusive(parent_of(target), name, ".tmp")
+}
+
+/// Forgets a temporary file of [`create_temp_beside`]: renamed into place or removed.
+pub fn release_temp(tmp: &Path) {
+    unregister(tmp);
+}
+
+/// A file being written in place of its target: the temporary file beside it, renamed over
+/// the target by [`AtomicFile::commit`], removed if dropped before.
+pub struct AtomicFile {
+    target: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+}
+
+impl AtomicFile {
+    /// Checks `target` ([`check_target`], no inputs: commands check theirs first) and
+    /// creates the temporary file beside it.
+    pub fn create(target: &Path) -> io::Result<AtomicFile> {
+        check_target(target, &[])?;
+        let (tmp, file) = create_temp_beside(target)?;
+        Ok(AtomicFile { target: target.to_path_buf(), tmp, file: Some(file) })
+    }
+
+    /// The temporary file's path (error messages).
+    pub fn temp_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// The file to write (None only after commit).
+    pub fn file(&mut self) -> &mut File {
+        self.file.as_mut().expect("an AtomicFile is written before it is committed")
+    }
+
+    /// Syncs the file and renames it over the target (checked again: it may have changed
+    /// since), then syncs the directory where the platform allows.
+    pub fn commit(mut self) -> io::Result<()> {
+        let file = self.file.take().expect("committed once");
+        file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))?;
+        drop(file);
+        check_target(&self.target, &[])?;
+        fs::rename(&self.tmp, &self.target).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot rename {} to {}: {e}", self.tmp.display(), self.target.display()))
+        })?;
+        unregister(&self.tmp);
+        // Makes the rename durable; not every platform or filesystem can sync a directory,
+        // and the data is already safe, so a failure here is not reported.
+        if let Ok(d) = File::open(parent_of(&self.target)) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = fs::remove_file(&self.tmp);
+            unregister(&self.tmp);
+        }
+    }
+}
+
+/// Writes `contents` to `target` through an [`AtomicFile`].
+pub fn write_file(target: &Path, contents: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = AtomicFile::create(target)?;
+    f.file().write_all(contents)?;
+    f.commit()
+}
+
+/// A path for a temporary file of the process's own (calibration's F16 model): a fresh,
+/// unguessable name in `dir`, created empty and exclusively, registered for
+/// [`remove_pending`] and removed when dropped.
+pub struct TempPath(PathBuf);
+
+impl TempPath {
+    pub fn new_in(dir: &Path, stem: &str, suffix: &str) -> io::Result<TempPath> {
+        let (path, _) = create_exclusive(dir, std::ffi::OsStr::new(stem), suffix)?;
+        Ok(TempPath(path))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+        unregister(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("duet-output-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn writes_replace_only_whole_regular_files() {
+        let d = scratch("replace");
+        let t = d.join("out.bin");
+        write_file(&t, b"one").unwrap();
+        write_file(&t, b"two").unwrap();
+        assert_eq!(fs::read(&t).unwrap(), b"two");
+        // Dropped before commit: the target is untouched and no temporary file is left.
+        {
+            let mut f = AtomicFile::create(&t).unwrap();
+            std::io::Write::write_all(f.file(), b"half").unwrap();
+            assert!(pending().contains(&f.temp_path().to_path_buf()));
+        }
+        assert_eq!(fs::read(&t).unwrap(), b"two");
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 1, "only the target is left");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn refuses_devices_directories_links_and_inputs() {
+        let d = scratch("refuse");
+        let e = write_file(Path::new("/dev/null"), b"x").unwrap_err().to_string();
+        assert!(e.contains("/dev/null") && e.contains("not a regular file"), "{e}");
+        let e = write_file(&d, b"x").unwrap_err().to_string();
+        assert!(e.contains("a directory"), "{e}");
+        let input = d.join("in.txt");
+        fs::write(&input, b"text").unwrap();
+        let e = check_target(&input, &[&input]).unwrap_err().to_string();
+        assert!(e.contains("also an input"), "{e}");
+        #[cfg(unix)]
+        {
+            let link = d.join("link");
+            std::os::unix::fs::symlink(&input, &link).unwrap();
+            let e = write_file(&link, b"x").unwrap_err().to_string();
+            assert!(e.contains("symbolic link"), "{e}");
+            // Hard links are the same file too.
+            let hard = d.join("hard.txt");
+            fs::hard_link(&input, &hard).unwrap();
+            assert!(check_target(&hard, &[&input]).is_err());
+        }
+        assert_eq!(fs::read(&input).unwrap(), b"text");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn pending_files_are_removed_on_request() {
+        let d = scratch("pending");
+        let f = AtomicFile::create(&d.join("a.gguf")).unwrap();
+        let t = TempPath::new_in(&d, "model", ".f16.gguf").unwrap();
+        let (fp, tp) = (f.temp_path().to_path_buf(), t.path().to_path_buf());
+        assert!(fp.exists() && tp.exists());
+        // (Only this test's: the other tests' files are pending in this process too.)
+        assert_eq!(remove_pending_where(|p| p.starts_with(&d)), 2);
+        assert!(!fp.exists() && !tp.exists());
+        drop((f, t));
+        let _ = fs::remove_dir_all(&d);
+    }
+}
