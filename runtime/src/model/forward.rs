@@ -454,7 +454,8 @@ impl<B: Backend> Model<B> {
             }
             // Feed-forward block (SwiGLU), the norm folded in as above.
             let biased = l.b_gate.is_some() || l.b_up.is_some();
-            if !biased && !(probes && b.observes(Probe::FfnIn, il)) {
+            let looked_at = probes && b.observes(Probe::FfnIn, il);
+            if !biased && !looked_at {
                 let normed = Normed { x: &a.x, weight: &l.ffn_norm, eps: c.rms_eps, xn: &mut a.xn };
                 b.norm_matmul_swiglu(normed, &l.w_gate, &l.w_up, &mut a.gate, &mut a.up);
             } else if !biased {
