@@ -234,3 +234,82 @@ fn save_logits_refuses_inputs_and_special_files() {
     assert_eq!(names, ["corpus.txt", "logits.dlog", "logits.fifo"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A copy of the GGUF `src` at `dst` with the metadata `changes` (key, value) in place of
+/// the file's own values.
+fn with_metadata(src: &Path, dst: &Path, changes: &[(&str, duet_quant::gguf::Value)]) {
+    let f = duet_quant::gguf::GgufFile::open(src).unwrap();
+    let mut w = GgufWriter::new(dst);
+    for (k, v) in f.metadata() {
+        let v = changes.iter().find(|(ck, _)| *ck == k).map_or_else(|| v.clone(), |(_, cv)| cv.clone());
+        w.add(k, v).unwrap();
+    }
+    for t in f.tensors() {
+        w.add_tensor(t.name(), t.dims(), t.ggml_type()).unwrap();
+    }
+    let mut d = w.start().unwrap();
+    for t in f.tensors() {
+        d.write_tensor(t.name(), f.tensor_data(t)).unwrap();
+    }
+    d.finish().unwrap();
+}
+
+/// Numbers no model has, refused with the key named before anything is sized by them
+/// (block_count 2^31 once made every command abort allocating 7.7 TB); absurd thread and
+/// repetition counts refused instead of panicking.
+#[test]
+fn crafted_numbers_are_refused() {
+    use duet_quant::gguf::Value;
+    let m = fixture_gguf();
+    let dir = std::env::temp_dir().join(format!("duet-crafted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, (key, value, needle)) in [
+        ("llama.block_count", Value::U32(1 << 31), "block_count is 2147483648"),
+        ("llama.block_count", Value::U32(1 << 26), "block_count is 67108864"),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(-1.0), "layer_norm_rms_epsilon is -1"),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(f32::NAN), "layer_norm_rms_epsilon is NaN"),
+        ("llama.rope.freq_base", Value::F32(0.0), "rope.freq_base is 0"),
+        ("llama.embedding_length", Value::U32(0), "embedding_length is 0"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = dir.join(format!("crafted-{i}.gguf"));
+        with_metadata(&m, &p, &[(key, value)]);
+        for cmd in [&["run", "-p", "hi", "-n", "2"][..], &["bench", "-p", "4", "-n", "2", "-r", "1"]] {
+            let mut args = vec![cmd[0], "-m", p.to_str().unwrap(), "--device", "cpu"];
+            args.extend(&cmd[1..]);
+            assert_clean_failure(&duet(&args), &[needle]);
+        }
+    }
+    let ms = m.to_str().unwrap();
+    assert_clean_failure(&duet(&["run", "-m", ms, "-p", "hi", "-t", "100000"]), &["100000 threads", "1024"]);
+    assert_clean_failure(&duet(&["bench", "-m", ms, "-r", "0", "--device", "cpu"]), &["-r/--repetitions must be at least 1"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A FIFO or a device given as a model or a prompt file is refused at once, never waited on
+/// or read forever.
+#[test]
+fn fifos_and_devices_are_refused_without_blocking() {
+    let dir = std::env::temp_dir().join(format!("duet-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("model.gguf");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let m = fixture_gguf();
+    let t0 = std::time::Instant::now();
+    assert_clean_failure(&duet(&["run", "-m", fifo.to_str().unwrap(), "-p", "hi"]), &["not a regular file"]);
+    assert_clean_failure(&duet(&["info", fifo.to_str().unwrap()]), &["not a regular file"]);
+    assert_clean_failure(
+        &duet(&["run", "-m", m.to_str().unwrap(), "-f", "/dev/zero", "--device", "cpu"]),
+        &["/dev/zero", "not a regular file"],
+    );
+    assert_clean_failure(
+        &duet(&["perplexity", "-m", m.to_str().unwrap(), "-f", fifo.to_str().unwrap(), "--device", "cpu"]),
+        &["not a regular file"],
+    );
+    assert!(t0.elapsed().as_secs() < 30, "took {:?}", t0.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}

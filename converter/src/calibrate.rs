@@ -40,7 +40,8 @@ pub fn calibrate_gguf(
     cal: &CalibrateOptions,
     progress: &dyn Progress,
 ) -> Result<CalibrationReport, ConvertError> {
-    let text = std::fs::read_to_string(&cal.text).map_err(|e| ConvertError::io(&cal.text, e))?;
+    let text = duet_quant::input::read_text(&cal.text, duet_quant::input::MAX_TEXT_BYTES)
+        .map_err(|e| ConvertError::io(&cal.text, e))?;
     let file = Arc::new(GgufFile::open(gguf)?);
     let mut b = CpuBackend::new(cal.threads);
     let model = Model::load(&mut b, Arc::clone(&file)).map_err(|e| runtime_err(gguf, e))?;

@@ -74,12 +74,13 @@ pub struct HfConfig {
 impl HfConfig {
     pub fn load(dir: &Path) -> Result<HfConfig, ConvertError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => {
-                ConvertError::missing(&path, "not found (a Hugging Face model directory needs config.json)")
-            }
-            _ => ConvertError::io(&path, e),
-        })?;
+        let text =
+            duet_quant::input::read_text(&path, duet_quant::input::MAX_JSON_BYTES).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    ConvertError::missing(&path, "not found (a Hugging Face model directory needs config.json)")
+                }
+                _ => ConvertError::io(&path, e),
+            })?;
         let json: Value =
             serde_json::from_str(&text).map_err(|e| ConvertError::corrupt(&path, format!("not valid JSON: {e}")))?;
         let fallback_name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

@@ -24,7 +24,7 @@ pub struct Imatrix {
 
 impl Imatrix {
     pub fn load(path: &Path) -> Result<Imatrix, ConvertError> {
-        let bytes = std::fs::read(path).map_err(|e| ConvertError::io(path, e))?;
+        let bytes = duet_quant::input::read_limited(path, 1 << 30).map_err(|e| ConvertError::io(path, e))?;
         if bytes.starts_with(b"GGUF") { Imatrix::from_gguf(path) } else { Imatrix::from_dat(path, &bytes) }
     }
 

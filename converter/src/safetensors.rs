@@ -102,6 +102,8 @@ impl Checkpoint {
     pub fn open_files(files: &[PathBuf]) -> Result<Checkpoint, ConvertError> {
         let mut ckpt = Checkpoint { shards: Vec::new(), tensors: BTreeMap::new() };
         for path in files {
+            // A FIFO named model.safetensors would block the open: regular files only.
+            duet_quant::input::check_regular(path).map_err(|e| ConvertError::io(path, e))?;
             let file = File::open(path).map_err(|e| ConvertError::io(path, e))?;
             // SAFETY: the file is opened read-only; if another process truncates it while we
             // read, we may see SIGBUS — the same contract every mmap-based loader has.
@@ -162,7 +164,8 @@ impl Checkpoint {
 }
 
 fn shard_list(index: &Path) -> Result<Vec<String>, ConvertError> {
-    let text = std::fs::read_to_string(index).map_err(|e| ConvertError::io(index, e))?;
+    let text = duet_quant::input::read_text(index, duet_quant::input::MAX_JSON_BYTES)
+        .map_err(|e| ConvertError::io(index, e))?;
     let json: Value =
         serde_json::from_str(&text).map_err(|e| ConvertError::corrupt(index, format!("not valid JSON: {e}")))?;
     let map = json

@@ -31,7 +31,7 @@ pub struct TokenizerMeta {
 }
 
 fn read_json(path: &Path) -> Result<Option<Json>, ConvertError> {
-    match std::fs::read_to_string(path) {
+    match duet_quant::input::read_text(path, duet_quant::input::MAX_JSON_BYTES) {
         Ok(text) => serde_json::from_str(&text)
             .map(Some)
             .map_err(|e| ConvertError::corrupt(path, format!("not valid JSON: {e}"))),
@@ -70,15 +70,16 @@ pub struct TokenizerFiles {
 impl TokenizerFiles {
     pub fn read(dir: &Path) -> Result<TokenizerFiles, ConvertError> {
         let tok_path = dir.join("tokenizer.json");
-        let tok_text = std::fs::read_to_string(&tok_path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => ConvertError::missing(
-                &tok_path,
-                "not found: duet needs the Hugging Face fast-tokenizer file to write the GGUF's tokenizer",
-            ),
-            _ => ConvertError::io(&tok_path, e),
-        })?;
+        let tok_text =
+            duet_quant::input::read_text(&tok_path, duet_quant::input::MAX_JSON_BYTES).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => ConvertError::missing(
+                    &tok_path,
+                    "not found: duet needs the Hugging Face fast-tokenizer file to write the GGUF's tokenizer",
+                ),
+                _ => ConvertError::io(&tok_path, e),
+            })?;
         let jinja = dir.join("chat_template.jinja");
-        let chat_template_jinja = match std::fs::read_to_string(&jinja) {
+        let chat_template_jinja = match duet_quant::input::read_text(&jinja, duet_quant::input::MAX_JSON_BYTES) {
             Ok(t) => Some(t),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(ConvertError::io(&jinja, e)),

@@ -19,6 +19,7 @@ pub mod fp;
 pub mod gemm;
 mod ggml_type;
 pub mod gguf;
+pub mod input;
 pub mod kquants;
 pub mod kv;
 pub mod legacy;

@@ -56,7 +56,7 @@ pub struct Args {
     pub quick: bool,
     /// CPU threads (0: all cores). attn-bench runs on the CPU backend, which implements
     /// every setting
-    #[arg(short = 't', long, default_value_t = 0)]
+    #[arg(short = 't', long, default_value_t = 0, value_parser = super::common::parse_threads)]
     pub threads: usize,
     /// No progress bar
     #[arg(short, long)]
@@ -101,7 +101,8 @@ pub fn run(args: Args) -> Result<()> {
     if opts.windows == 0 {
         bail!("--windows must be at least 1");
     }
-    let text = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let text = duet_quant::input::read_text(&args.file, duet_quant::input::MAX_TEXT_BYTES)
+        .with_context(|| format!("reading {}", args.file.display()))?;
     let bar = if args.quiet { ProgressBar::hidden() } else { ProgressBar::new(0) };
     bar.set_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {wide_msg} ETA {eta}")

@@ -51,7 +51,8 @@ pub fn run(args: Args) -> Result<()> {
     super::common::remove_temp_files_on_signal();
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?,
+        (None, Some(f)) => duet_quant::input::read_text(f, duet_quant::input::MAX_TEXT_BYTES)
+            .with_context(|| format!("reading {}", f.display()))?,
         (None, None) => bail!("no prompt: pass -p TEXT or -f FILE"),
     };
     if prompt.is_empty() {

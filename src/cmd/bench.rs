@@ -72,6 +72,9 @@ pub fn run(args: Args) -> Result<()> {
     if args.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
+    if args.reps == 0 {
+        anyhow::bail!("-r/--repetitions must be at least 1 (each test runs once to warm up, then -r times)");
+    }
     if let Some(set) = args.gpu_kernels {
         let adapter = match args.model.device {
             super::common::Device::Cpu => {

@@ -19,8 +19,8 @@ pub struct ModelArgs {
     /// GGUF model file (llama, diffllama or diffllama_v2)
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// CPU threads (0: all cores)
-    #[arg(short = 't', long, default_value_t = 0)]
+    /// CPU threads (0: all cores; at most 1024)
+    #[arg(short = 't', long, default_value_t = 0, value_parser = parse_threads)]
     pub threads: usize,
     /// Context length in tokens (0: the model's training context, at most 4096)
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
@@ -109,6 +109,19 @@ fn parse_attn_logits(s: &str) -> Result<(u32, LogitGranularity), String> {
     let gran = LogitGranularity::parse(gran)
         .ok_or_else(|| format!("unknown granularity '{gran}' (row, head, tensor or static)"))?;
     Ok((bits, gran))
+}
+
+/// Most threads a command starts: far more than any machine's cores, and few enough that
+/// spawning them cannot fail on a sane system (`-t 100000` once panicked there).
+pub const MAX_THREADS: usize = 1024;
+
+/// A thread count: 0 (all cores) to [`MAX_THREADS`].
+pub fn parse_threads(s: &str) -> Result<usize, String> {
+    let n: usize = s.trim().parse().map_err(|_| format!("'{s}' is not a thread count"))?;
+    if n > MAX_THREADS {
+        return Err(format!("{n} threads is more than the {MAX_THREADS} duet starts at most (0: all cores)"));
+    }
+    Ok(n)
 }
 
 fn parse_gpu_tune(s: &str) -> Result<GpuTune, String> {

@@ -49,8 +49,8 @@ pub struct Args {
     /// Print the plan (each tensor's type and size, and the file size) without writing
     #[arg(long)]
     pub dry_run: bool,
-    /// Quantization threads (0: all cores)
-    #[arg(long, default_value_t = 0)]
+    /// Quantization threads (0: all cores; at most 1024)
+    #[arg(long, default_value_t = 0, value_parser = super::common::parse_threads)]
     pub threads: usize,
     /// general.name to record [default: from config.json or the source GGUF]
     #[arg(long)]

@@ -47,7 +47,7 @@ pub struct Args {
     #[arg(long)]
     pub html: bool,
     /// CPU threads (0: all cores)
-    #[arg(short = 't', long, default_value_t = 0)]
+    #[arg(short = 't', long, default_value_t = 0, value_parser = super::common::parse_threads)]
     pub threads: usize,
     /// Where to run: auto, gpu or cpu (as on `duet run`)
     #[arg(long, value_enum, default_value_t = Device::Auto)]
@@ -70,7 +70,9 @@ pub fn run(args: Args) -> Result<()> {
     }
     let (haystack, haystack_name) = match &args.file {
         Some(f) => {
-            (std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?, f.display().to_string())
+            let text = duet_quant::input::read_text(f, duet_quant::input::MAX_TEXT_BYTES)
+                .with_context(|| format!("reading {}", f.display()))?;
+            (text, f.display().to_string())
         }
         None => (needle::DEFAULT_HAYSTACK.to_string(), "duet's haystack (State of the Union, 1889)".to_string()),
     };

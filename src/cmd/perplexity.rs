@@ -67,7 +67,14 @@ fn evaluate<B: Backend>(engine: &mut Engine<B>, args: &Args, base: Option<&Logit
     let mut tokens = match (base, &args.file) {
         (Some(b), None) => b.tokens.clone(),
         (_, Some(f)) => {
-            let text = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?;
+            // Only what --max-tokens can use (a token is rarely more than 64 bytes of text),
+            // else the whole file up to the text limit.
+            let text = if args.max_tokens > 0 {
+                duet_quant::input::read_text_prefix(f, (args.max_tokens as u64 + 1) * 64)
+            } else {
+                duet_quant::input::read_text(f, duet_quant::input::MAX_TEXT_BYTES)
+            }
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
             engine.tokenizer.encode(&text, engine.tokenizer.add_bos)?
         }
         (None, None) => bail!("nothing to evaluate: pass -f TEXT (or --kl-base FILE)"),

@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::Engine;
 use duet_runtime::sampler::Sampler;
@@ -41,7 +41,8 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let prompt = match (&args.prompt, &args.file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
+        (None, Some(f)) => duet_quant::input::read_text(f, duet_quant::input::MAX_TEXT_BYTES)
+            .with_context(|| format!("reading the prompt file {}", f.display()))?,
         (None, None) => bail!("no prompt: pass -p TEXT or -f FILE"),
     };
     if prompt.is_empty() {

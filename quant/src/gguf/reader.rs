@@ -141,6 +141,8 @@ impl GgufFile {
         let label = path.display().to_string();
         let io =
             |action: &str, source| GgufError::new(&label, None, GgufErrorKind::Io { action: action.into(), source });
+        // A FIFO would block the open, a device never end: regular files only.
+        crate::input::check_regular(path).map_err(|e| io("cannot open", e))?;
         let file = File::open(path).map_err(|e| io("cannot open", e))?;
         let len = file.metadata().map_err(|e| io("cannot stat", e))?.len();
         let storage = if len == 0 {

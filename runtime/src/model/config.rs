@@ -118,7 +118,7 @@ impl ModelConfig {
                 None => return Err(bad("no token_embd.weight tensor".into())),
             },
         };
-        Ok(ModelConfig {
+        let c = ModelConfig {
             arch,
             n_vocab,
             n_embd,
@@ -134,7 +134,48 @@ impl ModelConfig {
                 freq_base: file.get_f32_opt(&key("rope.freq_base"))?.unwrap_or(10000.0),
                 freq_scale,
             },
-        })
+        };
+        c.check(file).map_err(bad)?;
+        Ok(c)
+    }
+
+    /// Values no model has, refused before anything is sized by them: zero sizes, a layer
+    /// count the file's tensors do not back (block_count 2^31 once sized an allocation of
+    /// 7.7 TB), a negative or non-finite epsilon, RoPE base or scale.
+    fn check(&self, file: &GgufFile) -> Result<(), String> {
+        for (what, v) in [
+            ("embedding_length", self.n_embd),
+            ("feed_forward_length", self.n_ff),
+            ("block_count", self.n_layers),
+            ("vocabulary size", self.n_vocab),
+            ("attention.key_length", self.head_dim),
+        ] {
+            if v == 0 {
+                return Err(format!("{what} is 0"));
+            }
+        }
+        // Every layer has its own tensors: the last layer's must be in the file.
+        let last = format!("blk.{}.attn_norm.weight", self.n_layers - 1);
+        if self.n_layers > file.tensors().len() || file.tensor(&last).is_none() {
+            return Err(format!(
+                "block_count is {}, but the file holds {} tensors and no '{last}'",
+                self.n_layers,
+                file.tensors().len()
+            ));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
+            return Err(format!("attention.layer_norm_rms_epsilon is {}: not a finite value ≥ 0", self.rms_eps));
+        }
+        if !(self.rope.freq_base.is_finite() && self.rope.freq_base > 0.0) {
+            return Err(format!("rope.freq_base is {}: not a finite value > 0", self.rope.freq_base));
+        }
+        if !(self.rope.freq_scale.is_finite() && self.rope.freq_scale > 0.0) {
+            return Err(format!(
+                "the RoPE scale is {} (from rope.scaling.factor): not finite and > 0",
+                self.rope.freq_scale
+            ));
+        }
+        Ok(())
     }
 
     /// Query heads per KV head.
