@@ -238,6 +238,11 @@ fn save_logits_refuses_inputs_and_special_files() {
 /// A copy of the GGUF `src` at `dst` with the metadata `changes` (key, value) in place of
 /// the file's own values.
 fn with_metadata(src: &Path, dst: &Path, changes: &[(&str, duet_quant::gguf::Value)]) {
+    rewrite_gguf(src, dst, changes, None);
+}
+
+/// [`with_metadata`], and tensor `data.0`'s bytes replaced by `data.1`.
+fn rewrite_gguf(src: &Path, dst: &Path, changes: &[(&str, duet_quant::gguf::Value)], data: Option<(&str, &[u8])>) {
     let f = duet_quant::gguf::GgufFile::open(src).unwrap();
     let mut w = GgufWriter::new(dst);
     for (k, v) in f.metadata() {
@@ -249,9 +254,28 @@ fn with_metadata(src: &Path, dst: &Path, changes: &[(&str, duet_quant::gguf::Val
     }
     let mut d = w.start().unwrap();
     for t in f.tensors() {
-        d.write_tensor(t.name(), f.tensor_data(t)).unwrap();
+        let bytes = match data {
+            Some((name, b)) if name == t.name() => b,
+            _ => f.tensor_data(t),
+        };
+        d.write_tensor(t.name(), bytes).unwrap();
     }
     d.finish().unwrap();
+}
+
+/// Non-finite logits (here from a NaN in the final norm's weight) end generation with an
+/// error that says so, not a silent end of generation with exit 0.
+#[test]
+fn non_finite_logits_are_an_error() {
+    let m = fixture_gguf();
+    let p = std::env::temp_dir().join(format!("duet-nan-norm-{}.gguf", std::process::id()));
+    let f = duet_quant::gguf::GgufFile::open(&m).unwrap();
+    let n = f.tensor("output_norm.weight").unwrap().n_elements() as usize;
+    let nan: Vec<u8> = (0..n).flat_map(|_| f32::NAN.to_le_bytes()).collect();
+    rewrite_gguf(&m, &p, &[], Some(("output_norm.weight", &nan)));
+    let o = duet(&["run", "-m", p.to_str().unwrap(), "-p", "hi", "-n", "4", "--device", "cpu"]);
+    assert_clean_failure(&o, &["logits for generated token 1 are not finite"]);
+    let _ = std::fs::remove_file(&p);
 }
 
 /// Numbers no model has, refused with the key named before anything is sized by them
@@ -285,7 +309,10 @@ fn crafted_numbers_are_refused() {
     }
     let ms = m.to_str().unwrap();
     assert_clean_failure(&duet(&["run", "-m", ms, "-p", "hi", "-t", "100000"]), &["100000 threads", "1024"]);
-    assert_clean_failure(&duet(&["bench", "-m", ms, "-r", "0", "--device", "cpu"]), &["-r/--repetitions must be at least 1"]);
+    assert_clean_failure(
+        &duet(&["bench", "-m", ms, "-r", "0", "--device", "cpu"]),
+        &["-r/--repetitions must be at least 1"],
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

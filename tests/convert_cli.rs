@@ -243,6 +243,55 @@ fn config_problems_are_refused() {
     // The tensors are checked against config.json before the tokenizer is read (a vocabulary
     // the tensors do not bound is never trusted), so the embedding's shape is what disagrees.
     refused("vocab_size below the tensors'", &d, &["model.safetensors", "config.json implies [300, 256]"]);
+
+    // Values no model has are refused, never truncated or replaced by a default.
+    for (i, (from, to, needles)) in [
+        (r#""rms_norm_eps": 1e-05"#, r#""rms_norm_eps": -1"#, &[r#""rms_norm_eps" is -1"#][..]),
+        (r#""rms_norm_eps": 1e-05"#, r#""rms_norm_eps": "NaN""#, &[r#""rms_norm_eps" is not a number"#]),
+        (r#""rope_theta": 10000.0"#, r#""rope_theta": 0"#, &[r#""rope_theta" is 0"#]),
+        (
+            r#""max_position_embeddings": 256"#,
+            r#""max_position_embeddings": 9223372036854775808"#,
+            &[r#""max_position_embeddings" is 9223372036854775808, more than GGUF's 32-bit field holds"#],
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let d = copy_fixture("diffllama-gqa", &t.join(format!("values-{i}")));
+        edit_config(&d, from, to);
+        refused(to, &d, needles);
+    }
+}
+
+/// A checkpoint holding a NaN or an infinity is refused with the tensor, row and column
+/// named, not converted into a silently broken model.
+#[test]
+fn non_finite_weights_are_refused() {
+    let t = TempDir::new("nan");
+    for (i, bad) in ["nan", "inf"].into_iter().enumerate() {
+        let d = copy_fixture("diffllama-gqa", &t.join(format!("ckpt-{i}")));
+        let p = d.join("model.safetensors");
+        let mut b = std::fs::read(&p).unwrap();
+        let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+        let meta = &header["model.layers.1.mlp.down_proj.weight"];
+        let start = 8 + n + meta["data_offsets"][0].as_u64().unwrap() as usize;
+        let cols = meta["shape"][1].as_u64().unwrap() as usize;
+        // Row 2, column 5 of the tensor, in its dtype.
+        let (bits, size): (u32, usize) = match (meta["dtype"].as_str().unwrap(), bad) {
+            ("F32", "nan") => (0x7fc0_0000, 4),
+            ("F32", _) => (0x7f80_0000, 4),
+            ("BF16", "nan") => (0x7fc0, 2),
+            ("BF16", _) => (0x7f80, 2),
+            ("F16", "nan") => (0x7e00, 2),
+            (_, _) => (0x7c00, 2),
+        };
+        let at = start + (2 * cols + 5) * size;
+        b[at..at + size].copy_from_slice(&bits.to_le_bytes()[..size]);
+        std::fs::write(&p, &b).unwrap();
+        refused(bad, &d, &["blk.1.ffn_down.weight", "row 2, column 5", "not finite"]);
+    }
 }
 
 /// DIFF V2 (duet's `diffllama_v2` checkpoint format): pairs that cannot share a KV head, a

@@ -100,21 +100,40 @@ impl HfConfig {
                 ));
             }
         };
+        // Sizes go into GGUF's 32-bit fields: a larger value is refused, never truncated
+        // (max_position_embeddings 2^63 once became a context of 0).
+        let fits = |k: &str, v: u64| -> Result<usize, String> {
+            if v > u64::from(u32::MAX) {
+                return Err(format!("\"{k}\" is {v}, more than GGUF's 32-bit field holds"));
+            }
+            Ok(v as usize)
+        };
         let usize_field = |k: &str| -> Result<usize, String> {
-            json.get(k)
+            let v = json
+                .get(k)
                 .and_then(Value::as_u64)
-                .and_then(|v| usize::try_from(v).ok())
-                .ok_or_else(|| format!("\"{k}\" is missing or not a non-negative integer"))
+                .ok_or_else(|| format!("\"{k}\" is missing or not a non-negative integer"))?;
+            fits(k, v)
         };
         let opt_usize = |k: &str| -> Result<Option<usize>, String> {
             match json.get(k) {
                 None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .and_then(|v| usize::try_from(v).ok())
-                    .map(Some)
-                    .ok_or_else(|| format!("\"{k}\" is not a non-negative integer")),
+                Some(v) => {
+                    fits(k, v.as_u64().ok_or_else(|| format!("\"{k}\" is not a non-negative integer"))?).map(Some)
+                }
             }
+        };
+        // A float that must be finite and positive when given (a string such as "NaN" is not
+        // a number: refused, not replaced by the default).
+        let positive = |k: &str, v: Option<&Value>, default: f64| -> Result<f32, String> {
+            let x = match v {
+                None | Some(Value::Null) => default,
+                Some(v) => v.as_f64().ok_or_else(|| format!("\"{k}\" is not a number"))?,
+            };
+            if !(x.is_finite() && x > 0.0 && (x as f32).is_normal()) {
+                return Err(format!("\"{k}\" is {x}: it must be a finite number above 0"));
+            }
+            Ok(x as f32)
         };
         let bool_field = |k: &str, default: bool| -> Result<bool, String> {
             match json.get(k) {
@@ -167,7 +186,7 @@ impl HfConfig {
             n_heads,
             n_kv_heads,
             head_dim,
-            rms_norm_eps: json.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6) as f32,
+            rms_norm_eps: positive("rms_norm_eps", json.get("rms_norm_eps"), 1e-6)?,
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
             tie_word_embeddings: bool_field("tie_word_embeddings", false)?,
             attention_bias: bool_field("attention_bias", false)?,
@@ -212,17 +231,20 @@ impl HfConfig {
 fn parse_rope(json: &Value) -> Result<(f32, Option<RopeScaling>), String> {
     // transformers 5 nests everything in rope_parameters; older files use top-level keys.
     let params = json.get("rope_parameters").filter(|v| v.is_object());
-    let theta = params
-        .and_then(|p| p.get("rope_theta"))
-        .or_else(|| json.get("rope_theta"))
-        .and_then(Value::as_f64)
-        .unwrap_or(10000.0) as f32;
+    let theta = match params.and_then(|p| p.get("rope_theta")).or_else(|| json.get("rope_theta")) {
+        None | Some(Value::Null) => 10000.0,
+        Some(v) => v.as_f64().ok_or("\"rope_theta\" is not a number")?,
+    };
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(format!("\"rope_theta\" is {theta}: it must be a finite number above 0"));
+    }
+    let theta = theta as f32;
     let scaling = params.or_else(|| json.get("rope_scaling").filter(|v| v.is_object()));
     let Some(s) = scaling else {
         return Ok((theta, None));
     };
     let rope_type = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
-    let num = |k: &str| s.get(k).and_then(Value::as_f64).map(|v| v as f32);
+    let num = |k: &str| s.get(k).and_then(Value::as_f64).filter(|v| v.is_finite() && *v > 0.0).map(|v| v as f32);
     let scaling = match rope_type {
         "default" => None,
         "linear" => {

@@ -26,7 +26,7 @@ pub fn quantize_rows(
 ) -> Result<(), QuantError> {
     let rows = values.len() / n_per_row.max(1);
     par_rows(rows, threads, dst, &|r: Range<usize>, out: &mut [u8]| {
-        quantize(ty, &values[r.start * n_per_row..r.end * n_per_row], n_per_row, imatrix, out)
+        quantize(ty, &values[r.start * n_per_row..r.end * n_per_row], n_per_row, r.start, imatrix, out)
     })
 }
 
@@ -68,19 +68,26 @@ pub fn requantize_rows(
                 duet_quant::dequantize(src_ty, &raw[s * src_row..(s + 1) * src_row], x)?;
             }
             let o = (r0 - r.start) * out_row;
-            quantize(ty, &scratch[..n * n_per_row], n_per_row, imatrix, &mut out[o..o + n * out_row])?;
+            quantize(ty, &scratch[..n * n_per_row], n_per_row, r0, imatrix, &mut out[o..o + n * out_row])?;
         }
         Ok(())
     })
 }
 
+/// Quantizes rows `first_row..` (`x`), refusing a value that is not finite (a checkpoint's
+/// NaN or infinity would otherwise become a silently broken model).
 fn quantize(
     ty: GgmlType,
     x: &[f32],
     n_per_row: usize,
+    first_row: usize,
     imatrix: Option<&[f32]>,
     out: &mut [u8],
 ) -> Result<(), QuantError> {
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        let (row, col) = (first_row + i / n_per_row.max(1), i % n_per_row.max(1));
+        return Err(QuantError::NonFinite { row, col, value: x[i].to_string() });
+    }
     match imatrix {
         Some(im) => duet_quant::quantize_with_imatrix(ty, x, n_per_row, im, out),
         None => duet_quant::quantize(ty, x, n_per_row, out),

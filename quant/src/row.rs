@@ -17,6 +17,8 @@ pub enum QuantError {
     WrongDestinationSize { ty: GgmlType, got: usize, want: usize },
     #[error("importance matrix has {got} entries, a row has {want}")]
     ImatrixLength { got: usize, want: usize },
+    #[error("value {value} at row {row}, column {col} is not finite (the weights hold NaN or infinite values)")]
+    NonFinite { row: usize, col: usize, value: String },
 }
 
 /// Bytes taken by `n` elements of `ty`, if `n` is a whole number of blocks.

@@ -180,6 +180,7 @@ impl<B: Backend> Engine<B> {
                 stats.stop = StopReason::Limit;
                 break;
             }
+            check_logits(&logits, out.len())?;
             let tok = sampler.sample(&mut logits, &history);
             if self.tokenizer.is_eog(tok) {
                 stats.stop = StopReason::EndOfGeneration;
@@ -205,5 +206,18 @@ impl<B: Backend> Engine<B> {
         stats.generated = out.len();
         stats.gen_time = t1.elapsed();
         Ok((out, stats))
+    }
+}
+
+/// Refuses logits that are not all finite (a NaN once sampled as the end of generation: 0
+/// tokens, exit 0, no word of why): an error naming the step and the first bad value.
+pub fn check_logits(logits: &[f32], generated: usize) -> Result<(), RuntimeError> {
+    match logits.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(id) => Err(RuntimeError::BadModel(format!(
+            "the model's logits for generated token {} are not finite ({} for token id {id}): its weights or this run's settings (cache type, attention-logit bits) produce non-numbers",
+            generated + 1,
+            logits[id]
+        ))),
     }
 }
