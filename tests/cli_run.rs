@@ -340,3 +340,37 @@ fn fifos_and_devices_are_refused_without_blocking() {
     assert!(t0.elapsed().as_secs() < 30, "took {:?}", t0.elapsed());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A model whose chat template does not parse still runs plain prompts, perplexity and
+/// bench (only chat needs the template, and says why it cannot); a --system prompt longer
+/// than the context is refused before the first message.
+#[test]
+fn broken_template_and_long_system_prompt() {
+    use duet_quant::gguf::Value;
+    let m = fixture_gguf();
+    let p = std::env::temp_dir().join(format!("duet-broken-template-{}.gguf", std::process::id()));
+    with_metadata(&m, &p, &[("tokenizer.chat_template", Value::from("{% for m in messages %}{{ m.content }"))]);
+    let ps = p.to_str().unwrap();
+    let ok = duet(&["run", "-m", ps, "-p", "Call me", "-n", "2", "--temp", "0", "--device", "cpu"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stderr).contains("chat template does not parse"), "a note at load");
+    let ok = duet(&["bench", "-m", ps, "-p", "4", "-n", "2", "-r", "1", "--device", "cpu"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let chat = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(["chat", "-m", ps, "--device", "cpu", "-q"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b"hello\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_clean_failure(&chat, &["chat template does not parse"]);
+    let long = "you are a very careful assistant. ".repeat(200);
+    let o = duet(&["chat", "-m", m.to_str().unwrap(), "--device", "cpu", "-c", "64", "--system", &long]);
+    assert_clean_failure(&o, &["system prompt takes", "no room for a message"]);
+    let _ = std::fs::remove_file(&p);
+}

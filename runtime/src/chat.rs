@@ -64,6 +64,25 @@ impl Conversation {
         }
     }
 
+    /// Checks, before the first message, that the system prompt leaves room in the context
+    /// for a message and a reply (`max_new` tokens, as [`Conversation::turn`] reserves): a
+    /// system prompt longer than the context made every message fail.
+    pub fn check_system_fits<B: Backend>(&self, engine: &Engine<B>, max_new: usize) -> Result<(), RuntimeError> {
+        if self.system.is_none() {
+            return Ok(());
+        }
+        let reserve = max_new.min(engine.n_ctx() / 4).max(1);
+        let text = engine.template.render(&self.messages(""), true)?;
+        let tokens = engine.tokenizer.encode_rendered(&text)?.len();
+        if tokens + reserve > engine.n_ctx() {
+            return Err(RuntimeError::Usage(format!(
+                "the system prompt takes {tokens} tokens; with {reserve} kept for a reply the context of {} has no room for a message (shorten --system or raise --ctx-size)",
+                engine.n_ctx()
+            )));
+        }
+        Ok(())
+    }
+
     /// Runs one turn: the assistant's reply to `user`, streamed through `on_text`.
     pub fn turn<B: Backend>(
         &mut self,

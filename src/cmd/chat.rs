@@ -78,6 +78,7 @@ pub fn run(args: Args) -> Result<()> {
 fn chat<B: Backend>(engine: &mut Engine<B>, args: &Args) -> Result<()> {
     let mut sampler = Sampler::new(args.sampling.config());
     let mut conv = Conversation::new(args.system.clone());
+    conv.check_system_fits(engine, args.n_predict)?;
     let interactive = std::io::stdin().is_terminal();
 
     // A failure to install the handler only means Ctrl-C keeps its default meaning.

@@ -32,6 +32,10 @@ pub struct ChatTemplate {
     pub source: TemplateSource,
     bos: String,
     eos: String,
+    /// Why the model's template cannot be used (it does not parse): only what renders a
+    /// conversation fails with it, not the model's load (run, perplexity and bench need no
+    /// template).
+    pub broken: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,11 +75,14 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
-        env.add_template_owned("chat", text).map_err(|e| RuntimeError::Template(e.to_string()))?;
-        Ok(ChatTemplate { env, source, bos: bos.to_string(), eos: eos.to_string() })
+        let broken = env.add_template_owned("chat", text).err().map(|e| describe(&e));
+        Ok(ChatTemplate { env, source, bos: bos.to_string(), eos: eos.to_string(), broken })
     }
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, RuntimeError> {
+        if let Some(why) = &self.broken {
+            return Err(RuntimeError::Template(format!("the model's chat template does not parse: {why}")));
+        }
         let msgs: Vec<minijinja::Value> = messages
             .iter()
             .map(|m| {
@@ -176,6 +183,14 @@ mod tests {
         let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
         let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
         assert!(e.contains("fuel"), "{e}");
+    }
+
+    #[test]
+    fn a_template_that_does_not_parse_fails_only_when_rendered() {
+        let ct = ChatTemplate::new(Some("{% for m in messages %}{{ m.content }"), false, "", "").unwrap();
+        assert!(ct.broken.is_some());
+        let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+        assert!(e.contains("chat template does not parse"), "{e}");
     }
 
     #[test]
