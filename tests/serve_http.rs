@@ -237,7 +237,8 @@ fn a_full_queue_is_503_and_a_disconnect_mid_stream_frees_the_slot() {
     let body = json!({"prompt": "Call me Ishmael.", "stream": true, "ignore_eos": true, "temperature": 0}).to_string();
     write!(
         s,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        srv.addr,
         body.len()
     )
     .unwrap();
@@ -296,4 +297,150 @@ fn slots_that_do_not_fit_in_memory_are_refused_before_allocating() {
     assert!(err.contains("100000 slots of 4096 tokens do not fit") && err.contains("lower --parallel"), "{err}");
     assert!(!err.contains("panicked") && out.stdout.is_empty(), "{err}");
     let _ = std::fs::remove_file(&model);
+}
+
+/// The status of a raw HTTP/1.1 request to `addr`.
+fn raw_status(addr: &str, request: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw);
+    raw.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status in {raw:?}"))
+}
+
+/// Network hardening: a loopback server answers only to loopback Host names (a page
+/// cannot reach it through a DNS name it controls) unless --allow-host names another; a
+/// POST whose body is not declared JSON is refused (a cross-site form or text/plain POST
+/// cannot start a generation); an empty --api-key is refused at start; listening beyond
+/// loopback without a key warns.
+#[test]
+fn host_header_content_type_and_key_checks() {
+    let m = fixture();
+    let srv = Server::start(&m, &["--allow-host", "duet.example"]);
+    let get = |host: &str| {
+        raw_status(&srv.addr, &format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"))
+    };
+    assert_eq!(get(&srv.addr), 200);
+    assert_eq!(get("localhost:1234"), 200);
+    assert_eq!(get("duet.example"), 200);
+    assert_eq!(get("evil.example:8080"), 403);
+    assert_eq!(get("127.0.0.1.evil.example"), 403);
+    let body = r#"{"prompt": "hi", "max_tokens": 2}"#;
+    let post = |ct: &str| {
+        raw_status(
+            &srv.addr,
+            &format!(
+                "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: {ct}\r\nContent-Length: {}\r\n\r\n{body}",
+                srv.addr,
+                body.len()
+            ),
+        )
+    };
+    assert_eq!(post("text/plain"), 415);
+    assert_eq!(post("application/x-www-form-urlencoded"), 415);
+    assert_eq!(post("application/json; charset=utf-8"), 200);
+    drop(srv);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(["serve", "-q", "--device", "cpu", "--port", "0", "-m", m.to_str().unwrap(), "--api-key", ""])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--api-key is empty"), "{err}");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
+        .args(["serve", "-q", "--device", "cpu", "--host", "0.0.0.0", "--port", "0", "-m", m.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning: listening on 0.0.0.0 without --api-key"), "{err}");
+}
+
+/// SIGTERM stops the server as SIGINT does, by its own exit (not the signal's default
+/// death), well within --shutdown-timeout with a request under way.
+#[cfg(unix)]
+#[test]
+fn sigterm_stops_the_server_within_its_timeout() {
+    let m = fixture();
+    let mut srv = Server::start(&m, &["--shutdown-timeout", "2"]);
+    // A long request keeps a slot busy while the signal comes.
+    let addr = srv.addr.clone();
+    let busy = std::thread::spawn(move || {
+        let body = json!({"prompt": "once upon", "max_tokens": 100000, "ignore_eos": true}).to_string();
+        let _ = std::panic::catch_unwind(|| http(&addr, "POST", "/v1/completions", None, &body));
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let sent = Command::new("kill").args(["-TERM", &srv.child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let status = srv.child.wait().unwrap();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(status.code().is_some(), "ended by its own exit, not killed by the signal: {status:?}");
+    let _ = busy.join();
+}
+
+/// Slow and idle clients are closed: a connection that sends half its headers, and an idle
+/// keep-alive connection, are closed after --header-timeout; a request whose body never
+/// comes gets 408 after --body-timeout; past --max-connections new connections are closed
+/// at once, and the server keeps answering the others.
+#[test]
+fn slow_and_idle_clients_are_closed() {
+    let m = fixture();
+    let srv = Server::start(&m, &["--header-timeout", "1", "--body-timeout", "1", "--max-connections", "4"]);
+    let closed_within = |mut s: TcpStream, secs: u64| {
+        s.set_read_timeout(Some(Duration::from_secs(secs))).unwrap();
+        let t0 = Instant::now();
+        let mut buf = Vec::new();
+        let r = s.read_to_end(&mut buf);
+        // Closed: an end of stream, or a reset (closed with our bytes unread); open: the
+        // read timed out.
+        let closed = match &r {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "still open after {secs} s: {r:?}");
+        (t0.elapsed(), String::from_utf8_lossy(&buf).into_owned())
+    };
+    // Half a request's headers.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    write!(s, "GET /health HTTP/1.1\r\nHost: {}\r\n", srv.addr).unwrap();
+    let (t, _) = closed_within(s, 10);
+    assert!(t < Duration::from_secs(5), "partial headers held {t:?}");
+    // An idle keep-alive connection after one answered request.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    write!(s, "GET /health HTTP/1.1\r\nHost: {}\r\n\r\n", srv.addr).unwrap();
+    let (t, reply) = closed_within(s, 10);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(t < Duration::from_secs(5), "an idle keep-alive connection held {t:?}");
+    // Headers, then no body.
+    let mut s = TcpStream::connect(&srv.addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
+        srv.addr
+    )
+    .unwrap();
+    let (_, reply) = closed_within(s, 10);
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    // Four idle connections take every slot: a fifth is closed at once; once they time out
+    // the server answers again.
+    let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&srv.addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra = TcpStream::connect(&srv.addr).unwrap();
+    let _ = write!(extra, "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", srv.addr);
+    let (_, reply) = closed_within(extra, 10);
+    assert!(reply.is_empty(), "a connection past the limit was served: {reply}");
+    drop(held);
+    std::thread::sleep(Duration::from_millis(1500));
+    let (status, _, _) = http(&srv.addr, "GET", "/health", None, "");
+    assert_eq!(status, 200);
 }

@@ -39,9 +39,34 @@ pub struct Args {
     /// Port to listen on (0: any free port, printed at start)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics
+    /// Require `Authorization: Bearer KEY` on /v1/* and /metrics (not empty; listening
+    /// beyond loopback without a key prints a warning)
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Also accept requests whose Host header names NAME (repeatable). A server on loopback
+    /// accepts only localhost, 127.0.0.1 and [::1] by default, so that a web page cannot
+    /// reach it through a DNS name it controls (DNS rebinding); one on another address
+    /// accepts any
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allow_host: Vec<String>,
+    /// Accept any Host header, also on loopback
+    #[arg(long)]
+    pub allow_any_host: bool,
+    /// Seconds a shutdown (SIGINT or SIGTERM) waits for running requests before it exits; a
+    /// second signal exits at once
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout: u64,
+    /// Seconds a client has to send a request's headers, and an idle keep-alive connection
+    /// is kept waiting for the next request, before it is closed
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's body once its headers are in (408 after)
+    #[arg(long, default_value_t = 30)]
+    pub body_timeout: u64,
+    /// Connections open at once at most; more are closed as they come (slow or idle clients
+    /// cannot take every file descriptor)
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
     /// Sequences decoded together (slots, each with its own K/V cache of -c tokens)
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 4)]
     pub parallel: usize,
@@ -59,6 +84,68 @@ struct App {
     api_key: Option<String>,
     defaults: SamplerConfig,
     next_id: AtomicU64,
+    /// Host header names accepted (lower case, no port); None: any.
+    hosts: Option<Vec<String>>,
+    /// A request body must arrive within this.
+    body_timeout: std::time::Duration,
+}
+
+/// How connections are served: headers (and idle keep-alive) and the connection count.
+struct Limits {
+    header_timeout: std::time::Duration,
+    max_connections: usize,
+    shutdown_timeout: u64,
+}
+
+/// Whether `host` (a --host value) is a loopback address.
+fn is_loopback(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The Host header's name, lower case, without a port (`[::1]:8080` → `[::1]`).
+fn host_name(value: &str) -> String {
+    let v = value.trim().to_ascii_lowercase();
+    if v.starts_with('[') {
+        return v.split_once(']').map_or(v.clone(), |(a, _)| format!("{a}]"));
+    }
+    v.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(v.clone(), |(h, _)| h.to_string())
+}
+
+/// Equal without an early exit at the first difference (the key comparison's time says
+/// nothing about the key; its length is not secret).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The refusal, if any, of a request with these headers before anything else looks at it:
+/// a Host the server does not answer to (403), and for a POST a body that is not declared
+/// JSON (415: a cross-site form or `text/plain` POST cannot start a generation).
+fn refused_request(app: &App, headers: &HeaderMap, post: bool) -> Option<Response> {
+    if let Some(hosts) = &app.hosts {
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).map(host_name).unwrap_or_default();
+        if !hosts.contains(&host) {
+            return Some(error(ApiError {
+                status: 403,
+                kind: "forbidden",
+                message: format!(
+                    "this server does not answer to the host '{host}' (start it with --allow-host {host} or --allow-any-host)"
+                ),
+            }));
+        }
+    }
+    if post {
+        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let json = ct.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Some(error(ApiError {
+                status: 415,
+                kind: "invalid_request_error",
+                message: format!("the body must be JSON with Content-Type: application/json (got '{ct}')"),
+            }));
+        }
+    }
+    None
 }
 
 fn now() -> u64 {
@@ -69,6 +156,20 @@ pub fn run(args: Args) -> Result<()> {
     if args.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!("--api-key is empty: give a key, or leave the flag out for a server without one");
+    }
+    if !is_loopback(&args.host) && args.api_key.is_none() {
+        eprintln!(
+            "warning: listening on {} without --api-key: anyone who can reach this address can use the model",
+            args.host
+        );
+    }
+    let hosts = (is_loopback(&args.host) && !args.allow_any_host).then(|| {
+        let mut h: Vec<String> = ["localhost", "127.0.0.1", "[::1]"].into_iter().map(String::from).collect();
+        h.extend(args.allow_host.iter().map(|n| host_name(n)));
+        h
+    });
     let path: PathBuf = require_model(&args.model)?;
     let name = file_name(&path);
     let (model_args, quiet, slots, max_queue) = (args.model.clone(), args.quiet, args.parallel, args.max_queue);
@@ -89,14 +190,43 @@ pub fn run(args: Args) -> Result<()> {
         api_key: args.api_key.clone(),
         defaults: args.sampling.config(),
         next_id: AtomicU64::new(1),
+        hosts,
+        body_timeout: std::time::Duration::from_secs(args.body_timeout.max(1)),
     });
+    let limits = Limits {
+        header_timeout: std::time::Duration::from_secs(args.header_timeout.max(1)),
+        max_connections: args.max_connections.max(1),
+        shutdown_timeout: args.shutdown_timeout,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let result = rt.block_on(serve(Arc::clone(&app), &args.host, args.port, slots));
+    let result = rt.block_on(serve(Arc::clone(&app), &args.host, args.port, slots, limits));
     app.handle.stop();
     result
 }
 
-async fn serve(app: Arc<App>, host: &str, port: u16, slots: usize) -> Result<()> {
+/// A shutdown signal: SIGINT (Ctrl-C), or SIGTERM where there is one.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn serve(app: Arc<App>, host: &str, port: u16, slots: usize, limits: Limits) -> Result<()> {
     let listener =
         tokio::net::TcpListener::bind((host, port)).await.with_context(|| format!("cannot listen on {host}:{port}"))?;
     let addr = listener.local_addr()?;
@@ -108,18 +238,68 @@ async fn serve(app: Arc<App>, host: &str, port: u16, slots: usize) -> Result<()>
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let router = Router::new()
-        .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
-        .route("/v1/chat/completions", post(|s, h, b| complete(s, h, b, Kind::Chat)))
-        .route("/v1/completions", post(|s, h, b| complete(s, h, b, Kind::Completion)))
+        .route("/v1/chat/completions", post(|s, r| complete(s, r, Kind::Chat)))
+        .route("/v1/completions", post(|s, r| complete(s, r, Kind::Completion)))
         .with_state(app);
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .context("serving")
+    // Each connection on hyper's HTTP/1 with a header read timeout (which also closes an
+    // idle keep-alive connection: its timer runs while the next request's head is awaited),
+    // at most max_connections at once; on a signal, each finishes its request and closes.
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut stopping = std::pin::pin!(shutdown_signal());
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                // Out of descriptors and the like: this connection is lost, the server is not.
+                Err(_) => continue,
+            },
+            _ = &mut stopping => break,
+        };
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let mut stop_rx = stop_rx.clone();
+        let header_timeout = limits.header_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop_rx.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    let shutdown_timeout = limits.shutdown_timeout;
+    eprintln!(
+        "duet serve: stopping; waiting up to {shutdown_timeout} s for running requests (a second signal stops at once)"
+    );
+    let _ = stop_tx.send(true);
+    // Done when every connection has let its permit go; a second signal or the deadline
+    // ends the process whatever is still running.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    tokio::select! {
+        _ = permits.acquire_many(all) => Ok(()),
+        _ = shutdown_signal() => {
+            eprintln!("duet serve: stopped with requests still running");
+            std::process::exit(130);
+        }
+        _ = tokio::time::sleep(std::time::Duration::from_secs(shutdown_timeout)) => {
+            eprintln!("duet serve: stopped with requests still running");
+            std::process::exit(130);
+        }
+    }
 }
 
 fn error(e: ApiError) -> Response {
@@ -127,12 +307,24 @@ fn error(e: ApiError) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], e.body()).into_response()
 }
 
-/// The 401 response when a key is required and `headers` do not carry it.
-fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Response> {
+async fn health(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if let Some(r) = refused_request(&app, &headers, false) {
+        return r;
+    }
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+/// The response that refuses a request: a Host the server does not answer to, a POST body
+/// not declared JSON (see [`refused_request`]), or 401 when a key is required and `headers`
+/// do not carry it.
+fn unauthorized(app: &App, headers: &HeaderMap, post: bool) -> Option<Response> {
+    if let Some(r) = refused_request(app, headers, post) {
+        return Some(r);
+    }
     let key = app.api_key.as_ref()?;
     let given =
         headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    (given != Some(key.as_str())).then(|| {
+    (!given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes()))).then(|| {
         error(ApiError {
             status: 401,
             kind: "authentication_error",
@@ -142,7 +334,7 @@ fn unauthorized(app: &App, headers: &HeaderMap) -> Option<Response> {
 }
 
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&app, &headers) {
+    if let Some(r) = unauthorized(&app, &headers, false) {
         return r;
     }
     axum::Json(json!({
@@ -153,16 +345,40 @@ async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
-    if let Some(r) = unauthorized(&app, &headers) {
+    if let Some(r) = unauthorized(&app, &headers, false) {
         return r;
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.handle.metrics().to_prometheus()).into_response()
 }
 
-async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, kind: Kind) -> Response {
-    if let Some(r) = unauthorized(&app, &headers) {
+/// Largest request body read (a prompt and its settings).
+const MAX_BODY_BYTES: usize = 8 << 20;
+
+async fn complete(State(app): State<Arc<App>>, req: axum::extract::Request, kind: Kind) -> Response {
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    if let Some(r) = unauthorized(&app, &headers, true) {
         return r;
     }
+    // The body within its deadline and size: a client that sends headers and then trickles
+    // (or never sends) its body holds nothing for long.
+    let body: Bytes = match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            return error(ApiError {
+                status: 413,
+                kind: "invalid_request_error",
+                message: format!("the request body is larger than {MAX_BODY_BYTES} bytes or was cut off"),
+            });
+        }
+        Err(_) => {
+            return error(ApiError {
+                status: 408,
+                kind: "invalid_request_error",
+                message: format!("the request body did not arrive within {} s", app.body_timeout.as_secs()),
+            });
+        }
+    };
     let mut req = match openai::parse(kind, &body, &app.defaults) {
         Ok(r) => r,
         Err(e) => return error(e),
