@@ -7,12 +7,16 @@ use crate::engine::{Engine, GenStats};
 use crate::error::RuntimeError;
 use crate::sampler::Sampler;
 use crate::text::Message;
+use crate::text::chat_template::encode_chat;
 
 #[derive(Clone, Debug, Default)]
 pub struct Conversation {
     pub system: Option<String>,
     /// (user, assistant) pairs, oldest first.
     pub turns: Vec<(String, String)>,
+    /// Special-token text in messages becomes those tokens (`--special`); by default it
+    /// stays text ([`encode_chat`]).
+    pub allow_special: bool,
 }
 
 /// The outcome of one turn.
@@ -25,7 +29,7 @@ pub struct Reply {
 
 impl Conversation {
     pub fn new(system: Option<String>) -> Conversation {
-        Conversation { system, turns: Vec::new() }
+        Conversation { system, turns: Vec::new(), allow_special: false }
     }
 
     fn messages(&self, user: &str) -> Vec<Message> {
@@ -51,8 +55,8 @@ impl Conversation {
     ) -> Result<(Vec<u32>, usize), RuntimeError> {
         let mut dropped = 0;
         loop {
-            let text = engine.template.render(&self.messages(user), true)?;
-            let tokens = engine.tokenizer.encode_rendered(&text)?;
+            let msgs = self.messages(user);
+            let tokens = encode_chat(&engine.template, &engine.tokenizer, &msgs, true, self.allow_special)?;
             if tokens.len() + reserve <= engine.n_ctx() {
                 return Ok((tokens, dropped));
             }
@@ -72,8 +76,8 @@ impl Conversation {
             return Ok(());
         }
         let reserve = max_new.min(engine.n_ctx() / 4).max(1);
-        let text = engine.template.render(&self.messages(""), true)?;
-        let tokens = engine.tokenizer.encode_rendered(&text)?.len();
+        let tokens =
+            encode_chat(&engine.template, &engine.tokenizer, &self.messages(""), true, self.allow_special)?.len();
         if tokens + reserve > engine.n_ctx() {
             return Err(RuntimeError::Usage(format!(
                 "the system prompt takes {tokens} tokens; with {reserve} kept for a reply the context of {} has no room for a message (shorten --system or raise --ctx-size)",

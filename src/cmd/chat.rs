@@ -32,6 +32,10 @@ pub struct Args {
     /// No loading message or per-reply speed
     #[arg(short, long)]
     pub quiet: bool,
+    /// Let special-token text typed in a message (`<|im_start|>`…) become those tokens; by
+    /// default it stays text
+    #[arg(long)]
+    pub special: bool,
 }
 
 /// Set while a reply is being generated; Ctrl-C then only stops the reply.
@@ -78,6 +82,7 @@ pub fn run(args: Args) -> Result<()> {
 fn chat<B: Backend>(engine: &mut Engine<B>, args: &Args) -> Result<()> {
     let mut sampler = Sampler::new(args.sampling.config());
     let mut conv = Conversation::new(args.system.clone());
+    conv.allow_special = args.special;
     conv.check_system_fits(engine, args.n_predict)?;
     let interactive = std::io::stdin().is_terminal();
 

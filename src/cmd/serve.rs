@@ -67,6 +67,11 @@ pub struct Args {
     /// cannot take every file descriptor)
     #[arg(long, default_value_t = 256)]
     pub max_connections: usize,
+    /// Let special-token text in chat messages (`<|im_start|>`…) become those tokens, as
+    /// llama-server's --special; by default it stays text, so that a message cannot open a
+    /// turn of another role
+    #[arg(long)]
+    pub special: bool,
     /// Sequences decoded together (slots, each with its own K/V cache of -c tokens)
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 4)]
     pub parallel: usize,
@@ -173,12 +178,21 @@ pub fn run(args: Args) -> Result<()> {
     let path: PathBuf = require_model(&args.model)?;
     let name = file_name(&path);
     let (model_args, quiet, slots, max_queue) = (args.model.clone(), args.quiet, args.parallel, args.max_queue);
+    let special = args.special;
     let load_path = path.clone();
     let handle = Handle::start(move || {
         let engine = load_engine(&model_args, &load_path, quiet).map_err(|e| format!("{e:#}"))?;
         let boxed: Box<dyn ServeEngine> = match engine {
-            AnyEngine::Cpu(e) => Box::new(Scheduler::new(e, slots, max_queue).map_err(|e| e.to_string())?),
-            AnyEngine::Gpu(e) => Box::new(Scheduler::new(e, slots, max_queue).map_err(|e| e.to_string())?),
+            AnyEngine::Cpu(e) => {
+                let mut s = Scheduler::new(e, slots, max_queue).map_err(|e| e.to_string())?;
+                s.set_allow_special(special);
+                Box::new(s)
+            }
+            AnyEngine::Gpu(e) => {
+                let mut s = Scheduler::new(e, slots, max_queue).map_err(|e| e.to_string())?;
+                s.set_allow_special(special);
+                Box::new(s)
+            }
         };
         Ok(boxed)
     })

@@ -76,6 +76,8 @@ pub struct Scheduler<B: Backend> {
     chunk: usize,
     n_ctx: usize,
     metrics: Arc<Mutex<Metrics>>,
+    /// Special-token text in chat messages becomes those tokens (`--special`).
+    allow_special: bool,
 }
 
 impl<B: Backend> Scheduler<B> {
@@ -119,6 +121,7 @@ impl<B: Backend> Scheduler<B> {
             chunk,
             n_ctx,
             metrics,
+            allow_special: false,
         })
     }
 
@@ -136,11 +139,22 @@ impl<B: Backend> Scheduler<B> {
     }
 
     fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, RuntimeError> {
-        let text = match prompt {
-            Prompt::Text(t) => t.clone(),
-            Prompt::Chat(messages) => self.template.render(messages, true)?,
-        };
-        self.tokenizer.encode_rendered(&text)
+        match prompt {
+            Prompt::Text(t) => self.tokenizer.encode_rendered(t),
+            // Special-token text in a message stays text unless --special (role injection).
+            Prompt::Chat(messages) => crate::text::chat_template::encode_chat(
+                &self.template,
+                &self.tokenizer,
+                messages,
+                true,
+                self.allow_special,
+            ),
+        }
+    }
+
+    /// Lets special-token text in chat messages become those tokens (`--special`).
+    pub fn set_allow_special(&mut self, allow: bool) {
+        self.allow_special = allow;
     }
 
     /// Queues `req`; returns its prompt's length in tokens.

@@ -103,6 +103,46 @@ impl ChatTemplate {
     }
 }
 
+/// Token ids of `messages` rendered by `template`, ready for the reply
+/// (`add_generation_prompt`). The messages' content is what users typed: text in it that
+/// spells a special token (`<|im_start|>system…`) stays text — it must not open a turn of
+/// another role — unless `allow_special` (`--special`). Rendered with each such content
+/// replaced by a marker, the template's own text is tokenized with its special tokens and
+/// each content literally ([`Tokenizer::encode_literal`]).
+pub fn encode_chat(
+    template: &ChatTemplate,
+    tokenizer: &super::Tokenizer,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    allow_special: bool,
+) -> Result<Vec<u32>, RuntimeError> {
+    if allow_special || !messages.iter().any(|m| tokenizer.holds_special_text(&m.content)) {
+        return tokenizer.encode_rendered(&template.render(messages, add_generation_prompt)?);
+    }
+    // Markers of private-use characters, which no template writes of its own.
+    let marker = |i: usize| format!("\u{F8F0}{i}\u{F8F1}");
+    let marked: Vec<Message> =
+        messages.iter().enumerate().map(|(i, m)| Message { role: m.role.clone(), content: marker(i) }).collect();
+    let text = template.render(&marked, add_generation_prompt)?;
+    let mut ids: Vec<u32> = tokenizer.bos.filter(|_| tokenizer.wants_bos(&text)).into_iter().collect();
+    let mut rest = text.as_str();
+    while let Some(open) = rest.find('\u{F8F0}') {
+        let after = &rest[open + '\u{F8F0}'.len_utf8()..];
+        let Some(close) = after.find('\u{F8F1}') else { break };
+        let index: Option<usize> = after[..close].parse().ok();
+        let Some(m) = index.and_then(|i| messages.get(i)) else {
+            return Err(RuntimeError::Template(
+                "the chat template changed a message's content in a way duet cannot follow; --special renders it as it is".into(),
+            ));
+        };
+        ids.extend(tokenizer.encode(&rest[..open], false)?);
+        ids.extend(tokenizer.encode_literal(&m.content)?);
+        rest = &after[close + '\u{F8F1}'.len_utf8()..];
+    }
+    ids.extend(tokenizer.encode(rest, false)?);
+    Ok(ids)
+}
+
 fn describe(e: &Error) -> String {
     let mut s = e.to_string();
     let mut src = std::error::Error::source(e);

@@ -139,12 +139,53 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of `text` as literal text: an added token's text in it (`<|im_start|>`, a
+    /// user-defined token) stays characters, never becoming its control token. The text is
+    /// cut inside each such occurrence and the pieces encoded apart, so no piece holds one
+    /// whole (llama.cpp tokenizes user content without special parsing for the same reason).
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>, RuntimeError> {
+        let specials: Vec<String> =
+            self.inner.get_added_tokens_decoder().into_values().map(|t| t.content).filter(|c| !c.is_empty()).collect();
+        // Cut points: one byte (at a char boundary) into every occurrence.
+        let mut cuts: Vec<usize> = Vec::new();
+        for sp in &specials {
+            for (at, _) in text.match_indices(sp.as_str()) {
+                let mut c = at + 1;
+                while !text.is_char_boundary(c) {
+                    c += 1;
+                }
+                cuts.push(c);
+            }
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut ids = Vec::new();
+        let mut start = 0;
+        for c in cuts.into_iter().chain([text.len()]) {
+            if c > start {
+                ids.extend(self.encode(&text[start..c], false)?);
+                start = c;
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Whether `text` holds the text of an added (control or user-defined) token.
+    pub fn holds_special_text(&self, text: &str) -> bool {
+        self.inner.get_added_tokens_decoder().values().any(|t| !t.content.is_empty() && text.contains(&t.content))
+    }
+
     /// Token ids of a prompt rendered by a chat template: BOS first when the model asks for
     /// one, unless the template already wrote the BOS text itself (no second BOS).
     pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, RuntimeError> {
+        self.encode(text, self.wants_bos(text))
+    }
+
+    /// Whether a rendered prompt `text` gets a BOS id first: the model asks for one and the
+    /// template did not write its text.
+    pub fn wants_bos(&self, text: &str) -> bool {
         let bos_text = self.bos.and_then(|b| self.id_to_token(b));
-        let add_bos = self.add_bos && !bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
-        self.encode(text, add_bos)
+        self.add_bos && self.bos.is_some() && !bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b))
     }
 
     /// Text of `ids` (special tokens shown when `show_special`).
