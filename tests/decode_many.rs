@@ -74,11 +74,13 @@ fn resolved<B: Backend>(m: &Model<B>, kt: CacheType, vt: CacheType) -> (CacheTyp
 }
 
 /// Where each sequence keeps its K/V: a cache of its own with its SETTINGS, or slots of one
-/// cache of the given types (with SETTINGS' logit quantization).
+/// cache of the given types (with SETTINGS' logit quantization; `Same`: none for any, so
+/// that every sequence's attention is the same and the GPU too attends to all in one pass).
 #[derive(Clone, Copy, Debug)]
 enum Caches {
     Own,
     One(CacheType, CacheType),
+    Same(CacheType, CacheType),
 }
 
 impl Caches {
@@ -87,6 +89,7 @@ impl Caches {
         match self {
             Caches::Own => session(b, m, i),
             Caches::One(kt, vt) => session_of(b, m, kt, vt, SETTINGS[i].2),
+            Caches::Same(kt, vt) => session_of(b, m, kt, vt, None),
         }
     }
 
@@ -101,6 +104,10 @@ impl Caches {
                     m.set_logit_quant(s, set.2).unwrap();
                 }
                 all
+            }
+            Caches::Same(kt, vt) => {
+                let (kt, vt) = resolved(m, kt, vt);
+                m.new_sessions(b, n, 128, 64, kt, vt).unwrap()
             }
         }
     }
@@ -195,7 +202,12 @@ fn mixed<B: Backend>(b: &mut B, m: &Model<B>, prompts: &[Vec<u32>], caches: Cach
 fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
     let m = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
     let p = prompts(m.config.n_vocab as u32);
-    let all = [Caches::Own, Caches::One(CacheType::F16, CacheType::F16), Caches::One(CacheType::Q4c, CacheType::Q4r)];
+    let all = [
+        Caches::Own,
+        Caches::One(CacheType::F16, CacheType::F16),
+        Caches::One(CacheType::Q4c, CacheType::Q4r),
+        Caches::Same(CacheType::F16, CacheType::F16),
+    ];
     for caches in all {
         let a = alone(b, &m, &p, caches);
         for (how, t) in [("decode_many", together(b, &m, &p, caches)), ("forward_many", mixed(b, &m, &p, caches))] {
@@ -258,6 +270,47 @@ fn decode_many_matches_each_sequence_alone_on_the_gpu() {
     for fixture in ["diffllama-gqa", "llama-gqa", "diffllama-v2-gqa"] {
         let path = convert(fixture, Preset::F32, false);
         check(&mut gpu, &path, &format!("{fixture} GPU"));
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
+/// Slots of one plain cache with the same attention settings: the GPU attends to all of
+/// them in one pass (attention_rows.rs), so that a decode step of three sequences records
+/// one dispatch more than one of two (the copy of the third's last row for the logits),
+/// where sequence by sequence each layer added seven (copies in and out, RoPE-and-write,
+/// attend, combine).
+#[test]
+fn gpu_decode_of_several_slots_attends_in_one_pass() {
+    let mut gpu = match GpuBackend::new(&GpuOptions { f16: Some(false), ..Default::default() }) {
+        Ok(g) => g,
+        Err(e) => {
+            return no_gpu("gpu_decode_of_several_slots_attends_in_one_pass", &format!("no usable GPU adapter ({e})"));
+        }
+    };
+    let b = &mut gpu;
+    for fixture in ["diffllama-gqa", "llama-gqa"] {
+        let path = convert(fixture, Preset::F32, false);
+        let m = Model::load(b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
+        let mut step_dispatches = Vec::new();
+        for n in [2usize, 3] {
+            let mut sessions = m.new_sessions(b, n, 128, 64, CacheType::F16, CacheType::F16).unwrap();
+            for (i, s) in sessions.iter_mut().enumerate() {
+                m.forward(b, s, &[1, 2 + i as u32, 3], Logits::Last).unwrap();
+            }
+            let mut batch = m.new_decode_batch(b, n);
+            let mut refs: Vec<&mut Session<GpuBackend>> = sessions.iter_mut().collect();
+            let toks: Vec<u32> = (0..n as u32).map(|i| 5 + i).collect();
+            // The first step sizes scratch buffers; the second is what every step records.
+            m.decode_many(b, &mut batch, &mut refs, &toks).unwrap();
+            let before = b.dispatches();
+            m.decode_many(b, &mut batch, &mut refs, &toks).unwrap();
+            step_dispatches.push(b.dispatches() - before);
+        }
+        assert_eq!(
+            step_dispatches[1],
+            step_dispatches[0] + 1,
+            "{fixture}: dispatches of a decode step of 2 and of 3 slots: {step_dispatches:?}"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 }

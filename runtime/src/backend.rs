@@ -69,7 +69,7 @@ pub enum AttentionKind {
 }
 
 /// Everything attention needs besides its inputs.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AttentionSpec {
     pub kind: AttentionKind,
     pub n_heads: usize,

@@ -218,7 +218,21 @@ impl CacheElem {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum AttnShape {
     Decode,
+    /// The decode shape over a batch of several sequences' decoded tokens, one row each (a
+    /// server's slots in one pass): each row's position and page table from the rows' table
+    /// (pages.wgsl's `row_meta`). Plain (f16, f32) caches only.
+    DecodeRows,
     Prefill,
+}
+
+impl AttnShape {
+    fn name(self) -> &'static str {
+        match self {
+            AttnShape::Decode => "decode",
+            AttnShape::DecodeRows => "decode_rows",
+            AttnShape::Prefill => "prefill",
+        }
+    }
 }
 
 /// A kernel.
@@ -250,6 +264,9 @@ pub enum Op {
     RopeKv {
         k: CacheElem,
         v: CacheElem,
+        /// Rows of several sequences, each with its position and page table from the rows'
+        /// table (as [`AttnShape::DecodeRows`]).
+        rows: bool,
     },
     /// Hadamard rotation of row blocks (the rotated cache types' K, V, Q and output).
     Rotate,
@@ -338,7 +355,9 @@ impl Op {
         }
         for k in [CacheElem::F32, CacheElem::F16] {
             for vv in [CacheElem::F32, CacheElem::F16] {
-                v.push(Op::RopeKv { k, v: vv });
+                for rows in [false, true] {
+                    v.push(Op::RopeKv { k, v: vv, rows });
+                }
             }
         }
         v.push(Op::AttnCombine { diff: false, paired: true });
@@ -349,6 +368,11 @@ impl Op {
                     for vv in CacheElem::ALL {
                         v.push(Op::Attention { diff, shape, k, v: vv });
                     }
+                }
+            }
+            for k in [CacheElem::F32, CacheElem::F16] {
+                for vv in [CacheElem::F32, CacheElem::F16] {
+                    v.push(Op::Attention { diff, shape: AttnShape::DecodeRows, k, v: vv });
                 }
             }
         }
@@ -401,17 +425,13 @@ impl Variant {
             Op::PairCombine => "pair_combine".into(),
             Op::KvWrite(e) => format!("kv_write-{}", c(e)),
             Op::KvWindow => "kv_window".into(),
-            Op::RopeKv { k, v } => format!("rope_kv-k{}-v{}", c(k), c(v)),
+            Op::RopeKv { k, v, rows } => format!("rope_kv-k{}-v{}{}", c(k), c(v), if rows { "-rows" } else { "" }),
             Op::Rotate => "rotate".into(),
             Op::LogitAbsmax(e) => format!("logit_absmax-k{}", c(e)),
             Op::LogitReduce => "logit_reduce".into(),
-            Op::Attention { diff, shape, k, v } => format!(
-                "attention-{}-{}-k{}-v{}",
-                if diff { "diff" } else { "std" },
-                if shape == AttnShape::Decode { "decode" } else { "prefill" },
-                c(k),
-                c(v)
-            ),
+            Op::Attention { diff, shape, k, v } => {
+                format!("attention-{}-{}-k{}-v{}", if diff { "diff" } else { "std" }, shape.name(), c(k), c(v))
+            }
             Op::AttnCombine { diff, paired } => {
                 format!(
                     "attn_combine-{}",
@@ -439,7 +459,7 @@ pub const ATT_MAX_HEAD_DIM: u32 = 128;
 /// tiles over many workgroups.
 pub const fn attn_tile(shape: AttnShape) -> (u32, u32) {
     match shape {
-        AttnShape::Decode => (1, ATT_WG),
+        AttnShape::Decode | AttnShape::DecodeRows => (1, ATT_WG),
         AttnShape::Prefill => (8, 32),
     }
 }
@@ -572,14 +592,14 @@ pub fn source(v: &Variant) -> String {
                 }
             }
         },
-        Op::RopeKv { k, v: ve } => {
+        Op::RopeKv { k, v: ve, rows } => {
             assert!(
                 [k, ve].iter().all(|e| e.kind() == CacheKind::Plain),
                 "rope_kv writes plain caches, not {k:?}/{ve:?}"
             );
             let _ = writeln!(
                 s,
-                "const K_HALF: bool = {};\nconst V_HALF: bool = {};",
+                "const K_HALF: bool = {};\nconst V_HALF: bool = {};\nconst ROWS_META: bool = {rows};",
                 k == CacheElem::F16,
                 ve == CacheElem::F16
             );
@@ -604,11 +624,16 @@ pub fn source(v: &Variant) -> String {
             s.push_str(&workgroup_reduce(LA_WG));
             s.push_str(include_str!("wgsl/logit_reduce.wgsl"));
         }
-        Op::Attention { diff, shape: AttnShape::Decode, k, v: ve } => {
+        Op::Attention { diff, shape: shape @ (AttnShape::Decode | AttnShape::DecodeRows), k, v: ve } => {
             let ns = if diff { 2 } else { 1 };
+            let rows = shape == AttnShape::DecodeRows;
+            assert!(
+                !rows || [k, ve].iter().all(|e| e.kind() == CacheKind::Plain),
+                "the batched decode step reads plain caches, not {k:?}/{ve:?}"
+            );
             let _ = writeln!(
                 s,
-                "const ATT_NS: u32 = {ns}u;\nconst ATT_WG: u32 = {ATT_WG}u;\nconst ATT_MAX_HD: u32 = {ATT_MAX_HEAD_DIM}u;\nconst ATT_DPT: u32 = {}u;",
+                "const ATT_NS: u32 = {ns}u;\nconst ATT_WG: u32 = {ATT_WG}u;\nconst ATT_MAX_HD: u32 = {ATT_MAX_HEAD_DIM}u;\nconst ATT_DPT: u32 = {}u;\nconst ROWS_META: bool = {rows};",
                 (ATT_MAX_HEAD_DIM * ns).div_ceil(ATT_WG)
             );
             s.push_str(&page_table(6));

@@ -43,10 +43,11 @@ fn every_variant_validates() {
     // hardware and software, with and without subgroups — 3 of them also with a folded
     // RMSNorm), the 2 × 12 matvec shapes for
     // Q4_0's store (of which 4 are default shapes), 10 plain ops (logit_reduce, kv_window,
-    // rotate and pair_combine included), 4 RoPE-and-write passes (f16 and f32 K and V
-    // caches), 11 cache writes, 11 logit-absmax readers,
-    // 4 × 121 attend steps and 3 combine steps, plus the f16 forms of the 11 matmuls.
-    assert_eq!(all.len(), 11 * (2 + 4 * 4 + 3 * 4) + (24 - 4) + 10 + 4 + 11 + 11 + 4 * 121 + 3 + 11);
+    // rotate and pair_combine included), 8 RoPE-and-write passes (f16 and f32 K and V
+    // caches, for one sequence and for rows of several), 11 cache writes, 11 logit-absmax
+    // readers, 4 × 121 attend steps, 2 × 4 batched decode steps (plain caches) and 3
+    // combine steps, plus the f16 forms of the 11 matmuls.
+    assert_eq!(all.len(), 11 * (2 + 4 * 4 + 3 * 4) + (24 - 4) + 10 + 8 + 11 + 11 + 4 * 121 + 2 * 4 + 3 + 11);
 }
 
 #[test]

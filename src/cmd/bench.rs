@@ -34,9 +34,9 @@ pub struct Args {
     /// Decode after this many prompt tokens already in the cache (decode at depth)
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub depth: usize,
-    /// Decode this many sequences at once (each with its own cache, their matrix products
-    /// batched, as a server's running streams are); the decode rows report the aggregate
-    /// tokens/s of all of them
+    /// Decode this many sequences at once, as a server's running streams are: slots of one
+    /// K/V cache, their matrix products batched (and, on the GPU with f16/f32 caches, their
+    /// attention in one pass); the decode rows report the aggregate tokens/s of all of them
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
     pub parallel: usize,
     /// Also measure this machine's memory read bandwidth (the -t threads streaming 1 GiB, best
@@ -305,10 +305,9 @@ impl KernelTally {
 fn decode_parallel<B: Backend>(engine: &mut Engine<B>, args: &Args, tokens: &[u32], n: usize) -> Result<Vec<f64>> {
     let spec = engine.session.cache_spec.clone();
     let (m, b) = (&engine.model, &mut engine.backend);
-    let mut sessions = Vec::with_capacity(args.parallel);
-    for _ in 0..args.parallel {
-        sessions.push(m.new_session(b, engine.session.n_ctx, engine.session.max_batch, spec.k_type, spec.v_type)?);
-    }
+    // Slots of one cache, as `duet serve` makes them.
+    let mut sessions =
+        m.new_sessions(b, args.parallel, engine.session.n_ctx, engine.session.max_batch, spec.k_type, spec.v_type)?;
     let mut batch = m.new_decode_batch(b, args.parallel);
     let mut rates = Vec::with_capacity(args.reps);
     for rep in 0..=args.reps {

@@ -45,7 +45,12 @@ pub fn new_kv_cache(b: &mut GpuBackend, spec: &KvCacheSpec) -> Result<GpuKvCache
         ops.push(Op::Rotate);
     }
     if elems.iter().all(|e| e.kind() == CacheKind::Plain) {
-        ops.push(Op::RopeKv { k: cache.k_elem, v: cache.v_elem });
+        for rows in [false, true] {
+            ops.push(Op::RopeKv { k: cache.k_elem, v: cache.v_elem, rows });
+        }
+        for diff in [false, true] {
+            ops.push(Op::Attention { diff, shape: AttnShape::DecodeRows, k: cache.k_elem, v: cache.v_elem });
+        }
     }
     ops.push(Op::AttnCombine { diff: false, paired: true });
     for diff in [false, true] {
@@ -59,7 +64,7 @@ pub fn new_kv_cache(b: &mut GpuBackend, spec: &KvCacheSpec) -> Result<GpuKvCache
 }
 
 /// A buffer holding `w`, uploaded once per distinct content.
-fn constant_buf(b: &mut GpuBackend, w: &[f32], label: &str) -> Arc<Buf> {
+pub(super) fn constant_buf(b: &mut GpuBackend, w: &[f32], label: &str) -> Arc<Buf> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for v in w {
@@ -90,7 +95,7 @@ fn logit_scratch(b: &mut GpuBackend, slots: usize) -> (Arc<Buf>, Arc<Buf>) {
 
 /// Scratch buffer `slot` of at least `bytes`: the rotated copies (0: Q, 1: K, 2: V, 3:
 /// attention output) and the attend step's partials (4).
-fn scratch(b: &mut GpuBackend, slot: usize, bytes: u64) -> Arc<Buf> {
+pub(super) fn scratch(b: &mut GpuBackend, slot: usize, bytes: u64) -> Arc<Buf> {
     if b.attn_scratch.len() <= slot {
         b.attn_scratch.resize(slot + 1, None);
     }
@@ -134,7 +139,7 @@ fn rotate(
 /// before the next submission; the work recorded before it that read this row belongs to
 /// earlier forward passes, which were submitted when their results were read). Returns the
 /// row's first entry.
-fn sync_page_table(b: &mut GpuBackend, cache: &mut GpuKvCache, seq: &SeqPages) -> u32 {
+pub(super) fn sync_page_table(b: &mut GpuBackend, cache: &mut GpuKvCache, seq: &SeqPages) -> u32 {
     let base = seq.slot * cache.pages_per_seq;
     assert!(seq.pages.len() <= cache.pages_per_seq && seq.slot < cache.n_seqs, "page table out of range");
     let have = &mut cache.uploaded[seq.slot];
@@ -275,7 +280,7 @@ fn logit_absmax(
 
 /// Checks a batch of `rows` new rows at `pos0` against the cache and the sequence's pages,
 /// and makes its page-table row current: the row's first entry.
-fn prepare_rows(
+pub(super) fn prepare_rows(
     b: &mut GpuBackend,
     cache: &mut GpuKvCache,
     seq: &SeqPages,
@@ -328,7 +333,7 @@ pub fn attention(
     let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
     write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot), pos0);
     write_rows(b, &vb, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
-    attend(b, &qb, rows, cache, (&seq, pt_base), layer, pos0, spec, None, out);
+    attend(b, &qb, &Place::of(rows, pos0, pt_base, seq.slot), cache, layer, spec, None, out);
 }
 
 /// RoPE on `q` and `k`, then attention; with `pairs` (DIFF V2's gates), the query-head
@@ -387,7 +392,7 @@ pub fn rope_attention(
             pt_base,
         };
         let (kc, vc, pt) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]), Arc::clone(&cache.page_tables));
-        let op = Op::RopeKv { k: cache.k_elem, v: cache.v_elem };
+        let op = Op::RopeKv { k: cache.k_elem, v: cache.v_elem, rows: false };
         b.run(op, &params, &[&table, &q.buf, &k.buf, &v.buf, &kc, &vc, &pt], g);
         Arc::clone(&q.buf)
     } else {
@@ -406,26 +411,46 @@ pub fn rope_attention(
         write_rows(b, &v.buf, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
         qb
     };
-    attend(b, &qb, rows, cache, (&seq, pt_base), layer, pos0, spec, gate, att_out);
+    attend(b, &qb, &Place::of(rows, pos0, pt_base, seq.slot), cache, layer, spec, gate, att_out);
+}
+
+/// Where the query rows of an attend step sit: one sequence's rows at `pos0..` (page table
+/// at `pt_base`, window of `slot`), or ([`AttnShape::DecodeRows`]) one decoded token of
+/// each of several sequences, described by the rows' table at `pt_base`.
+pub(super) struct Place {
+    pub shape: AttnShape,
+    pub rows: usize,
+    /// Keys of the longest row: what the chunks are counted over.
+    pub keys: usize,
+    pub pos0: usize,
+    pub pt_base: u32,
+    pub slot: u32,
+}
+
+impl Place {
+    /// `rows` rows of one sequence at `pos0`: the decode shape for one, else prefill.
+    fn of(rows: usize, pos0: usize, pt_base: u32, slot: usize) -> Place {
+        let shape = if rows == 1 { AttnShape::Decode } else { AttnShape::Prefill };
+        Place { shape, rows, keys: pos0 + rows, pos0, pt_base, slot: slot as u32 }
+    }
 }
 
 /// The attend and combine steps over the cache of `layer` (its new rows already stored),
-/// for the `rows` queries in `qb` (rotated where the K cache is); a rotated V's output
+/// for the queries in `qb` (rotated where the K cache is) at `at`; a rotated V's output
 /// rotated back into `out`. With `gate` (DIFF V2, V not rotated) the combine step merges
 /// each pair of query heads: `out` holds the combined heads.
 #[allow(clippy::too_many_arguments)]
-fn attend(
+pub(super) fn attend(
     b: &mut GpuBackend,
     qb: &Arc<Buf>,
-    rows: usize,
+    at: &Place,
     cache: &GpuKvCache,
-    (seq, pt_base): (&SeqPages, u32),
     layer: usize,
-    pos0: usize,
     spec: &AttentionSpec,
     gate: Option<&GpuTensor>,
     out: &mut GpuTensor,
 ) {
+    let (rows, pos0, pt_base, shape) = (at.rows, at.pos0, at.pt_base, at.shape);
     let (hd, rot) = (spec.head_dim, hadamard::block_size(spec.head_dim));
     let q_dim = spec.n_heads * hd;
     let kv_dim = cache.kv_dim;
@@ -437,15 +462,18 @@ fn attend(
             (true, *lambda, 1.0 - lambda_init, sub_norm.as_deref())
         }
     };
-    let shape = if rows == 1 { AttnShape::Decode } else { AttnShape::Prefill };
     // Softmaxes per unit; a DIFF unit is a head pair attending over 2·head_dim-wide V.
     let ns = if diff { 2 } else { 1 };
     let (units, vd) = (spec.n_heads / ns, hd * ns);
     let (br, bc) = attn_tile(shape);
-    let (chunk_keys, n_chunks) = key_chunks(shape, pos0 + rows, units, bc as usize, b.ctx.decode_workgroups);
+    let (chunk_keys, n_chunks) = key_chunks(shape, at.keys, rows * units, bc as usize, b.ctx.decode_workgroups);
     let g = grid(rows.div_ceil(br as usize) * units * n_chunks, 1);
     let groups = cache_groups(cache);
-    let slot = seq.slot as u32;
+    let slot = at.slot;
+    assert!(
+        shape != AttnShape::DecodeRows || spec.logit_quant.is_none(),
+        "the batched decode step quantizes no logits"
+    );
     let (la, la_stride) = logit_absmax(b, qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot), rows, pos0, spec);
     let sub_buf = match sub {
         Some(w) => constant_buf(b, w, "sub-norm weight"),
@@ -507,15 +535,17 @@ fn attend(
 pub const DECODE_WORKGROUPS: usize = 4096;
 
 /// (keys per chunk, chunks) of the attend step over keys `0..keys`. Prefill: one chunk, its
-/// row tiles already fill the GPU. Decode: one query row, so the keys are split (in whole
-/// tiles of `tile` keys) until units × chunks reaches `workgroups` ([`DECODE_WORKGROUPS`] by
-/// default): flash-decoding.
+/// row tiles already fill the GPU. Decode: few query rows, so the keys are split (in whole
+/// tiles of `tile` keys) until `units` (of all rows) × chunks reaches `workgroups`
+/// ([`DECODE_WORKGROUPS`] by default): flash-decoding.
 /// Unsplit, one workgroup per unit walked all 4,096 keys of a deep cache alone.
 pub fn key_chunks(shape: AttnShape, keys: usize, units: usize, tile: usize, workgroups: usize) -> (usize, usize) {
     let tiles = keys.div_ceil(tile).max(1);
     let chunks = match shape {
         AttnShape::Prefill => 1,
-        AttnShape::Decode => (workgroups / units.max(1)).clamp(1, tiles).min(ATT_MAX_CHUNKS as usize),
+        AttnShape::Decode | AttnShape::DecodeRows => {
+            (workgroups / units.max(1)).clamp(1, tiles).min(ATT_MAX_CHUNKS as usize)
+        }
     };
     let chunk_keys = tiles.div_ceil(chunks) * tile;
     (chunk_keys, keys.div_ceil(chunk_keys).max(1))

@@ -189,7 +189,9 @@ pub fn upload_rows(
 
 /// Per layer, K and V for `n_pages` pages of 32 positions (and a per-channel cache's
 /// windows), and the sequences' page tables: row `slot` of `page_tables` (`pages_per_seq`
-/// entries) is the pages of the sequence in that slot, uploaded when they change.
+/// entries) is the pages of the sequence in that slot, uploaded when they change. Past the
+/// rows, at word `rows_table`, the rows' table of a batch of several sequences' decoded
+/// tokens ((position, page-table row) per token, one token per slot at most).
 pub struct GpuKvCache {
     pub k: Vec<Arc<Buf>>,
     pub v: Vec<Arc<Buf>>,
@@ -204,6 +206,9 @@ pub struct GpuKvCache {
     pub pages_per_seq: usize,
     /// What `page_tables` holds (or will hold once the writes queued so far land), per slot.
     pub uploaded: Vec<Vec<u32>>,
+    /// The first word of the rows' table, and what it holds (as `uploaded`).
+    pub rows_table: usize,
+    pub rows_uploaded: Vec<u32>,
 }
 
 pub fn cache_elem(t: CacheType) -> CacheElem {
@@ -264,7 +269,7 @@ impl GpuKvCache {
         }
         let pages_per_seq = crate::kv_pages::pages_for(spec.n_ctx);
         let page_tables = ctx.checked("the K/V cache's page tables", || {
-            alloc.storage(ctx, (4 * n_seqs * pages_per_seq).max(4) as u64, "K/V page tables")
+            alloc.storage(ctx, (4 * n_seqs * (pages_per_seq + 2)) as u64, "K/V page tables")
         })?;
         Ok(GpuKvCache {
             k,
@@ -279,6 +284,8 @@ impl GpuKvCache {
             page_tables,
             pages_per_seq,
             uploaded: vec![Vec::new(); n_seqs],
+            rows_table: n_seqs * pages_per_seq,
+            rows_uploaded: Vec::new(),
         })
     }
 }

@@ -7,12 +7,14 @@
 //!   binding), the K/V cache.
 //! * [`record`]: all ops of a token go into one compute pass, submitted once at
 //!   [`Backend::read_rows`], which reads the logits back.
-//! * [`matmul`], [`attention`], [`ops`]: the ops.
+//! * [`matmul`], [`attention`], [`attention_rows`] (several sequences' decoded tokens in
+//!   one pass), [`ops`]: the ops.
 //!
 //! Weights for the matrix kernels stay in their GGUF blocks; vectors (norms, biases) and
 //! DEX matrices are converted to f32 at load.
 
 mod attention;
+mod attention_rows;
 pub mod buffers;
 pub mod device;
 mod matmul;
@@ -34,7 +36,7 @@ pub use record::SUBMIT_EVERY;
 pub use tune::GpuTune;
 pub use wgpu::{AdapterInfo, Backend as WgpuBackend, DeviceType};
 
-use crate::backend::{AttentionSpec, Backend, Normed, RopeSpec, WeightView};
+use crate::backend::{AttentionSpec, Backend, Normed, RopeSpec, SeqSpan, WeightView};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
 use crate::kv_pages::SeqPages;
@@ -447,6 +449,20 @@ impl Backend for GpuBackend {
         (gate, att, out): (&GpuTensor, &mut GpuTensor, &mut GpuTensor),
     ) {
         attention::rope_attention(self, q, k, v, cache, seq, layer, pos0, rope, spec, Some((gate, out)), att)
+    }
+
+    fn attention_spans(
+        &mut self,
+        q: &mut GpuTensor,
+        k: &mut GpuTensor,
+        v: &GpuTensor,
+        cache: &mut GpuKvCache,
+        layer: usize,
+        spans: &[SeqSpan<'_>],
+        rope: &RopeSpec,
+        out: &mut GpuTensor,
+    ) -> bool {
+        attention_rows::attention_spans(self, q, k, v, cache, layer, spans, rope, out)
     }
 
     fn dex(&mut self, x: &mut GpuTensor, w_d: &GpuWeight, lambda: f32, heads: &[usize], head_dim: usize) {

@@ -17,9 +17,15 @@
 //
 // Logit quantization (lq_qmax > 0) as attention.wgsl's: each score absmax-quantized before
 // its softmax, absmax LA[r · lq_stride + h].
+//
+// With ROWS_META the rows are several sequences' decoded tokens (a server's slots, one pass
+// for all): row r's position and page table come from row_meta(r) (pages.wgsl), its chunks
+// are counted over the longest row's keys, and a chunk past a row's last key writes an
+// empty partial (m = NEG_BIG, l = 0), which the combine step weighs 0. pos0 and pt_base
+// then describe no row (pt_base is the rows' table).
 
 struct Params {
-    rows: u32,       // 1
+    rows: u32,       // 1, or the batch's rows with ROWS_META
     n_heads: u32,
     n_kv_heads: u32,
     head_dim: u32,
@@ -83,20 +89,39 @@ fn v_offset(u: u32, d: u32, gqa: u32) -> u32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let item = wg_index(wid, P.grid_x);
     // Uniform exit: the whole workgroup or none (the steps hold barriers).
-    if (item >= P.units * P.n_chunks) {
+    if (item >= P.rows * P.units * P.n_chunks) {
         return;
     }
     let u = item % P.units;
-    let chunk = item / P.units;
+    let chunk = (item / P.units) % P.n_chunks;
+    let row = item / (P.units * P.n_chunks);
     let hd = P.head_dim;
     let gqa = P.n_heads / P.n_kv_heads;
     let vd = hd * ATT_NS;
+    var pos = P.pos0;
+    var pt_base = P.pt_base;
+    if (ROWS_META) {
+        let m = row_meta(row);
+        pos = m.x;
+        pt_base = m.y;
+    }
     let first_key = chunk * P.chunk_keys;
-    let end_key = min(first_key + P.chunk_keys, P.pos0 + 1u);
+    let end_key = min(first_key + P.chunk_keys, pos + 1u);
+    let stride = ATT_NS * (2u + vd);
+    let b = ((row * P.units + u) * P.n_chunks + chunk) * stride;
+    if (first_key >= end_key) {
+        // A chunk past this row's keys (ROWS_META): an empty partial.
+        for (var s = 0u; s < ATT_NS; s++) {
+            for (var i = lid; i < 2u + vd; i += ATT_WG) {
+                O[b + s * (2u + vd) + i] = select(0.0, NEG_BIG, i == 0u);
+            }
+        }
+        return;
+    }
 
     for (var i = lid; i < ATT_NS * hd; i += ATT_WG) {
         let qh = u + (i / hd) * (P.n_heads / 2u);
-        qs[i] = Q[qh * hd + i % hd];
+        qs[i] = Q[row * P.q_dim + qh * hd + i % hd];
     }
     workgroupBarrier();
 
@@ -115,7 +140,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let valid = key < end_key;
         var crow = 0u;
         if (valid) {
-            crow = cache_row(key);
+            crow = cache_row_at(pt_base, key);
         }
         crows[lid] = crow;
         // 1-2. Scores, then each softmax's online update.
@@ -125,7 +150,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (valid) {
                 sc = k_dot(key, crow, (qh / gqa) * hd, s * hd) * P.scale;
                 if (P.lq_qmax > 0.0) {
-                    sc = quantize_logit(sc, LA[qh]);
+                    sc = quantize_logit(sc, LA[row * P.lq_stride + qh]);
                 }
             }
             let m_new = max(m[s], workgroup_max(lid, sc));
@@ -170,8 +195,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 
     // The partials: m and l (thread 0), then P·V.
-    let stride = ATT_NS * (2u + vd);
-    let b = (u * P.n_chunks + chunk) * stride;
     for (var s = 0u; s < ATT_NS; s++) {
         if (lid == 0u) {
             O[b + s * (2u + vd)] = m[s];

@@ -3,8 +3,9 @@
 // One invocation per pair of values: a query pair is rotated in place; a key pair is
 // rotated, written back to K (as the separate RoPE leaves it) and stored; a value pair is
 // stored. Rows r < rows are positions pos0 + r of the sequence whose page table starts at
-// pt_base. The rotation is rope.wgsl's: pairs (2i, 2i+1), i < n_pairs, of every head, with
-// the host's (cos, sin) table.
+// pt_base — or, with ROWS_META (a batch of several sequences' decoded tokens), row r's
+// position and page table come from row_meta(r) (pages.wgsl). The rotation is rope.wgsl's:
+// pairs (2i, 2i+1), i < n_pairs, of every head, with the host's (cos, sin) table.
 
 struct Params {
     rows: u32,
@@ -63,7 +64,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let r = idx / per_row;
     let j = idx % per_row;
-    let pos = P.pos0 + r;
+    var pos = P.pos0 + r;
+    var pt_base = P.pt_base;
+    if (ROWS_META) {
+        let m = row_meta(r);
+        pos = m.x;
+        pt_base = m.y;
+    }
     let head_pairs = P.head_dim / 2u;
     if (j < half_q) {
         let b = r * P.q_dim + 2u * j;
@@ -72,7 +79,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         Q[b + 1u] = v.y;
         return;
     }
-    let row = cache_row(pos);
+    let row = cache_row_at(pt_base, pos);
     if (j < half_q + half_kv) {
         let p = j - half_q;
         let b = r * P.kv_dim + 2u * p;
