@@ -15,6 +15,7 @@
 #      other matvec shapes, submission sizes) -> gpu-speed.md;
 #   6. decode at depth 4,096, f16 and 4-bit caches, both programs, and the attention's
 #      spread (--gpu-tune attn=N);
+#   6b. several streams decoding together (--parallel 4 and 8);
 #   7. other duet builds carried by `DUET_BASE=… prepare`, on the same card;
 #   8. the same-shape DIFF V2;
 #   9. the other GPU test binaries.
@@ -225,6 +226,25 @@ PY
       time_for 20 "attn=$aw at depth" || break
       read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n $tg -d $depth -r 2 --gpu-tune "attn=$aw" 2>>"$log" | bench_duet_parse)
       echo "duet f16 cache at depth $depth with --gpu-tune attn=$aw: $nt t/s ($(bench_ratio "$nt" "$du_f16") the default's)." >>"$res"
+    done
+  fi
+
+  # 6b. Several streams decoding together (what `duet serve --parallel` does): the
+  # aggregate tokens/s of 4 and 8 sequences beside one (llama-bench has no such mode).
+  if time_for 40 "several streams"; then
+    {
+      echo
+      echo "Decode of several streams together, $(basename "${models[0]}" .gguf) (\`duet bench --parallel N -p 0 -n 64 -r 2\`, aggregate t/s):"
+      echo
+      echo "| streams | aggregate tg64 | / one stream |"
+      echo "|---|---|---|"
+    } >>"$res"
+    local np one
+    for np in 1 4 8; do
+      time_for 15 "--parallel $np" || break
+      read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n 64 -r 2 --parallel $np 2>>"$log" | tee -a "$log" | bench_duet_parse)
+      [ "$np" = 1 ] && one=$nt
+      echo "| $np | $nt | $(bench_ratio "$nt" "${one:-}") |" >>"$res"
     done
   fi
 
