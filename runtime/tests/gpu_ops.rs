@@ -126,14 +126,15 @@ fn cpu_matmul_bound(t: GgmlType) -> f64 {
 
 /// The matvec settings every product test runs, whichever adapter runs it: the adapter's
 /// default; the workgroup-memory reduction (no subgroups) in the hardware default shape;
-/// one row per workgroup of 256 threads, more threads than a short row has slots; and
-/// trusted modules (no naga bounds checks) in the software default shape.
+/// one row per workgroup of 256 threads, more threads than a short row has slots, with
+/// products of up to 16 tokens by token; and trusted modules (no naga bounds checks) in the
+/// software default shape, with every product of several tokens through the matmul.
 fn matvec_tunings() -> Vec<GpuTune> {
     vec![
         GpuTune::default(),
         GpuTune { matvec: Some((128, 2)), subgroups: Some(false), ..Default::default() },
-        GpuTune { matvec: Some((256, 1)), ..Default::default() },
-        GpuTune { matvec: Some((32, 4)), trusted: Some(true), ..Default::default() },
+        GpuTune { matvec: Some((256, 1)), matvec_tokens: Some(16), ..Default::default() },
+        GpuTune { matvec: Some((32, 4)), trusted: Some(true), matvec_tokens: Some(1), ..Default::default() },
     ]
 }
 
@@ -169,7 +170,9 @@ fn matmul_checks_on(gpu: GpuBackend, f16: bool, exact_bound: f64) {
         // What both backends multiply by: the weights as the CPU backend dequantizes them.
         let mut deq = vec![0f32; rows * cols];
         duet_quant::dequantize(ty, file.tensor_bytes("w").unwrap(), &mut deq).unwrap();
-        for t in [1usize, 3, 70] {
+        // 3 tokens: the matvec by token (but float rows not of whole vec4s, and the
+        // mvtok=1 tuning); 9: past the default's 8, the matmul (but mvtok=16); 70: the matmul.
+        for t in [1usize, 3, 9, 70] {
             let xv = rng.normals(t * cols);
             let (xc, xg) = p.tensor(t, cols, &xv);
             let (mut oc, mut og) = p.tensor(t, rows, &[]);
@@ -262,8 +265,8 @@ fn nmse64(got: &[f32], want: &[f64]) -> f64 {
 /// The fused products against exact arithmetic, in every matvec tuning and unfused: q, k, v
 /// (and a fourth, DIFF V2's λ) loaded as one group and multiplied by one split matvec;
 /// gate and up by one SwiGLU matvec; the residual add in the epilogue; each with the RMSNorm
-/// before it folded in. A token (the fused
-/// kernels) and three (the matmul path) for the common types and one generic slot reader.
+/// before it folded in. A token and three (the fused matvecs by token, but the matmul path
+/// under mvtok=1 and unfused) for the common types and one generic slot reader.
 #[test]
 fn fused_products_match_exact() {
     let test = "fused_products_match_exact";

@@ -67,7 +67,8 @@ macro_rules! params {
 }
 
 params! {
-    /// matvec.wgsl: one token times up to four matrices of one weight buffer.
+    /// matvec.wgsl: tokens (workgroup z, each on its own) times up to four matrices of one
+    /// weight buffer.
     MatVecParams {
         /// Elements per row (K), the same for every matrix.
         cols: u32,
@@ -75,10 +76,13 @@ params! {
         row_bytes: u32,
         /// Workgroups along x of the dispatch.
         grid_x: u32,
-        /// First vec4 of the token in X.
-        x_off4: u32,
+        /// Vec4s from one token's activations in X to the next's.
+        x_stride4: u32,
         /// Added to every output index (a weight chunk's first row).
         out_off: u32,
+        /// Outputs from one token's row to the next's (store and add epilogues; split
+        /// outputs and SwiGLU's are whole matrices, a row of `rows` each).
+        out_stride: u32,
         /// Matrix 0: rows and first byte in W.
         rows0: u32,
         woff0: u32,

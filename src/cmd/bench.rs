@@ -148,7 +148,7 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         let mut profile = KernelTally::default();
         let mut counts = (0, 0);
         let mut rates = if parallel {
-            decode_parallel(engine, args, &tokens, n)?
+            decode_parallel(engine, args, &tokens, n, &mut profile, &mut counts)?
         } else {
             timed_runs(engine, args, &tokens, n, prompt, &mut profile, &mut counts)?
         };
@@ -157,7 +157,13 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
             let passes = (args.reps * if prompt { 1 } else { n }) as f64;
             let layers = engine.model.config.n_layers;
             let (d, b) = (counts.0 as f64 / passes, counts.1 as f64 / passes);
-            let per = if prompt { "prompt batch" } else { "decoded token" };
+            let per = if prompt {
+                "prompt batch".to_string()
+            } else if parallel {
+                format!("step of {} streams", args.parallel)
+            } else {
+                "decoded token".to_string()
+            };
             dispatch_lines.push(format!(
                 "GPU work of {label}: {d:.0} dispatches per {per} over {layers} layers, {b:.0} of them after a barrier"
             ));
@@ -176,8 +182,9 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
             human_bytes(kv.bytes() as u64),
             kv.bytes() as f64 / f16_kv.bytes() as f64
         );
-        if args.gpu_profile && !parallel {
-            profiles.push((label, profile, args.reps * n));
+        if args.gpu_profile {
+            // Per decoded token: with --parallel, each step decodes one for every stream.
+            profiles.push((label, profile, args.reps * n * if parallel { args.parallel } else { 1 }));
         }
     }
     // After the table, so that it stays one table.
@@ -301,8 +308,16 @@ impl KernelTally {
 }
 
 /// Aggregate decode tokens/s of `args.parallel` sequences decoding `n` tokens each together
-/// (Model::decode_many), after `args.depth` prompt tokens each: one warm-up, then -r runs.
-fn decode_parallel<B: Backend>(engine: &mut Engine<B>, args: &Args, tokens: &[u32], n: usize) -> Result<Vec<f64>> {
+/// (Model::decode_many), after `args.depth` prompt tokens each: one warm-up, then -r runs;
+/// kernel times and dispatch counts as [`timed_runs`]'.
+fn decode_parallel<B: Backend>(
+    engine: &mut Engine<B>,
+    args: &Args,
+    tokens: &[u32],
+    n: usize,
+    profile: &mut KernelTally,
+    counts: &mut (usize, usize),
+) -> Result<Vec<f64>> {
     let spec = engine.session.cache_spec.clone();
     let (m, b) = (&engine.model, &mut engine.backend);
     // Slots of one cache, as `duet serve` makes them.
@@ -317,6 +332,8 @@ fn decode_parallel<B: Backend>(engine: &mut Engine<B>, args: &Args, tokens: &[u3
                 m.forward(b, s, &tokens[..args.depth], Logits::Last)?;
             }
         }
+        b.take_kernel_times();
+        let before = b.dispatch_counts();
         let t0 = Instant::now();
         for i in 0..n {
             // Each stream its own token: sequences differ, as a server's do.
@@ -327,6 +344,11 @@ fn decode_parallel<B: Backend>(engine: &mut Engine<B>, args: &Args, tokens: &[u3
         let dt = t0.elapsed().as_secs_f64();
         if rep > 0 {
             rates.push((n * args.parallel) as f64 / dt);
+            profile.add(b.take_kernel_times().unwrap_or_default());
+            if let (Some(x), Some(y)) = (before, b.dispatch_counts()) {
+                counts.0 += y.0 - x.0;
+                counts.1 += y.1 - x.1;
+            }
         }
     }
     Ok(rates)

@@ -84,6 +84,8 @@ pub struct GpuContext {
     pub fuse: bool,
     /// Workgroups a decoded row's attention is spread over (flash-decoding's chunks).
     pub decode_workgroups: usize,
+    /// Products of up to this many tokens run the matvec once per token, not the matmul.
+    pub matvec_tokens: usize,
     /// Dispatches recorded before they are submitted.
     pub submit_every: usize,
     pub sink: Arc<Mutex<ErrorSink>>,
@@ -286,6 +288,7 @@ impl GpuContext {
             trusted: opts.tune.trusted.unwrap_or(hardware),
             fuse: opts.tune.fuse.unwrap_or(true),
             decode_workgroups: opts.tune.attn_workgroups.unwrap_or(super::attention::DECODE_WORKGROUPS),
+            matvec_tokens: opts.tune.matvec_tokens.unwrap_or(super::matmul::MATVEC_TOKENS),
             submit_every: opts.submit_every.unwrap_or(super::SUBMIT_EVERY).max(1),
             sink,
         })

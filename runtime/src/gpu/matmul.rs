@@ -1,5 +1,6 @@
-//! Weights on the GPU and the ops that read them: `out = x · Wᵀ` (the matvec kernel for one
-//! token, a tiled matrix-matrix kernel for more) and the embedding lookup. Each kernel is
+//! Weights on the GPU and the ops that read them: `out = x · Wᵀ` (the matvec kernel once per
+//! token for up to [`MATVEC_TOKENS`] tokens, a tiled matrix-matrix kernel for more) and the
+//! embedding lookup. Each kernel is
 //! dispatched once per row chunk of the weight (one chunk unless the weight is larger than
 //! one binding). Weights loaded as a group (q, k, v; gate, up) share one buffer, so that
 //! one matvec reads them all: the split and SwiGLU epilogues. The residual add rides in the
@@ -13,6 +14,20 @@ use super::buffers::{Buf, Chunk, GpuTensor, GpuWeight, WEIGHT_PAD, group_layout,
 use super::{GpuBackend, grid};
 use crate::backend::{Normed, WeightView};
 use crate::error::RuntimeError;
+
+/// Tokens up to which a product runs the matvec once per token (`--gpu-tune mvtok=N`):
+/// several sequences' decode steps. The tiled matmul's workgroups each walk a whole 64 × 64
+/// tile's dot products, so a product of a few tokens leaves most of a GPU idle: on an H200
+/// a step of 2 to 4 sequences took ~108 ms with it, against ~1.8 ms for one token through
+/// the matvec (gpu-h200-2026-11-27-a680bc0.md). llama.cpp's Vulkan backend likewise runs
+/// its matvec for up to 8 columns.
+pub const MATVEC_TOKENS: usize = 8;
+
+/// Whether a product of `tokens` rows of `cols` runs the matvec (once per token): one
+/// token, or a few whose rows start on whole vec4s (the matvec reads activations so).
+fn by_token(b: &GpuBackend, tokens: usize, cols: usize) -> bool {
+    tokens == 1 || (tokens <= b.ctx.matvec_tokens && cols.is_multiple_of(4))
+}
 
 /// The weight type the kernels read `w` as, and its row bytes; an error naming the tensor
 /// when the GPU cannot compute with it.
@@ -123,15 +138,28 @@ struct MvMat<'a> {
     out: &'a Arc<Buf>,
 }
 
-/// A matvec's token: its activations, and the RMSNorm (weight, epsilon) to fold in, if any.
+/// A matvec's tokens: their activations (`tokens` rows of `x`, `x_stride4` vec4s apart),
+/// and the RMSNorm (weight, epsilon) to fold in, if any.
 #[derive(Clone, Copy)]
 struct MvIn<'a> {
     x: &'a Arc<Buf>,
     norm: Option<(&'a Arc<Buf>, f32)>,
+    tokens: usize,
+    x_stride4: usize,
+}
+
+impl<'a> MvIn<'a> {
+    /// The rows of `x` (one, or several of whole vec4s: [`by_token`]).
+    fn of(x: &'a GpuTensor, norm: Option<(&'a Arc<Buf>, f32)>) -> MvIn<'a> {
+        MvIn { x: &x.buf, norm, tokens: x.rows, x_stride4: x.cols / 4 }
+    }
 }
 
 /// One matvec dispatch over `mats` (all in `w_buf`, of `w`'s type and row length; for
-/// SwiGLU the gate then the up matrix, for split up to four), the token in `x`.
+/// SwiGLU the gate then the up matrix, for split up to four), the tokens in `x`; a token's
+/// outputs start `out_stride` after the previous token's (store and add; split and SwiGLU
+/// outputs are whole matrices, `rows` apart).
+#[allow(clippy::too_many_arguments)]
 fn matvec(
     b: &mut GpuBackend,
     w: &GpuWeight,
@@ -139,10 +167,11 @@ fn matvec(
     epi: MvEpilogue,
     mats: &[MvMat],
     out_off: usize,
+    out_stride: usize,
     x: MvIn,
 ) {
     let shape = b.ctx.mv_shape;
-    matvec_shaped(b, shape, w, w_buf, epi, mats, out_off, x)
+    matvec_shaped(b, shape, w, w_buf, epi, mats, out_off, out_stride, x)
 }
 
 /// [`matvec`] in workgroups of `shape` (the kernel sweep's; its `subgroups` the context's).
@@ -155,8 +184,10 @@ fn matvec_shaped(
     epi: MvEpilogue,
     mats: &[MvMat],
     out_off: usize,
+    out_stride: usize,
     x: MvIn,
 ) {
+    assert!(x.tokens == 1 || 4 * x.x_stride4 == w.cols, "matvec: several tokens need rows of whole vec4s");
     let per_wg = shape.rows as usize;
     // Workgroups of each matrix (SwiGLU: the gate's alone, each reads its up row too).
     let jobs = if epi == MvEpilogue::Split { mats.len() } else { 1 };
@@ -176,8 +207,9 @@ fn matvec_shaped(
         cols: w.cols as u32,
         row_bytes: w.row_bytes as u32,
         grid_x: g.0,
-        x_off4: 0,
+        x_stride4: x.x_stride4 as u32,
         out_off: out_off as u32,
+        out_stride: out_stride as u32,
         rows0,
         woff0,
         rows1,
@@ -191,6 +223,7 @@ fn matvec_shaped(
         wg3: first[3],
         eps: x.norm.map_or(0.0, |n| n.1),
     };
+    // (Each token's workgroups read the weights; the profile counts them once.)
     let weight_bytes = mats.iter().map(|m| (m.rows * w.row_bytes) as u64).sum();
     let op = Op::MatVec { ty: w.ty, epi, shape, norm: x.norm.is_some() };
     let mut bufs: Vec<&Arc<Buf>> = vec![w_buf, x.x];
@@ -203,7 +236,7 @@ fn matvec_shaped(
     if let Some((g_buf, _)) = x.norm {
         bufs.push(g_buf);
     }
-    b.run_weighted(op, &params, &bufs, g, weight_bytes);
+    b.run_weighted(op, &params, &bufs, (g.0, g.1, x.tokens as u32), weight_bytes);
 }
 
 /// `out = x · wᵀ` for one token (`x` 1 × cols) in workgroups of `shape`: the kernel sweep
@@ -218,12 +251,12 @@ pub(super) fn matvec_store_shaped(
     assert!(shape.subgroups == b.ctx.mv_shape.subgroups, "the context decides subgroups");
     for c in &w.chunks {
         let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
-        matvec_shaped(b, shape, w, &c.buf, MvEpilogue::Store, &[mat], c.row0, MvIn { x: &x.buf, norm: None });
+        matvec_shaped(b, shape, w, &c.buf, MvEpilogue::Store, &[mat], c.row0, out.cols, MvIn::of(x, None));
     }
 }
 
-/// `out (+)= x · wᵀ` over every chunk of `w`: the matvec for one token, else the tiled
-/// matmul; `accumulate` adds into `out` (the residual add).
+/// `out (+)= x · wᵀ` over every chunk of `w`: the matvec for a few tokens ([`by_token`]),
+/// else the tiled matmul; `accumulate` adds into `out` (the residual add).
 fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor, accumulate: bool) {
     assert_eq!(x.cols, w.cols, "matmul: activation width {} != weight row length {}", x.cols, w.cols);
     assert_eq!(out.cols, w.rows, "matmul: output width {} != weight rows {}", out.cols, w.rows);
@@ -231,9 +264,9 @@ fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor
     let t = x.rows;
     let epi = if accumulate { MvEpilogue::Add } else { MvEpilogue::Store };
     for c in &w.chunks {
-        if t == 1 {
+        if by_token(b, t, x.cols) {
             let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
-            matvec(b, w, &c.buf, epi, &[mat], c.row0, MvIn { x: &x.buf, norm: None });
+            matvec(b, w, &c.buf, epi, &[mat], c.row0, out.cols, MvIn::of(x, None));
         } else {
             let g = (c.rows.div_ceil(MM_TM as usize) as u32, t.div_ceil(MM_TN as usize) as u32);
             let params = MatMulParams {
@@ -249,7 +282,7 @@ fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor
                 accumulate: u32::from(accumulate),
             };
             let bytes = (c.rows * w.row_bytes) as u64;
-            b.run_weighted(Op::MatMul(w.ty), &params, &[&c.buf, &x.buf, &out.buf], g, bytes);
+            b.run_weighted(Op::MatMul(w.ty), &params, &[&c.buf, &x.buf, &out.buf], (g.0, g.1, 1), bytes);
         }
     }
 }
@@ -279,16 +312,16 @@ fn shared_buffer<'a>(b: &GpuBackend, ws: &[&'a GpuWeight]) -> Option<&'a Arc<Buf
     (b.ctx.fuse && shared).then_some(buf)
 }
 
-/// `outs[i] = x · ws[i]ᵀ`: for a token, one split matvec per set of weights that share a
-/// group's buffer, one product for each other weight; for more tokens, one product each.
+/// `outs[i] = x · ws[i]ᵀ`: for a few tokens, one split matvec per set of weights that share
+/// a group's buffer, one product for each other weight; for more tokens, one product each.
 pub fn matmul_group(b: &mut GpuBackend, ws: &[&GpuWeight], x: &GpuTensor, outs: &mut [&mut GpuTensor]) {
-    group_products(b, ws, MvIn { x: &x.buf, norm: None }, x, outs)
+    group_products(b, ws, None, x, outs)
 }
 
-/// Whether one token's RMSNorm with `weight` can be folded into the matvecs reading it:
-/// fusion on, and rows of whole vec4s (the matvec reads the norm weight so).
+/// Whether the RMSNorm of a few tokens with `weight` can be folded into the matvecs reading
+/// them: fusion on, and rows of whole vec4s (the matvec reads the norm weight so).
 fn norm_folds(b: &GpuBackend, n: &Normed<'_, GpuTensor, GpuWeight>) -> bool {
-    b.ctx.fuse && n.x.rows == 1 && n.x.cols.is_multiple_of(4) && n.weight.chunks.len() == 1
+    b.ctx.fuse && n.x.cols.is_multiple_of(4) && by_token(b, n.x.rows, n.x.cols) && n.weight.chunks.len() == 1
 }
 
 /// [`matmul_group`] of RMSNorm(`n.x`): folded into the matvecs for a token, else the norm
@@ -305,12 +338,19 @@ pub fn norm_matmul_group(
     }
     assert_eq!(n.weight.cols, n.x.cols, "norm_matmul_group: norm weight width");
     let g = Arc::clone(n.weight.single());
-    group_products(b, ws, MvIn { x: &n.x.buf, norm: Some((&g, n.eps)) }, n.x, outs)
+    group_products(b, ws, Some((&g, n.eps)), n.x, outs)
 }
 
-/// The products of [`matmul_group`] with the token `input` (`x`'s buffer, and a norm to
-/// fold in, which only a one-token `x` has).
-fn group_products(b: &mut GpuBackend, ws: &[&GpuWeight], input: MvIn, x: &GpuTensor, outs: &mut [&mut GpuTensor]) {
+/// The products of [`matmul_group`] with the tokens `x` and a norm to fold in (which only
+/// a product by token has).
+fn group_products(
+    b: &mut GpuBackend,
+    ws: &[&GpuWeight],
+    norm: Option<(&Arc<Buf>, f32)>,
+    x: &GpuTensor,
+    outs: &mut [&mut GpuTensor],
+) {
+    let input = MvIn::of(x, norm);
     assert_eq!(ws.len(), outs.len(), "matmul_group: {} weights, {} outputs", ws.len(), outs.len());
     let mut done = vec![false; ws.len()];
     for i in 0..ws.len() {
@@ -320,12 +360,12 @@ fn group_products(b: &mut GpuBackend, ws: &[&GpuWeight], input: MvIn, x: &GpuTen
         let id = ws[i].chunks[0].buf.id;
         let set: Vec<usize> = (i..ws.len()).filter(|&j| !done[j] && ws[j].chunks[0].buf.id == id).collect();
         let members: Vec<&GpuWeight> = set.iter().map(|&j| ws[j]).collect();
-        let fused = x.rows == 1 && set.len() > 1 && set.len() <= MV_MAX_SPLIT;
+        let fused = by_token(b, x.rows, x.cols) && set.len() > 1 && set.len() <= MV_MAX_SPLIT;
         match shared_buffer(b, &members).filter(|_| fused) {
             Some(buf) => {
                 for &j in &set {
                     assert!(
-                        x.cols == ws[j].cols && outs[j].cols == ws[j].rows && outs[j].rows == 1,
+                        x.cols == ws[j].cols && outs[j].cols == ws[j].rows && outs[j].rows == x.rows,
                         "matmul_group: shapes"
                     );
                 }
@@ -334,7 +374,7 @@ fn group_products(b: &mut GpuBackend, ws: &[&GpuWeight], input: MvIn, x: &GpuTen
                     .iter()
                     .map(|&j| MvMat { rows: ws[j].rows, w_off: ws[j].chunks[0].w_off, out: &outs[j].buf })
                     .collect();
-                matvec(b, ws[i], &buf, MvEpilogue::Split, &mats, 0, input);
+                matvec(b, ws[i], &buf, MvEpilogue::Split, &mats, 0, 0, input);
                 for &j in &set {
                     done[j] = true;
                 }
@@ -342,10 +382,10 @@ fn group_products(b: &mut GpuBackend, ws: &[&GpuWeight], input: MvIn, x: &GpuTen
             None if input.norm.is_some() => {
                 // A weight of its own, the norm still folded: a store matvec per chunk.
                 let (w, out) = (ws[i], &mut *outs[i]);
-                assert!(x.cols == w.cols && out.cols == w.rows && out.rows == 1, "matmul_group: shapes");
+                assert!(x.cols == w.cols && out.cols == w.rows && out.rows == x.rows, "matmul_group: shapes");
                 for c in &w.chunks {
                     let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
-                    matvec(b, w, &c.buf, MvEpilogue::Store, &[mat], c.row0, input);
+                    matvec(b, w, &c.buf, MvEpilogue::Store, &[mat], c.row0, out.cols, input);
                 }
                 done[i] = true;
             }
@@ -357,8 +397,9 @@ fn group_products(b: &mut GpuBackend, ws: &[&GpuWeight], input: MvIn, x: &GpuTen
     }
 }
 
-/// `gate = silu(x · w_gateᵀ) · (x · w_upᵀ)`: one SwiGLU matvec for a token when gate and up
-/// share a group's buffer, else two products (the second into `up`) and the SwiGLU kernel.
+/// `gate = silu(x · w_gateᵀ) · (x · w_upᵀ)`: one SwiGLU matvec for a few tokens when gate
+/// and up share a group's buffer, else two products (the second into `up`) and the SwiGLU
+/// kernel.
 pub fn matmul_swiglu(
     b: &mut GpuBackend,
     w_gate: &GpuWeight,
@@ -367,9 +408,9 @@ pub fn matmul_swiglu(
     gate: &mut GpuTensor,
     up: &mut GpuTensor,
 ) {
-    let fused = if x.rows == 1 && w_gate.rows == w_up.rows { shared_buffer(b, &[w_gate, w_up]) } else { None };
-    match fused {
-        Some(buf) => swiglu_matvec(b, w_gate, w_up, &Arc::clone(buf), MvIn { x: &x.buf, norm: None }, x, gate),
+    let fused = by_token(b, x.rows, x.cols) && w_gate.rows == w_up.rows;
+    match shared_buffer(b, &[w_gate, w_up]).filter(|_| fused) {
+        Some(buf) => swiglu_matvec(b, w_gate, w_up, &Arc::clone(buf), None, x, gate),
         None => {
             matmul(b, w_gate, x, gate);
             matmul(b, w_up, x, up);
@@ -378,8 +419,8 @@ pub fn matmul_swiglu(
     }
 }
 
-/// [`matmul_swiglu`] of RMSNorm(`n.x`): folded into the SwiGLU matvec for a token whose gate
-/// and up share a buffer, else the norm into `n.xn` first.
+/// [`matmul_swiglu`] of RMSNorm(`n.x`): folded into the SwiGLU matvec for a few tokens whose
+/// gate and up share a buffer, else the norm into `n.xn` first.
 pub fn norm_matmul_swiglu(
     b: &mut GpuBackend,
     n: Normed<'_, GpuTensor, GpuWeight>,
@@ -392,7 +433,7 @@ pub fn norm_matmul_swiglu(
     match shared.filter(|_| norm_folds(b, &n)) {
         Some(buf) => {
             let g = Arc::clone(n.weight.single());
-            swiglu_matvec(b, w_gate, w_up, &buf, MvIn { x: &n.x.buf, norm: Some((&g, n.eps)) }, n.x, gate)
+            swiglu_matvec(b, w_gate, w_up, &buf, Some((&g, n.eps)), n.x, gate)
         }
         None => {
             super::ops::rms_norm(b, n.x, n.weight, n.eps, n.xn);
@@ -401,22 +442,24 @@ pub fn norm_matmul_swiglu(
     }
 }
 
-/// The SwiGLU matvec of gate and up in `buf` for the token `input` into `gate`.
+/// The SwiGLU matvec of gate and up in `buf` for the tokens `x` (and a norm to fold in)
+/// into `gate`.
 fn swiglu_matvec(
     b: &mut GpuBackend,
     w_gate: &GpuWeight,
     w_up: &GpuWeight,
     buf: &Arc<Buf>,
-    input: MvIn,
+    norm: Option<(&Arc<Buf>, f32)>,
     x: &GpuTensor,
     gate: &mut GpuTensor,
 ) {
-    assert!(x.cols == w_gate.cols && gate.cols == w_gate.rows && gate.rows == 1, "matmul_swiglu: shapes");
+    assert!(x.cols == w_gate.cols && gate.cols == w_gate.rows && gate.rows == x.rows, "matmul_swiglu: shapes");
+    let input = MvIn::of(x, norm);
     let mats = [
         MvMat { rows: w_gate.rows, w_off: w_gate.chunks[0].w_off, out: &gate.buf },
         MvMat { rows: w_up.rows, w_off: w_up.chunks[0].w_off, out: &gate.buf },
     ];
-    matvec(b, w_gate, buf, MvEpilogue::SwiGlu, &mats, 0, input);
+    matvec(b, w_gate, buf, MvEpilogue::SwiGlu, &mats, 0, 0, input);
 }
 
 pub fn embed(b: &mut GpuBackend, table: &GpuWeight, tokens: &[u32], out: &mut GpuTensor) {

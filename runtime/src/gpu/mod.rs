@@ -228,17 +228,18 @@ impl GpuBackend {
     /// Records one dispatch of `op` with its parameter struct (the one [`Op::params`] names:
     /// checked, so that no kernel is handed another's parameters).
     fn run<P: KernelParams>(&mut self, op: Op, params: &P, bufs: &[&Arc<Buf>], groups: (u32, u32)) {
-        self.run_weighted(op, params, bufs, groups, 0)
+        self.run_weighted(op, params, bufs, (groups.0, groups.1, 1), 0)
     }
 
     /// [`GpuBackend::run`] for a matrix kernel that reads `weight_bytes` of weights (the
-    /// profile's bandwidth column).
+    /// profile's bandwidth column), over workgroups in three dimensions (the matvec's z is
+    /// its token).
     fn run_weighted<P: KernelParams>(
         &mut self,
         op: Op,
         params: &P,
         bufs: &[&Arc<Buf>],
-        groups: (u32, u32),
+        groups: (u32, u32, u32),
         weight_bytes: u64,
     ) {
         assert_eq!(P::NAME, op.params().0, "the parameters of {op:?}");

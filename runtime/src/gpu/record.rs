@@ -25,7 +25,7 @@ struct Dispatch {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: Arc<wgpu::BindGroup>,
     offset: u32,
-    groups: (u32, u32),
+    groups: (u32, u32, u32),
 }
 
 /// Parameter slots per submission before a mid-token flush is needed.
@@ -106,11 +106,11 @@ impl Recorder {
         kind: LayoutKind,
         params: &[u32],
         bufs: &[&Arc<Buf>],
-        groups: (u32, u32),
+        groups: (u32, u32, u32),
     ) {
         assert_eq!(bufs.len(), kind.n_storage(), "binding count of {kind:?}");
         assert!(params.len() * 4 <= PARAMS_SLOT as usize);
-        if groups.0 == 0 || groups.1 == 0 {
+        if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
             return;
         }
         let timestamps_full = self.profiler.is_some() && self.pending.len() + 1 >= MAX_TIMESTAMPS as usize;
@@ -199,7 +199,7 @@ impl Recorder {
             for (i, d) in self.pending.iter().enumerate() {
                 pass.set_pipeline(&d.pipeline);
                 pass.set_bind_group(0, Some(d.bind_group.as_ref()), &[d.offset]);
-                pass.dispatch_workgroups(d.groups.0, d.groups.1, 1);
+                pass.dispatch_workgroups(d.groups.0, d.groups.1, d.groups.2);
                 if let Some(p) = each {
                     p.stamp(&mut pass, i + 1);
                 }

@@ -24,6 +24,9 @@ pub struct GpuTune {
     /// Workgroups a decoded row's attention is spread over, the keys split into chunks of
     /// whole 64-key tiles until the heads × chunks reach it (default 4,096).
     pub attn_workgroups: Option<usize>,
+    /// Tokens up to which a matrix product runs the matvec once per token rather than the
+    /// tiled matmul (several sequences' decode steps; default 8).
+    pub matvec_tokens: Option<usize>,
 }
 
 impl GpuTune {
@@ -33,7 +36,9 @@ impl GpuTune {
         software adapter), subgroups=on|off (subgroup reductions; default on where the adapter has them), \
         trusted=on|off (kernels proven in bounds skip the shader compiler's runtime checks; default on a GPU, off on a software adapter), \
         fuse=on|off (fused kernels: matvec epilogues, RoPE with the K/V write; default on), \
-        attn=N (workgroups a decoded token's attention is split over, 1 to 65536; default 4096)";
+        attn=N (workgroups a decoded token's attention is split over, 1 to 65536; default 4096), \
+        mvtok=N (products of up to N tokens, as several sequences' decode steps, run the matvec once per token \
+        instead of the tiled matmul: 1 to 64; default 8)";
 
     /// Parses `--gpu-tune`'s value (empty: all defaults).
     pub fn parse(s: &str) -> Result<GpuTune, String> {
@@ -61,6 +66,13 @@ impl GpuTune {
                     }
                     t.attn_workgroups = Some(n);
                 }
+                "mvtok" => {
+                    let n: usize = value.trim().parse().map_err(|_| format!("mvtok={value}: not a number"))?;
+                    if !(1..=64).contains(&n) {
+                        return Err(format!("mvtok={n}: must be 1 to 64"));
+                    }
+                    t.matvec_tokens = Some(n);
+                }
                 k => return Err(format!("unknown --gpu-tune key '{k}' ({})", GpuTune::HELP)),
             }
         }
@@ -74,7 +86,7 @@ mod tests {
 
     #[test]
     fn parses_every_key_and_refuses_what_it_does_not_know() {
-        let t = GpuTune::parse("matvec=64x4, subgroups=off,trusted=on,fuse=0,attn=512").unwrap();
+        let t = GpuTune::parse("matvec=64x4, subgroups=off,trusted=on,fuse=0,attn=512,mvtok=4").unwrap();
         assert_eq!(
             t,
             GpuTune {
@@ -82,13 +94,23 @@ mod tests {
                 subgroups: Some(false),
                 trusted: Some(true),
                 fuse: Some(false),
-                attn_workgroups: Some(512)
+                attn_workgroups: Some(512),
+                matvec_tokens: Some(4),
             }
         );
         assert_eq!(GpuTune::parse("").unwrap(), GpuTune::default());
-        for bad in
-            ["matvec=100x2", "matvec=128x3", "matvec=128", "subgroups=maybe", "speed=max", "fuse", "attn=0", "attn=x"]
-        {
+        for bad in [
+            "matvec=100x2",
+            "matvec=128x3",
+            "matvec=128",
+            "subgroups=maybe",
+            "speed=max",
+            "fuse",
+            "attn=0",
+            "attn=x",
+            "mvtok=0",
+            "mvtok=65",
+        ] {
             assert!(GpuTune::parse(bad).is_err(), "{bad} accepted");
         }
         assert!(GpuTune::parse("colour=red").unwrap_err().contains("unknown --gpu-tune key 'colour'"));

@@ -1,5 +1,8 @@
 // Matrix-vector product for decode (`src/matvec.rs` says why it is shaped so): one token
-// times the rows of up to four matrices of one weight buffer. A workgroup of MV_WG threads
+// times the rows of up to four matrices of one weight buffer; a few tokens (several
+// sequences' decode steps) are the dispatch's z, each token's workgroups reading the
+// weights on their own (from cache: the tokens' workgroups of a row run close together),
+// which for a handful of tokens beats the tiled matmul's one pass. A workgroup of MV_WG threads
 // takes MV_R rows of one matrix; thread t walks slots t, t + MV_WG, … of those rows (see
 // matvec_slots/common.wgsl), loading each slot's activations once for all MV_R rows. The
 // main entry point (matvec_reduce_*.wgsl) sums the threads' partials and calls mv_finish,
@@ -14,8 +17,9 @@ struct Params {
     cols: u32,       // elements per row (K), the same for every matrix
     row_bytes: u32,  // bytes per row
     grid_x: u32,     // workgroups along x of the dispatch
-    x_off4: u32,     // first vec4 of the token in X
+    x_stride4: u32,  // vec4s from one token's activations in X to the next's
     out_off: u32,    // added to every output index (a chunk's first row)
+    out_stride: u32, // outputs from one token's row to the next's (store, add)
     rows0: u32,      // matrix 0: rows and first byte in W
     woff0: u32,
     rows1: u32,      // matrix 1 (split, SwiGLU's up): rows, first byte, first workgroup
@@ -62,10 +66,19 @@ fn mv_job(wgi: u32) -> Job {
 // The sum of squares of the activations this thread has loaded (MV_NORM).
 var<private> ssq: f32;
 
+// The workgroup's token (workgroup z): its first vec4 in X.
+var<private> tok: u32;
+var<private> tok_x: u32;
+
+fn mv_token(z: u32) {
+    tok = z;
+    tok_x = z * P.x_stride4;
+}
+
 // Activations `i` (a vec4 of the token's row): times the norm weight with MV_NORM, their
 // squares counted.
 fn xv(i: u32) -> vec4<f32> {
-    let v = X[P.x_off4 + i];
+    let v = X[tok_x + i];
     if (MV_NORM) {
         ssq += dot(v, v);
         return v * G[i];
@@ -111,7 +124,12 @@ fn mv_finish(job: Job, k: u32, v_sum: f32, u_sum: f32, sq: f32) {
         v *= inv;
         u *= inv;
     }
-    let i = P.out_off + row;
+    // Split outputs and SwiGLU's are whole matrices: a token's row is `rows` long.
+    var stride = P.out_stride;
+    if (EPI >= 2u) {
+        stride = job.rows;
+    }
+    let i = tok * stride + P.out_off + row;
     if (EPI == 1u) {
         O0[i] += v;
     } else if (EPI == 2u) {

@@ -12,6 +12,7 @@ fn main(
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) n_sg: u32,
 ) {
+    mv_token(wid.z);
     let job = mv_job(wg_index(wid, P.grid_x));
     if (job.r0 >= job.rows) {
         return;

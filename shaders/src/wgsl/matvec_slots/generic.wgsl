@@ -12,7 +12,7 @@ fn slot_x4(i: u32, k: u32) -> vec4<f32> {
     }
     // Straddling the row's end (a float row whose length is not a multiple of 4; such rows
     // never have a folded norm): masked, whatever follows the row.
-    return select(vec4<f32>(0.0), X[P.x_off4 + i], vec4<u32>(k, k + 1u, k + 2u, k + 3u) < vec4<u32>(P.cols));
+    return select(vec4<f32>(0.0), X[tok_x + i], vec4<u32>(k, k + 1u, k + 2u, k + 3u) < vec4<u32>(P.cols));
 }
 
 fn slot_x(s: u32) -> Xs {
