@@ -3,6 +3,10 @@
 
 mod cmd;
 
+// Bounds what a model's chat template may allocate (duet_runtime::mem_budget).
+#[global_allocator]
+static ALLOC: duet_runtime::mem_budget::BudgetAlloc = duet_runtime::mem_budget::BudgetAlloc;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

@@ -374,3 +374,34 @@ fn broken_template_and_long_system_prompt() {
     assert_clean_failure(&o, &["system prompt takes", "no room for a message"]);
     let _ = std::fs::remove_file(&p);
 }
+
+/// A model whose chat template doubles a string 64 times (within its fuel: fuel counts
+/// steps, not bytes) fails chat with the template's memory budget named, in well under the
+/// time limit; run under a 4 GB address-space limit, so that a template that escaped the
+/// budget would end the program on a failed allocation (an abort, not a clean error).
+#[test]
+fn a_template_that_grows_without_bound_fails_chat_cleanly() {
+    use duet_quant::gguf::Value;
+    let m = fixture_gguf();
+    let p = std::env::temp_dir().join(format!("duet-doubling-template-{}.gguf", std::process::id()));
+    let doubling =
+        "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}";
+    with_metadata(&m, &p, &[("tokenizer.chat_template", Value::from(doubling))]);
+    let t0 = std::time::Instant::now();
+    let chat = Command::new("sh")
+        .args(["-c", "ulimit -v 4000000 && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_duet")])
+        .args(["chat", "-m", p.to_str().unwrap(), "--device", "cpu", "-q"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b"hello\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_clean_failure(&chat, &["chat template needed more than 256 MiB of memory"]);
+    assert!(t0.elapsed().as_secs() < 20, "took {:?}", t0.elapsed());
+    let _ = std::fs::remove_file(&p);
+}

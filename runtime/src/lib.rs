@@ -18,6 +18,7 @@ pub mod insight;
 pub mod kv_cache;
 pub mod kv_pages;
 pub mod logits_file;
+pub mod mem_budget;
 pub mod memory;
 pub mod model;
 pub mod sampler;
@@ -25,3 +26,8 @@ pub mod serve;
 pub mod text;
 
 pub use error::RuntimeError;
+
+// The unit tests budget memory as the program does.
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: mem_budget::BudgetAlloc = mem_budget::BudgetAlloc;

@@ -4,6 +4,14 @@
 //!
 //! Files without a template get duet's fallback: ChatML when the vocabulary has
 //! `<|im_start|>`/`<|im_end|>`, else plain `User:` / `Assistant:` lines.
+//!
+//! A template comes with the model file, so a rendering is bounded in steps
+//! ([`TEMPLATE_FUEL`]), memory ([`TEMPLATE_MEMORY`], on a thread of its own:
+//! [`crate::mem_budget`]), time ([`TEMPLATE_TIME`]) and output ([`TEMPLATE_MAX_OUTPUT`]); a
+//! template that overran its memory or time is not run again.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use minijinja::{Environment, Error, ErrorKind, context};
 
@@ -28,7 +36,7 @@ pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + messa
 pub const PLAIN: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] + '\\n\\n' }}{% elif message['role'] == 'user' %}{{ 'User: ' + message['content'] + '\\n' }}{% else %}{{ 'Assistant: ' + message['content'] + '\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}";
 
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
     pub source: TemplateSource,
     bos: String,
     eos: String,
@@ -36,6 +44,9 @@ pub struct ChatTemplate {
     /// conversation fails with it, not the model's load (run, perplexity and bench need no
     /// template).
     pub broken: Option<String>,
+    /// Why a rendering stopped for good (memory or time), once one has: later renderings
+    /// fail with it at once (the stopped one's thread holds its memory).
+    overran: Mutex<Option<String>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +58,15 @@ pub enum TemplateSource {
 
 /// Instructions a template may run per rendering ([`minijinja::Environment::set_fuel`]).
 pub const TEMPLATE_FUEL: u64 = 20_000_000;
+/// Bytes a rendering may hold at once: real templates hold a few copies of the
+/// conversation; a string doubled 64 times stops here (where the program installs
+/// [`crate::mem_budget::BudgetAlloc`], as duet does).
+pub const TEMPLATE_MEMORY: usize = 256 << 20;
+/// Wall-clock time a rendering may take (the fuel usually ends a runaway one first).
+pub const TEMPLATE_TIME: Duration = Duration::from_secs(30);
+/// Bytes of rendered text: 4 MiB is about a million tokens, more than any context duet
+/// runs, and tokenizing it takes about 120 bytes a byte.
+pub const TEMPLATE_MAX_OUTPUT: usize = 4 << 20;
 
 impl ChatTemplate {
     /// `template`: the model's, if any; `has_chatml`: whether the vocabulary has the ChatML
@@ -76,12 +96,23 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
         let broken = env.add_template_owned("chat", text).err().map(|e| describe(&e));
-        Ok(ChatTemplate { env, source, bos: bos.to_string(), eos: eos.to_string(), broken })
+        Ok(ChatTemplate {
+            env: Arc::new(env),
+            source,
+            bos: bos.to_string(),
+            eos: eos.to_string(),
+            broken,
+            overran: Mutex::new(None),
+        })
     }
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, RuntimeError> {
         if let Some(why) = &self.broken {
             return Err(RuntimeError::Template(format!("the model's chat template does not parse: {why}")));
+        }
+        let overran = || self.overran.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(why) = overran().as_ref() {
+            return Err(RuntimeError::Template(why.clone()));
         }
         let msgs: Vec<minijinja::Value> = messages
             .iter()
@@ -92,14 +123,42 @@ impl ChatTemplate {
                 minijinja::Value::from(map)
             })
             .collect();
-        let tmpl = self.env.get_template("chat").map_err(|e| RuntimeError::Template(e.to_string()))?;
-        tmpl.render(context! {
-            messages => msgs,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos.clone(),
-            eos_token => self.eos.clone(),
-        })
-        .map_err(|e| RuntimeError::Template(describe(&e)))
+        let (env, bos, eos) = (Arc::clone(&self.env), self.bos.clone(), self.eos.clone());
+        let rendered = crate::mem_budget::run_with_budget(TEMPLATE_MEMORY, TEMPLATE_TIME, move || {
+            let tmpl = env.get_template("chat").map_err(|e| e.to_string())?;
+            let out = tmpl
+                .render(context! {
+                    messages => msgs,
+                    add_generation_prompt => add_generation_prompt,
+                    bos_token => bos,
+                    eos_token => eos,
+                })
+                .map_err(|e| describe(&e))?;
+            if out.len() > TEMPLATE_MAX_OUTPUT {
+                return Err(format!(
+                    "the model's chat template rendered {} bytes, more than duet takes ({} MiB, about a million tokens)",
+                    out.len(),
+                    TEMPLATE_MAX_OUTPUT >> 20
+                ));
+            }
+            Ok(out)
+        });
+        use crate::mem_budget::Overrun;
+        let why = match rendered {
+            Ok(out) => return out.map_err(RuntimeError::Template),
+            Err(Overrun::Memory(b)) => {
+                format!(
+                    "the model's chat template needed more than {} MiB of memory to render; it is not run again",
+                    b >> 20
+                )
+            }
+            Err(Overrun::Time(t)) => {
+                format!("the model's chat template ran longer than {} s; it is not run again", t.as_secs())
+            }
+            Err(Overrun::Panic) => "the model's chat template could not be rendered (the renderer failed)".to_string(),
+        };
+        *overran() = Some(why.clone());
+        Err(RuntimeError::Template(why))
     }
 }
 
@@ -223,6 +282,42 @@ mod tests {
         let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
         let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
         assert!(e.contains("fuel"), "{e}");
+    }
+
+    /// Templates that grow a value exponentially within their fuel (the issue-41 case: 2^64
+    /// copies of "xx"; a list doubled; a macro doubling its argument as it recurses) stop
+    /// at the memory budget with an error, and are not run again. Before the budget the
+    /// first reached 10 GB in 30 s.
+    #[test]
+    fn a_template_that_grows_without_bound_stops_at_its_memory_budget() {
+        assert!(crate::mem_budget::installed(), "the unit tests install the budgeting allocator");
+        let templates = [
+            "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+            "{% set ns = namespace(l=[1, 2]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
+            "{% macro d(s, n) %}{% if n > 0 %}{{ d(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}{% endmacro %}{{ d('xx', 60) }}",
+        ];
+        for t in templates {
+            let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
+            let start = std::time::Instant::now();
+            let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+            assert!(e.contains("more than 256 MiB of memory"), "{t}: {e}");
+            assert!(start.elapsed() < TEMPLATE_TIME, "{t}: stopped by the memory budget, not the clock");
+            let again = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+            assert_eq!(again, e, "a template that overran is not run again");
+        }
+    }
+
+    /// Output past TEMPLATE_MAX_OUTPUT is refused (6 MB here, within fuel and memory).
+    #[test]
+    fn a_template_that_writes_too_much_is_refused() {
+        let t = "{% for i in range(10000) %}{{ 'x' * 600 }}{% endfor %}";
+        let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
+        let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+        assert!(e.contains("rendered 6000000 bytes, more than duet takes (4 MiB"), "{e}");
+        // Within the limit, the same loop renders.
+        let t = "{% for i in range(1000) %}{{ 'x' * 600 }}{% endfor %}";
+        let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
+        assert_eq!(ct.render(&[Message::new("user", "x")], true).unwrap().len(), 600_000);
     }
 
     #[test]

@@ -1,0 +1,182 @@
+//! A memory budget for work that a file controls and no other limit bounds: a model's chat
+//! template can double a string 64 times within its instruction budget (fuel counts steps,
+//! not bytes), and neither minijinja nor Rust lets an allocation fail softly.
+//!
+//! [`BudgetAlloc`] (the program's global allocator; `duet` installs it) counts the bytes a
+//! thread holds while it runs [`run_with_budget`]'s work, and checks each allocation against
+//! the budget *before* making it. An allocation that would pass the budget cannot return an
+//! error (Rust aborts on a null pointer) and must not unwind out of the allocator, so the
+//! thread is stopped there instead: it raises its flag and sleeps for good, holding at most
+//! the budget. [`run_with_budget`] runs the work on such a thread and reports the overrun
+//! (or a time limit) as an error; its caller keeps the error, so that a template that
+//! overran once is not run again (one parked thread per template at most). The work must
+//! take no lock that other threads need (a parked thread keeps it): minijinja's rendering
+//! takes none; a panic's own allocations (its message, a backtrace) are let through.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The system allocator, counting what a budgeted thread allocates.
+pub struct BudgetAlloc;
+
+/// Set by the first allocation through [`BudgetAlloc`]: whether budgets hold in this program.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// (bytes held, limit) of this thread's budget; limit 0: none.
+    static HELD: Cell<(isize, isize)> = const { Cell::new((0, 0)) };
+    /// The flag this thread raises when it overruns its budget.
+    static OVERRUN: Cell<*const AtomicBool> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Notes that allocations go through [`BudgetAlloc`] (read first: a store on every
+/// allocation would bounce the flag's cache line between threads).
+fn mark_installed() {
+    if !INSTALLED.load(Ordering::Relaxed) {
+        INSTALLED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Charges `delta` bytes to this thread's budget; past it, stops the thread for good.
+fn charge(delta: isize) {
+    let Ok((held, limit)) = HELD.try_with(Cell::get) else { return };
+    if limit == 0 {
+        return;
+    }
+    let now = held.saturating_add(delta);
+    // A panicking thread is ending its work anyway; stopping it while it formats its
+    // message (a backtrace takes megabytes) would park it holding stderr's lock.
+    if delta > 0 && now > limit && !std::thread::panicking() {
+        // Stop before allocating: raise the flag (no allocation), then sleep without end
+        // (nanosleep allocates nothing); this thread's memory stays held, within the budget.
+        if let Ok(flag) = OVERRUN.try_with(Cell::get)
+            && !flag.is_null()
+        {
+            // SAFETY: run_with_budget keeps the flag's Arc alive inside this thread's closure.
+            unsafe { (*flag).store(true, Ordering::Release) };
+        }
+        loop {
+            std::thread::sleep(Duration::from_secs(1 << 20));
+        }
+    }
+    let _ = HELD.try_with(|h| h.set((now, limit)));
+}
+
+// SAFETY: every call forwards to System with the same arguments; the bookkeeping touches
+// only const-initialised thread-locals without destructors.
+unsafe impl GlobalAlloc for BudgetAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        mark_installed();
+        charge(layout.size() as isize);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        mark_installed();
+        charge(layout.size() as isize);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        charge(new_size as isize - layout.size() as isize);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        charge(-(layout.size() as isize));
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Whether this program's allocations go through [`BudgetAlloc`] (else [`run_with_budget`]
+/// bounds only time).
+pub fn installed() -> bool {
+    // An allocation first, so that the answer does not depend on none having happened yet.
+    drop(std::hint::black_box(Box::new(0u8)));
+    INSTALLED.load(Ordering::Relaxed)
+}
+
+/// Why budgeted work did not finish.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Overrun {
+    /// It would have held more than this many bytes at once.
+    Memory(usize),
+    /// It ran longer than this.
+    Time(Duration),
+    /// It panicked.
+    Panic,
+}
+
+/// Runs `work` on a thread of its own, holding at most `bytes` at once (where
+/// [`BudgetAlloc`] is installed) and for at most `time`. On an overrun the thread is left
+/// behind (stopped, or finishing its work unobserved) and this returns at once.
+pub fn run_with_budget<T: Send + 'static>(
+    bytes: usize,
+    time: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Overrun> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let thread_flag = Arc::clone(&flag);
+    let spawned = std::thread::Builder::new().name("duet budgeted work".into()).spawn(move || {
+        OVERRUN.with(|f| f.set(Arc::as_ptr(&thread_flag)));
+        HELD.with(|h| h.set((0, bytes.min(isize::MAX as usize) as isize)));
+        let out = work();
+        // The result may be dropped by a caller that gave up: its memory is not charged here.
+        HELD.with(|h| h.set((0, 0)));
+        let _ = tx.send(out);
+        drop(thread_flag);
+    });
+    if spawned.is_err() {
+        return Err(Overrun::Panic);
+    }
+    let start = Instant::now();
+    loop {
+        match rx.recv_timeout(Duration::from_millis(5)) {
+            Ok(out) => return Ok(out),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(Overrun::Panic),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if flag.load(Ordering::Acquire) {
+            return Err(Overrun::Memory(bytes));
+        }
+        if start.elapsed() > time {
+            return Err(Overrun::Time(time));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_within_its_budget_returns_its_value_and_work_past_it_stops() {
+        assert!(installed(), "the unit tests install the budgeting allocator");
+        let mb = 1 << 20;
+        let v = run_with_budget(16 * mb, Duration::from_secs(10), move || vec![1u8; 8 * mb].len());
+        assert_eq!(v, Ok(8 * mb));
+        // Growing past 16 MiB stops the thread at the allocation that would pass it.
+        let grow = run_with_budget(16 * mb, Duration::from_secs(10), move || {
+            let mut v: Vec<u8> = Vec::new();
+            for _ in 0..64 {
+                v.extend(std::iter::repeat_n(7u8, mb));
+            }
+            v.len()
+        });
+        assert_eq!(grow, Err(Overrun::Memory(16 * mb)));
+        // Memory freed counts back: 64 MiB in all, never more than 1 MiB at once.
+        let churn = run_with_budget(2 * mb, Duration::from_secs(10), move || {
+            (0..64).map(|_| std::hint::black_box(vec![0u8; mb]).len()).sum::<usize>()
+        });
+        assert_eq!(churn, Ok(64 * mb));
+    }
+
+    #[test]
+    fn work_past_its_time_or_that_panics_is_an_error() {
+        let slow = run_with_budget(1 << 20, Duration::from_millis(50), || std::thread::sleep(Duration::from_secs(2)));
+        assert_eq!(slow, Err(Overrun::Time(Duration::from_millis(50))));
+        let bad = run_with_budget(1 << 20, Duration::from_secs(10), || -> u32 { panic!("on purpose") });
+        assert_eq!(bad, Err(Overrun::Panic));
+    }
+}
