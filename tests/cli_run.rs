@@ -7,6 +7,9 @@ use std::process::{Command, Output};
 use duet_quant::GgmlType;
 use duet_quant::gguf::GgufWriter;
 
+mod common;
+use common::{rewrite_gguf, with_metadata};
+
 fn duet(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_duet")).args(args).env("RUST_BACKTRACE", "1").output().unwrap()
 }
@@ -233,34 +236,6 @@ fn save_logits_refuses_inputs_and_special_files() {
     names.sort();
     assert_eq!(names, ["corpus.txt", "logits.dlog", "logits.fifo"]);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A copy of the GGUF `src` at `dst` with the metadata `changes` (key, value) in place of
-/// the file's own values.
-fn with_metadata(src: &Path, dst: &Path, changes: &[(&str, duet_quant::gguf::Value)]) {
-    rewrite_gguf(src, dst, changes, None);
-}
-
-/// [`with_metadata`], and tensor `data.0`'s bytes replaced by `data.1`.
-fn rewrite_gguf(src: &Path, dst: &Path, changes: &[(&str, duet_quant::gguf::Value)], data: Option<(&str, &[u8])>) {
-    let f = duet_quant::gguf::GgufFile::open(src).unwrap();
-    let mut w = GgufWriter::new(dst);
-    for (k, v) in f.metadata() {
-        let v = changes.iter().find(|(ck, _)| *ck == k).map_or_else(|| v.clone(), |(_, cv)| cv.clone());
-        w.add(k, v).unwrap();
-    }
-    for t in f.tensors() {
-        w.add_tensor(t.name(), t.dims(), t.ggml_type()).unwrap();
-    }
-    let mut d = w.start().unwrap();
-    for t in f.tensors() {
-        let bytes = match data {
-            Some((name, b)) if name == t.name() => b,
-            _ => f.tensor_data(t),
-        };
-        d.write_tensor(t.name(), bytes).unwrap();
-    }
-    d.finish().unwrap();
 }
 
 /// Non-finite logits (here from a NaN in the final norm's weight) end generation with an

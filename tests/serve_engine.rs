@@ -264,3 +264,60 @@ fn a_prefix_cached_in_another_slot_is_shared_not_evaluated() {
         Err(e) => duet_test_support::no_gpu("a_prefix_cached_in_another_slot_is_shared_not_evaluated", &e.to_string()),
     }
 }
+
+/// Sizes are checked before any tokenizing: a prompt longer than the context could hold
+/// (64 bytes a token), a stop string over 1 KiB, more than 4 stop strings; each is refused
+/// with its limit named, and nothing is queued.
+#[test]
+fn prompts_and_stop_strings_past_their_limits_are_refused_before_tokenizing() {
+    let path = convert("llama-gqa", Preset::F32, false);
+    let mut s = scheduler(&path, 1, 2);
+    let limit = 96 * duet_runtime::serve::prompt::PROMPT_BYTES_PER_TOKEN;
+    let huge = "x".repeat(limit + 1);
+    let e = s.submit(request(&huge, 4, &[]).0).unwrap_err().to_string();
+    assert!(e.contains(&format!("the prompt is {} bytes, more than a context of 96 tokens holds", limit + 1)), "{e}");
+    let long_stop = "s".repeat(1025);
+    let e = s.submit(request("The", 4, &[&long_stop]).0).unwrap_err().to_string();
+    assert!(e.contains("a stop string of 1025 bytes; duet takes at most 1024"), "{e}");
+    let e = s.submit(request("The", 4, &["a", "b", "c", "d", "e"]).0).unwrap_err().to_string();
+    assert!(e.contains("5 stop strings; duet takes at most 4"), "{e}");
+    // At the limits, accepted.
+    let stop = "s".repeat(1024);
+    s.submit(request("The", 4, &[&stop, "b", "c", "d"]).0).unwrap();
+    assert_eq!(s.metrics().lock().unwrap().requests_total, 1, "only the last was queued");
+    run_to_idle(&mut s);
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A model file whose tokenizer knows an id past its embedding's rows (here an added token
+/// "<|beyond|>" with id n_vocab): a prompt that uses it is refused at submission, and a
+/// request already running finishes its reply (before, the step failed every stream).
+#[test]
+fn a_token_outside_the_vocabulary_fails_only_its_request() {
+    use duet_quant::gguf::{GgufFile, Value};
+    let path = convert("llama-gqa", Preset::F32, false);
+    let f = GgufFile::open(&path).unwrap();
+    let n_vocab = f.tensor("token_embd.weight").unwrap().dims()[1];
+    let Some(Value::String(json)) =
+        f.metadata().find(|(k, _)| *k == "tokenizer.huggingface.json").map(|(_, v)| v.clone())
+    else {
+        panic!("the fixture carries tokenizer.huggingface.json")
+    };
+    let mut tok: serde_json::Value = serde_json::from_str(&json).unwrap();
+    tok["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+        "id": n_vocab, "content": "<|beyond|>", "single_word": false, "lstrip": false, "rstrip": false,
+        "normalized": false, "special": false
+    }));
+    let crafted = std::env::temp_dir().join(format!("duet-beyond-vocab-{}.gguf", std::process::id()));
+    common::with_metadata(&path, &crafted, &[("tokenizer.huggingface.json", Value::from(tok.to_string().as_str()))]);
+    let mut s = scheduler(&crafted, 2, 2);
+    let (good, events) = request(PROMPTS[1], 8, &[]);
+    s.submit(good).unwrap();
+    s.step();
+    let e = s.submit(request("The <|beyond|> sea", 4, &[]).0).unwrap_err().to_string();
+    assert!(e.contains(&format!("token id {n_vocab}, outside its vocabulary of {n_vocab}")), "{e}");
+    run_to_idle(&mut s);
+    assert_eq!(done(&events).map(|d| d.2), Some(8), "the running request's reply: {:?}", events.lock().unwrap());
+    std::fs::remove_file(&crafted).unwrap();
+    std::fs::remove_file(&path).unwrap();
+}

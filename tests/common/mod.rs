@@ -139,3 +139,31 @@ pub fn compare(reference: &[f32], got: &[f32], n_vocab: usize) -> Stats {
     }
     Stats { max_abs, mean_kl: kl / n as f64, top1: agree as f64 / n as f64 }
 }
+
+/// A copy of the GGUF `src` at `dst` with the metadata `changes` (key, value) in place of
+/// the file's own values.
+pub fn with_metadata(src: &Path, dst: &Path, changes: &[(&str, duet_quant::gguf::Value)]) {
+    rewrite_gguf(src, dst, changes, None);
+}
+
+/// [`with_metadata`], and tensor `data.0`'s bytes replaced by `data.1`.
+pub fn rewrite_gguf(src: &Path, dst: &Path, changes: &[(&str, duet_quant::gguf::Value)], data: Option<(&str, &[u8])>) {
+    let f = duet_quant::gguf::GgufFile::open(src).unwrap();
+    let mut w = duet_quant::gguf::GgufWriter::new(dst);
+    for (k, v) in f.metadata() {
+        let v = changes.iter().find(|(ck, _)| *ck == k).map_or_else(|| v.clone(), |(_, cv)| cv.clone());
+        w.add(k, v).unwrap();
+    }
+    for t in f.tensors() {
+        w.add_tensor(t.name(), t.dims(), t.ggml_type()).unwrap();
+    }
+    let mut d = w.start().unwrap();
+    for t in f.tensors() {
+        let bytes = match data {
+            Some((name, b)) if name == t.name() => b,
+            _ => f.tensor_data(t),
+        };
+        d.write_tensor(t.name(), bytes).unwrap();
+    }
+    d.finish().unwrap();
+}

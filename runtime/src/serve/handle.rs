@@ -8,12 +8,14 @@ use std::thread::JoinHandle;
 
 use crate::backend::Backend;
 use crate::serve::metrics::Metrics;
-use crate::serve::scheduler::Scheduler;
+use crate::serve::prompt::PromptEncoder;
+use crate::serve::scheduler::{Encoded, Scheduler};
 use crate::serve::{GenRequest, SubmitError};
 
 /// What the engine thread runs: a [`Scheduler`] of any backend.
 pub trait Engine {
-    fn submit(&mut self, req: GenRequest) -> Result<usize, SubmitError>;
+    fn encoder(&self) -> PromptEncoder;
+    fn submit_encoded(&mut self, e: Encoded) -> Result<usize, SubmitError>;
     fn step(&mut self) -> bool;
     fn idle(&self) -> bool;
     fn metrics(&self) -> Arc<Mutex<Metrics>>;
@@ -21,8 +23,11 @@ pub trait Engine {
 }
 
 impl<B: Backend> Engine for Scheduler<B> {
-    fn submit(&mut self, req: GenRequest) -> Result<usize, SubmitError> {
-        Scheduler::submit(self, req)
+    fn encoder(&self) -> PromptEncoder {
+        Scheduler::encoder(self)
+    }
+    fn submit_encoded(&mut self, e: Encoded) -> Result<usize, SubmitError> {
+        Scheduler::submit_encoded(self, e)
     }
     fn step(&mut self) -> bool {
         Scheduler::step(self)
@@ -39,7 +44,7 @@ impl<B: Backend> Engine for Scheduler<B> {
 }
 
 enum Command {
-    Submit(GenRequest, mpsc::SyncSender<Result<usize, SubmitError>>),
+    Submit(Encoded, mpsc::SyncSender<Result<usize, SubmitError>>),
     Stop,
 }
 
@@ -47,6 +52,7 @@ enum Command {
 pub struct Handle {
     tx: mpsc::Sender<Command>,
     metrics: Arc<Mutex<Metrics>>,
+    encoder: PromptEncoder,
     n_ctx: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -70,22 +76,27 @@ impl Handle {
                         return;
                     }
                 };
-                let _ = ready_tx.send(Ok((engine.metrics(), engine.n_ctx())));
+                let _ = ready_tx.send(Ok((engine.metrics(), engine.encoder(), engine.n_ctx())));
                 run(engine.as_mut(), &rx);
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?;
         match ready_rx.recv() {
-            Ok(Ok((metrics, n_ctx))) => Ok(Handle { tx, metrics, n_ctx, thread: Mutex::new(Some(thread)) }),
+            Ok(Ok((metrics, encoder, n_ctx))) => {
+                Ok(Handle { tx, metrics, encoder, n_ctx, thread: Mutex::new(Some(thread)) })
+            }
             Ok(Err(e)) => Err(e),
             Err(_) => Err("the engine thread ended while loading the model".into()),
         }
     }
 
-    /// Queues `req` (its events go to its sink); returns its prompt length in tokens.
+    /// Checks and tokenizes `req` on this thread (the engine thread only queues it, so a
+    /// large or bad prompt delays no other stream), then queues it (its events go to its
+    /// sink); returns its prompt length in tokens.
     pub fn submit(&self, req: GenRequest) -> Result<usize, SubmitError> {
+        let tokens = self.encoder.encode(&req)?;
         let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         self.tx
-            .send(Command::Submit(req, reply_tx))
+            .send(Command::Submit(Encoded { tokens, req }, reply_tx))
             .map_err(|_| SubmitError::Stopped("the engine thread is gone".into()))?;
         reply_rx.recv().unwrap_or_else(|_| Err(SubmitError::Stopped("the engine thread is gone".into())))
     }
@@ -121,8 +132,8 @@ fn run(engine: &mut dyn Engine, rx: &mpsc::Receiver<Command>) {
         };
         for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match cmd {
-                Command::Submit(req, reply) => {
-                    let _ = reply.send(engine.submit(req));
+                Command::Submit(e, reply) => {
+                    let _ = reply.send(engine.submit_encoded(e));
                 }
                 Command::Stop => return,
             }

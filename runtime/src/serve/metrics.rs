@@ -11,6 +11,8 @@ pub struct Metrics {
     pub requests_finished: u64,
     /// Requests whose client went away before the end.
     pub requests_cancelled: u64,
+    /// Requests that ended with an error (theirs alone, or the device's for all).
+    pub requests_failed: u64,
     /// Requests refused: the queue was full.
     pub requests_rejected: u64,
     /// Waiting for a slot.
@@ -66,6 +68,12 @@ impl Metrics {
             "counter",
             "Requests whose client disconnected before the end (their slot freed).",
             self.requests_cancelled.to_string(),
+        );
+        metric(
+            "requests_failed_total",
+            "counter",
+            "Requests that ended with an error event instead of a reply.",
+            self.requests_failed.to_string(),
         );
         metric(
             "requests_rejected_total",

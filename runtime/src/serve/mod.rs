@@ -10,6 +10,7 @@
 //! * [`handle`]: the engine thread and the handle other threads submit through.
 //! * [`metrics`]: counters for Prometheus.
 //! * [`openai`]: the OpenAI API's request and response JSON.
+//! * [`prompt`]: a request's checks and its prompt's tokens, on the submitting thread.
 //! * [`stop`]: stop strings over streamed text.
 //!
 //! HTTP lives in the `duet serve` command; nothing here knows about it.
@@ -17,6 +18,7 @@
 pub mod handle;
 pub mod metrics;
 pub mod openai;
+pub mod prompt;
 pub mod scheduler;
 pub mod stop;
 

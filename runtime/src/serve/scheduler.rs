@@ -11,9 +11,16 @@ use crate::kv_pages::PAGE;
 use crate::model::{DecodeBatch, Model, Session};
 use crate::sampler::Sampler;
 use crate::serve::metrics::Metrics;
+use crate::serve::prompt::PromptEncoder;
 use crate::serve::stop::StopText;
-use crate::serve::{FinishReason, GenEvent, GenRequest, Prompt, Sink, SubmitError};
+use crate::serve::{FinishReason, GenEvent, GenRequest, Sink, SubmitError};
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
+
+/// A request whose prompt is tokens, checked ([`PromptEncoder::encode`]).
+pub struct Encoded {
+    pub tokens: Vec<u32>,
+    pub req: GenRequest,
+}
 
 /// `(&v[src], &mut v[dst])` for `src != dst`.
 fn two<T>(v: &mut [T], src: usize, dst: usize) -> (&T, &mut T) {
@@ -61,8 +68,8 @@ enum Outcome {
 pub struct Scheduler<B: Backend> {
     backend: B,
     model: Model<B>,
-    tokenizer: Tokenizer,
-    template: ChatTemplate,
+    tokenizer: Arc<Tokenizer>,
+    template: Arc<ChatTemplate>,
     sessions: Vec<Session<B>>,
     /// Per slot, the tokens whose K/V its session holds (kept after a request ends, for
     /// prefix reuse).
@@ -110,8 +117,8 @@ impl<B: Backend> Scheduler<B> {
         Ok(Scheduler {
             backend,
             model,
-            tokenizer,
-            template,
+            tokenizer: Arc::new(tokenizer),
+            template: Arc::new(template),
             sessions,
             cached: vec![Vec::new(); slots],
             active: (0..slots).map(|_| None).collect(),
@@ -138,18 +145,16 @@ impl<B: Backend> Scheduler<B> {
         self.queue.is_empty() && self.active.iter().all(Option::is_none)
     }
 
-    fn tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, RuntimeError> {
-        match prompt {
-            Prompt::Text(t) => self.tokenizer.encode_rendered(t),
-            // Special-token text in a message stays text unless --special (role injection).
-            Prompt::Chat(messages) => crate::text::chat_template::encode_chat(
-                &self.template,
-                &self.tokenizer,
-                messages,
-                true,
-                self.allow_special,
-            ),
-        }
+    /// What checks requests and tokenizes their prompts, on any thread (special-token text
+    /// in a chat message stays text unless --special: role injection).
+    pub fn encoder(&self) -> PromptEncoder {
+        PromptEncoder::new(
+            Arc::clone(&self.tokenizer),
+            Arc::clone(&self.template),
+            self.allow_special,
+            self.n_ctx,
+            self.model.config.n_vocab,
+        )
     }
 
     /// Lets special-token text in chat messages become those tokens (`--special`).
@@ -157,9 +162,17 @@ impl<B: Backend> Scheduler<B> {
         self.allow_special = allow;
     }
 
-    /// Queues `req`; returns its prompt's length in tokens.
+    /// Checks and tokenizes `req` here, then queues it ([`Scheduler::submit_encoded`]);
+    /// returns its prompt's length in tokens.
     pub fn submit(&mut self, req: GenRequest) -> Result<usize, SubmitError> {
-        let tokens = self.tokens(&req.prompt).map_err(|e| SubmitError::BadPrompt(e.to_string()))?;
+        let tokens = self.encoder().encode(&req)?;
+        self.submit_encoded(Encoded { tokens, req })
+    }
+
+    /// Queues a request its [`Scheduler::encoder`] checked and tokenized; returns its
+    /// prompt's length in tokens.
+    pub fn submit_encoded(&mut self, e: Encoded) -> Result<usize, SubmitError> {
+        let Encoded { tokens, req } = e;
         if tokens.is_empty() {
             return Err(SubmitError::BadPrompt("the prompt is empty".into()));
         }
@@ -246,11 +259,14 @@ impl<B: Backend> Scheduler<B> {
                 c.clear();
                 s.reset();
             }
+            let mut failed = 0;
             for slot in &mut self.active {
                 if let Some(mut a) = slot.take() {
                     (a.sink)(GenEvent::Failed(e.to_string()));
+                    failed += 1;
                 }
             }
+            self.metrics.lock().unwrap_or_else(|p| p.into_inner()).requests_failed += failed;
         }
         self.update_gauges();
         worked
@@ -331,12 +347,27 @@ impl<B: Backend> Scheduler<B> {
                 }
             }
             let tok = a.sampler.sample(&mut l, &a.history);
-            self.accept(i, tok)?;
+            if let Err(e) = self.accept(i, tok) {
+                // Its text could not be made (a token the tokenizer cannot decode): this
+                // request fails, the others go on.
+                self.fail(i, &e);
+            }
         }
         if decoded > 0 {
             self.metrics.lock().unwrap_or_else(|p| p.into_inner()).decode_step(decoded, t0.elapsed().as_secs_f64());
         }
         Ok(())
+    }
+
+    /// Ends slot `i`'s request with `e` and frees its slot and pages.
+    fn fail(&mut self, i: usize, e: &RuntimeError) {
+        if let Some(mut a) = self.active[i].take() {
+            (a.sink)(GenEvent::Failed(e.to_string()));
+        }
+        self.sessions[i].reset();
+        self.cached[i].clear();
+        self.metrics.lock().unwrap_or_else(|p| p.into_inner()).requests_failed += 1;
+        self.update_gauges();
     }
 
     /// Takes sampled token `tok` of slot `i`: streams its text and finishes the request
