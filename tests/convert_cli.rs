@@ -550,8 +550,9 @@ fn full_disk_leaves_no_file() {
             .output()
             .is_ok_and(|o| o.status.success());
     if !mounted {
-        duet_test_support::skip(
+        duet_test_support::machine_lacks(
             "full_disk (tmpfs case)",
+            "DUET_REQUIRE_TMPFS",
             "no tmpfs (not root, or mounting is not permitted): RLIMIT_FSIZE covered the full disk",
         );
         return;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use duet_convert::Preset;
 use duet_runtime::logits_file::LogitsFile;
-use duet_test_support::{repo_root, skip};
+use duet_test_support::{missing_asset, repo_root};
 
 use common::{F32_BOUND, Q8_KL_BOUND, Q8_TOP1_BOUND, Stats, compare, convert_dir, cpu_logits};
 
@@ -30,7 +30,7 @@ fn reference(test: &str, name: &str) -> Option<(PathBuf, LogitsFile)> {
     let dir = models_dir().join(name);
     let logits = dir.join("reference.logits");
     if !dir.join("config.json").exists() || !logits.exists() {
-        skip(
+        missing_asset(
             test,
             &format!("{} has no exported checkpoint with reference.logits (models/make_models.sh)", dir.display()),
         );
@@ -73,7 +73,7 @@ fn bundled_chat_model_matches_transformers() {
     let Some((_, reference)) = reference(test, "diff-ref") else { return };
     let gguf = models_dir().join("duet-diff-ref.q8_0.gguf");
     if !gguf.exists() {
-        skip(test, &format!("{} not built (models/make_models.sh)", gguf.display()));
+        missing_asset(test, &format!("{} not built (models/make_models.sh)", gguf.display()));
         return;
     }
     let s = measure("duet-diff-ref.q8_0.gguf", &gguf, &reference);

@@ -93,6 +93,25 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 fi
 
+# --- What this machine offers, so that the tests that need it do not skip -------------------
+# The CPU's flags as the kernel reports them: a SIMD test whose kernel set the program's own
+# detection refuses fails when /proc/cpuinfo lists the features (a detection bug), and skips
+# only on a CPU that lacks them.
+if [ -r /proc/cpuinfo ] && grep -q '^flags' /proc/cpuinfo; then
+  DUET_REQUIRE_CPU=$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 | xargs | tr ' ' ',')
+  export DUET_REQUIRE_CPU
+fi
+# Transparent huge pages (the huge-page advice test) and, as root, a mountable tmpfs (the
+# full-disk test's tmpfs case).
+if [ -e /sys/kernel/mm/transparent_hugepage ]; then export DUET_REQUIRE_THP=1; fi
+if [ "$(id -u)" = 0 ]; then
+  probe=$(mktemp -d)
+  if mount -t tmpfs -o size=64k tmpfs "$probe" 2>/dev/null; then
+    umount "$probe" && export DUET_REQUIRE_TMPFS=1
+  fi
+  rmdir "$probe"
+fi
+
 # --- Chromium for the HTML report tests ---------------------------------------------------------
 # attn-map, needle and attn-bench write self-contained HTML reports; their tests load them
 # in headless Chromium (Debian's package) and check for errors and rendered figures.

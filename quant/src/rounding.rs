@@ -93,10 +93,29 @@ mod tests {
         assert_eq!(c_f32_to_u8(31.5), 31);
     }
 
+    /// ggml's nearest_int: halves to even within |v| ≤ 2^22 (every value the quantizers
+    /// give it, which they scale into a few hundred at most); outside, the bit trick's own
+    /// values, pinned so that a change to them shows (ggml returns the same).
     #[test]
-    fn nearest_int_never_panics() {
-        for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30] {
-            let _ = nearest_int(v);
+    fn nearest_int_rounds_halves_to_even_and_keeps_ggml_values_outside_its_range() {
+        let mut checked = 0;
+        for i in -20_000i32..=20_000 {
+            for v in [i as f32 * 0.25, i as f32 * 0.5 + 0.001, i as f32 * 209.7 + 0.5] {
+                if v.abs() <= 4_194_303.0 {
+                    assert_eq!(nearest_int(v), v.round_ties_even() as i32, "{v}");
+                    checked += 1;
+                }
+            }
         }
+        assert!(checked > 100_000);
+        for (v, want) in [(0.5f32, 0), (1.5, 2), (2.5, 2), (-0.5, 0), (-1.5, -2), (-2.5, -2), (4_194_303.0, 4_194_303)]
+        {
+            assert_eq!(nearest_int(v), want, "{v}");
+        }
+        // 12582912 + v leaves the binade that the mantissa trick reads.
+        assert_eq!(nearest_int(f32::INFINITY), -4_194_304);
+        assert_eq!(nearest_int(f32::NEG_INFINITY), -4_194_304);
+        assert_eq!(nearest_int(f32::NAN), 0);
+        assert_eq!(nearest_int(4_194_304.0), -4_194_304, "2^22 wraps");
     }
 }

@@ -56,7 +56,11 @@ fn sum_abs(w: &[f32], x: &[f32]) -> f32 {
 #[test]
 fn simd_matches_scalar_for_every_type_and_length() {
     let Some(simd) = simd_kernels() else {
-        duet_test_support::skip("simd_matches_scalar", "this CPU has no AVX2/NEON kernel set");
+        duet_test_support::cpu_lacks(
+            "simd_matches_scalar",
+            &["avx2", "fma", "f16c"],
+            "this CPU has no AVX2/NEON kernel set",
+        );
         return;
     };
     let scalar = scalar::KERNELS;
@@ -128,7 +132,11 @@ fn simd_paths() -> Vec<Kernels> {
 fn every_simd_path_matches_scalar_for_every_type_and_length() {
     let paths = simd_paths();
     if paths.is_empty() {
-        duet_test_support::skip("every_simd_path_matches_scalar", "this CPU has no AVX2/NEON kernel set");
+        duet_test_support::cpu_lacks(
+            "every_simd_path_matches_scalar",
+            &["avx2", "fma", "f16c"],
+            "this CPU has no AVX2/NEON kernel set",
+        );
     }
     let scalar = scalar::KERNELS;
     for simd in &paths {
@@ -285,7 +293,11 @@ fn extreme_act(weight: GgmlType, blocks: usize, fill: Fill, rng: &mut Rng) -> Ac
 fn simd_matches_scalar_at_extreme_levels() {
     let paths = simd_paths();
     if paths.is_empty() {
-        duet_test_support::skip("simd_matches_scalar_at_extreme_levels", "this CPU has no AVX2/NEON kernel set");
+        duet_test_support::cpu_lacks(
+            "simd_matches_scalar_at_extreme_levels",
+            &["avx2", "fma", "f16c"],
+            "this CPU has no AVX2/NEON kernel set",
+        );
     }
     let scalar = scalar::KERNELS;
     let mut rng = Rng(0x0123_4567_89ab_cdef);
@@ -320,7 +332,11 @@ fn simd_matches_scalar_at_extreme_levels() {
 fn simd_f16_and_bf16_match_scalar_for_every_finite_value() {
     let paths = simd_paths();
     if paths.is_empty() {
-        duet_test_support::skip("simd_f16_and_bf16_match_scalar", "this CPU has no AVX2/NEON kernel set");
+        duet_test_support::cpu_lacks(
+            "simd_f16_and_bf16_match_scalar",
+            &["avx2", "fma", "f16c"],
+            "this CPU has no AVX2/NEON kernel set",
+        );
     }
     let scalar = scalar::KERNELS;
     let mut rng = Rng(0xfeed_f00d_dead_beef);

@@ -628,8 +628,9 @@ fn large_buffers_are_zeroed_and_huge_page_aligned() {
     // which accepts madvise without passing it on (and reports its own VmFlags).
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
-        duet_test_support::skip(
+        duet_test_support::machine_lacks(
             "large_buffers_are_zeroed_and_huge_page_aligned",
+            "DUET_REQUIRE_THP",
             "this kernel has no transparent huge pages: the advice cannot be checked",
         );
     } else {

@@ -304,7 +304,11 @@ mod tests {
     #[test]
     fn packed_matmul_matches_per_row_kernels() {
         let Some(gk) = duet_quant::gemm::gemm_kernels() else {
-            duet_test_support::skip("packed_matmul_matches_per_row_kernels", "no packed kernel set on this CPU");
+            duet_test_support::cpu_lacks(
+                "packed_matmul_matches_per_row_kernels",
+                &["avx2", "fma", "f16c"],
+                "no packed kernel set on this CPU",
+            );
             return;
         };
         let pool = ThreadPool::new(3);

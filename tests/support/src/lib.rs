@@ -67,6 +67,38 @@ pub fn no_gpu(test: &str, reason: &str) {
     skip(test, reason);
 }
 
+/// A test that needs CPU `features` (named as /proc/cpuinfo's flags) found the program's
+/// own detection saying no: a panic when the test command found every one of them in
+/// /proc/cpuinfo (`$DUET_REQUIRE_CPU`, comma-separated flags) — then the detection is
+/// wrong, not the machine, and a SIMD test must not pass by skipping — else a recorded skip.
+pub fn cpu_lacks(test: &str, features: &[&str], reason: &str) {
+    if let Some(flags) = std::env::var_os("DUET_REQUIRE_CPU") {
+        let flags = flags.to_string_lossy();
+        if features.iter().all(|f| flags.split(',').any(|x| x.trim() == *f)) {
+            panic!("{test}: /proc/cpuinfo lists {} (DUET_REQUIRE_CPU) but {reason}", features.join(", "));
+        }
+    }
+    skip(test, reason);
+}
+
+/// A test that needs something of the machine (a tmpfs mount, a kernel feature) found it
+/// missing: a panic when the test command found it there (`$var` set), else a recorded skip.
+pub fn machine_lacks(test: &str, var: &str, reason: &str) {
+    if std::env::var_os(var).is_some() {
+        panic!("{test}: {var} is set (the test command found it on this machine) but {reason}");
+    }
+    skip(test, reason);
+}
+
+/// An asset the repository builds (models/make_models.sh's exports) is missing: a panic
+/// under `$DUET_REQUIRE_ORACLES`, else a recorded skip.
+pub fn missing_asset(test: &str, reason: &str) {
+    if std::env::var_os("DUET_REQUIRE_ORACLES").is_some() {
+        panic!("{test}: DUET_REQUIRE_ORACLES is set but {reason}");
+    }
+    skip(test, reason);
+}
+
 /// Headless Chromium for the HTML report tests, from `$DUET_CHROMIUM` (tests/run-all.sh
 /// installs Debian's `chromium` and sets it), else `/usr/bin/chromium`; `None` after a
 /// recorded skip — a panic under `$DUET_REQUIRE_ORACLES`.

@@ -408,7 +408,7 @@ mod tests {
     #[test]
     fn avx512_logits_match_plain_loops() {
         if !avx512::usable(64) {
-            duet_test_support::skip("avx512_logits_match_plain_loops", "this CPU has no AVX-512F");
+            duet_test_support::cpu_lacks("avx512_logits_match_plain_loops", &["avx512f"], "this CPU has no AVX-512F");
             return;
         }
         for hd in (16..=128).step_by(16) {
@@ -441,7 +441,11 @@ mod tests {
     #[test]
     fn logits_do_not_depend_on_where_a_run_starts() {
         if !simd() {
-            duet_test_support::skip("logits_do_not_depend_on_where_a_run_starts", "this CPU has no AVX2/FMA/F16C");
+            duet_test_support::cpu_lacks(
+                "logits_do_not_depend_on_where_a_run_starts",
+                &["avx2", "fma", "f16c"],
+                "this CPU has no AVX2/FMA/F16C",
+            );
             return;
         }
         type Form = unsafe fn(&[f32], *const u8, usize, f32, &mut [f32]);
