@@ -11,7 +11,8 @@
 #     checked against its pinned sha256
 #   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests, and
 #     chromium (headless) for the HTML report tests, via apt-get when run as root
-# then runs `cargo test --workspace --release --no-fail-fast`, the quant crate's tests for aarch64 under
+# then runs `cargo test --workspace --release --no-fail-fast`, the parser and converter tests again
+# with overflow checks and debug assertions (`--profile checked`), the quant crate's tests for aarch64 under
 # qemu (NEON kernels), and prints every test that skipped, and why.
 #
 # What the tests need is required, not optional: a download or an install that fails stops
@@ -134,6 +135,11 @@ fi
 note "cargo test --workspace --release --no-fail-fast"
 export DUET_SKIP_LOG="$skip_log"
 cargo test --workspace --release --no-fail-fast
+
+# The parsers, the converter and the mutated-input tests with overflow checks and debug
+# assertions on (release arithmetic wraps silently; these tests say "never an overflow").
+note "cargo test --profile checked -p duet-quant -p duet-convert (overflow checks, debug assertions)"
+cargo test --profile checked -p duet-quant -p duet-convert --no-fail-fast
 
 # The NEON kernels cannot run on an x86 CI machine: test them under qemu-aarch64 (the script
 # installs the cross toolchain when it can, and records a skip when it cannot).
