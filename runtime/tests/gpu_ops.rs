@@ -208,7 +208,8 @@ fn matmul_checks_on(gpu: GpuBackend, f16: bool, exact_bound: f64) {
 
 #[test]
 fn matmul_and_embed_every_type_f32() {
-    matmul_checks("matmul_and_embed_every_type_f32", false, 1e-10);
+    // Worst measured on lavapipe 1.2e-13 (2026-11-27; the bound was 1e-10).
+    matmul_checks("matmul_and_embed_every_type_f32", false, 1e-11);
 }
 
 #[test]
@@ -388,6 +389,10 @@ fn fused_products_on(mut gpu: GpuBackend) {
     }
 }
 
+/// GPU against CPU row and element ops (norms, RoPE, SwiGLU, adds, DEX, the pair combine):
+/// f32 both, the same formulas, only exp/sqrt and summation order differ.
+const ROW_OP_BOUND: f64 = 3e-13;
+
 #[test]
 fn row_and_element_ops() {
     let test = "row_and_element_ops";
@@ -408,18 +413,22 @@ fn row_and_element_ops() {
     let (bc, bg) = (p.cpu.load_weight(&view(&file, "bias")).unwrap(), p.gpu.load_weight(&view(&file, "bias")).unwrap());
     let dname = "blk.0.attn_dex.weight";
     let (dc, dg) = (p.cpu.load_weight(&view(&file, dname)).unwrap(), p.gpu.load_weight(&view(&file, dname)).unwrap());
+    // Worst measured on lavapipe: 2.6e-15 (rms_norm; 2026-11-27). The bound was 1e-7, which
+    // row ops rounded to f16 passed; a doubled RMSNorm epsilon fails this one.
     let check = |name: &str, g: &[f32], c: &[f32]| {
         let e = nmse(g, c);
         eprintln!("{name}: nmse {e:.2e}");
-        assert!(e <= 1e-7, "{name}: nmse {e:.3e} > 1e-7");
+        assert!(e <= ROW_OP_BOUND, "{name}: nmse {e:.3e} > {ROW_OP_BOUND:.0e}");
     };
     let xv: Vec<f32> = rng.normals(rows * cols).iter().map(|v| v * 3.0).collect();
     let yv = rng.normals(rows * cols);
 
     let (xc, xg) = p.tensor(rows, cols, &xv);
     let (mut oc, mut og) = p.tensor(rows, cols, &[]);
-    p.cpu.rms_norm(&xc, &nc, 1e-5, &mut oc);
-    p.gpu.rms_norm(&xg, &ng, 1e-5, &mut og);
+    // An epsilon that moves the result (rows' mean square ~9): a kernel that drops or
+    // misreads it differs by far more than the bound.
+    p.cpu.rms_norm(&xc, &nc, 1e-2, &mut oc);
+    p.gpu.rms_norm(&xg, &ng, 1e-2, &mut og);
     let (g, c) = p.read(&oc, &og);
     check("rms_norm", &g, &c);
 
@@ -528,9 +537,10 @@ fn attention_case_rope(
     let rows_total = kv.n_pages() * PAGE;
     let mut pos0 = 0;
     // f32 and the absmax types (both backends quantize the same f32 rows into the same
-    // bytes, checked below, so the dequantized K/V are bit-identical): only the order of
-    // the f32 sums differs. f16 caches keep their looser bound.
-    let bound = if kt == CacheType::F16 || vt == CacheType::F16 { 1e-6 } else { 1e-7 };
+    // bytes, checked below, so the dequantized K/V are bit-identical) and f16 (the same
+    // round-to-nearest-even): only the order of the f32 sums differs. Worst measured on
+    // lavapipe 2.0e-12 (q4c/q4c, sub-norm; 2026-11-27); the bounds were 1e-6 (f16) and 1e-7.
+    let bound = 2e-10;
     let (mut cpu_out, mut gpu_out) = (Vec::new(), Vec::new());
     for &n in steps {
         let qv: Vec<f32> = rng.normals(n * h * hd).iter().map(|v| v * 2.0).collect();
