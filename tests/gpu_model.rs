@@ -74,8 +74,8 @@ fn logits_with<B: Backend>(
 /// * exact: the CPU backend on the same weights dequantized to F32 (exact f32 arithmetic).
 ///   GPU f32: max |Δlogit| ≤ 1e-3. GPU f16 products: mean KL ≤ 1e-4, top-1 ≥ 0.95.
 /// * the CPU backend on the quantized file itself (what `duet perplexity --kl-base`
-///   compares): mean KL ≤ 2e-3, top-1 ≥ 0.85 (these random-weight models have nearly flat
-///   logits, so near-ties flip easily).
+///   compares): mean KL ≤ 5e-6 with f32 products, ≤ 5e-4 with f16 ones, top-1 ≥ 0.85 (these
+///   random-weight models have nearly flat logits, so near-ties flip easily).
 #[test]
 fn fixtures_gpu_matches_cpu() {
     let test = "fixtures_gpu_matches_cpu";
@@ -124,7 +124,11 @@ fn fixtures_gpu_matches_cpu() {
                     c.top1
                 );
                 let exact_ok = if arith == "f32" { e.max_abs <= 1e-3 } else { e.mean_kl <= 1e-4 && e.top1 >= 0.95 };
-                let cpu_ok = c.mean_kl <= 2e-3 && c.top1 >= 0.85;
+                // Per arithmetic mode (the bound was 2e-3 for both, set for ggml's single Q8
+                // activations on the CPU side; the default two-level ones put the f32 GPU at
+                // 8.4e-8 and the f16 products at 5.3e-6, worst measured on lavapipe).
+                let cpu_kl = if arith == "f32" { 5e-6 } else { 5e-4 };
+                let cpu_ok = c.mean_kl <= cpu_kl && c.top1 >= 0.85;
                 if !exact_ok || !cpu_ok {
                     failures.push(format!("{name} {} {arith}", preset.name()));
                 }

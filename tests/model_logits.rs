@@ -7,7 +7,9 @@ mod common;
 use duet_convert::Preset;
 use duet_runtime::logits_file::LogitsFile;
 
-use common::{F32_BOUND, Q8_KL_BOUND, Q8_TOP1_BOUND, Stats, compare, convert, cpu_logits, dequantized, fixture};
+use common::{
+    F32_BOUND, Q8_KL_BOUND, Q8_TOP1_BOUND, Stats, compare, convert, cpu_logits, cpu_logits_with, dequantized, fixture,
+};
 
 fn check(name: &str, preset: Preset, keep_dex: bool) -> Stats {
     let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
@@ -110,34 +112,54 @@ fn quantized_conversions_stay_close_to_transformers() {
 }
 
 /// The runtime's arithmetic on quantized weights (activations quantized for the integer
-/// dot products: two-level Q8 by default) against exact f32 arithmetic on the same dequantized
-/// weights: the GGUF is re-converted to F32, which dequantizes every tensor exactly.
+/// dot products) against exact f32 arithmetic on the same dequantized weights: the GGUF is
+/// re-converted to F32, which dequantizes every tensor exactly. Each activation mode has its
+/// own bound: ggml's single Q8 (~0.4% relative noise per dot product) and the default
+/// two-level Q8, ~100 times finer.
 #[test]
 fn quantized_inference_matches_dequantized_f32() {
+    use duet_runtime::cpu::ActPrecision;
+    let (mut worst_q8, mut worst_q8x2) = (0f64, 0f64);
     for m in MODELS {
         let reference = LogitsFile::read(&fixture(m).join("reference.logits")).unwrap();
         for preset in [Preset::Q8_0, Preset::Q4KM, Preset::Q4_0] {
             let q = convert(m, preset, false);
             let f = dequantized(&q);
             let exact = cpu_logits(&f, &reference.tokens, 64);
-            let got = cpu_logits(&q, &reference.tokens, 64);
-            let s = compare(&exact, &got, reference.n_vocab);
-            eprintln!(
-                "{m} {} vs its dequantized f32: max|Δ| {:.2e} KL {:.2e} top-1 {:.3}",
-                preset.name(),
-                s.max_abs,
-                s.mean_kl,
-                s.top1
-            );
-            // The bound was set for ggml's single 8-bit activations (~0.4% relative noise per
-            // dot product); the default two-level ones are far inside it.
-            // Top-1 is noisy on these nearly flat random-model logits; KL is the real bound.
-            assert!(s.mean_kl <= 2e-3 && s.top1 >= 0.85, "{m} {}: KL {} top-1 {}", preset.name(), s.mean_kl, s.top1);
+            for (acts, bound, worst) in
+                [(ActPrecision::Q8, Q8_ACTS_KL, &mut worst_q8), (ActPrecision::Q8x2, Q8X2_ACTS_KL, &mut worst_q8x2)]
+            {
+                let got = cpu_logits_with(&q, &reference.tokens, 64, acts);
+                let s = compare(&exact, &got, reference.n_vocab);
+                eprintln!(
+                    "{m} {} {acts:?} vs its dequantized f32: max|Δ| {:.2e} KL {:.2e} top-1 {:.3}",
+                    preset.name(),
+                    s.max_abs,
+                    s.mean_kl,
+                    s.top1
+                );
+                *worst = worst.max(s.mean_kl);
+                // Top-1 is noisy on these nearly flat random-model logits; KL is the real bound.
+                assert!(
+                    s.mean_kl <= bound && s.top1 >= 0.85,
+                    "{m} {} {acts:?}: KL {} (bound {bound:.0e}) top-1 {}",
+                    preset.name(),
+                    s.mean_kl,
+                    s.top1
+                );
+            }
             std::fs::remove_file(&q).unwrap();
             std::fs::remove_file(&f).unwrap();
         }
     }
+    eprintln!("worst mean KL: single Q8 {worst_q8:.2e}, two-level Q8 {worst_q8x2:.2e}");
 }
+
+/// Mean KL bounds of [`quantized_inference_matches_dequantized_f32`] per activation mode:
+/// ggml's single Q8 (worst measured 1.3e-3), and the default two-level Q8 (worst measured
+/// 8.4e-8; the bound was 2e-3, set for single Q8, which the two-level mode missed by 24,000x).
+const Q8_ACTS_KL: f64 = 2e-3;
+const Q8X2_ACTS_KL: f64 = 5e-6;
 
 /// Logit quantization is a run setting of a session, not of the loaded weights: two
 /// sessions of one loaded model, one quantizing its attention logits to 4 bits, each give

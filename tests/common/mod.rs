@@ -106,8 +106,14 @@ pub const Q8_TOP1_BOUND: f64 = 0.9;
 /// `batch` tokens at a time over an f32 K/V cache (transformers' reference keeps K and V
 /// in float32; the f16 cache's rounding is tested separately).
 pub fn cpu_logits(path: &Path, tokens: &[u32], batch: usize) -> Vec<f32> {
+    cpu_logits_with(path, tokens, batch, duet_runtime::cpu::ActPrecision::default())
+}
+
+/// [`cpu_logits`] with the quantized products' activations in `acts`.
+pub fn cpu_logits_with(path: &Path, tokens: &[u32], batch: usize, acts: duet_runtime::cpu::ActPrecision) -> Vec<f32> {
     let file = std::sync::Arc::new(GgufFile::open(path).unwrap());
     let mut b = CpuBackend::new(2);
+    b.set_act_precision(acts);
     let model = Model::load(&mut b, file).unwrap();
     let mut s = model.new_session(&mut b, tokens.len().max(1), batch, CacheType::F32, CacheType::F32).unwrap();
     let mut out = Vec::new();
