@@ -15,7 +15,7 @@
 #      other matvec shapes, submission sizes) -> gpu-speed.md;
 #   6. decode at depth 4,096, f16 and 4-bit caches, both programs, and the attention's
 #      spread (--gpu-tune attn=N);
-#   6b. several streams decoding together (--parallel 4 and 8);
+#   6b. several streams decoding together (--parallel 4 and 8, 8 under mvtok=1, 4, 16);
 #   7. other duet builds carried by `DUET_BASE=… prepare`, on the same card;
 #   8. the same-shape DIFF V2;
 #   9. the other GPU test binaries.
@@ -245,6 +245,12 @@ PY
       read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n 64 -r 2 --parallel $np 2>>"$log" | tee -a "$log" | bench_duet_parse)
       [ "$np" = 1 ] && one=$nt
       echo "| $np | $nt | $(bench_ratio "$nt" "${one:-}") |" >>"$res"
+    done
+    # Products of a few tokens: the matvec once per token up to mvtok=N, else the matmul.
+    for v in mvtok=1 mvtok=4 mvtok=16; do
+      time_for 15 "--parallel 8 $v" || break
+      read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n 64 -r 2 --parallel 8 --gpu-tune "$v" 2>>"$log" | bench_duet_parse)
+      echo "| 8, --gpu-tune $v | $nt | $(bench_ratio "$nt" "${one:-}") |" >>"$res"
     done
   fi
 
