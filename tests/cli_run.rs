@@ -14,6 +14,19 @@ fn duet(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_duet")).args(args).env("RUST_BACKTRACE", "1").output().unwrap()
 }
 
+/// Runs `cmd` with `input` on its standard input; its output and status.
+fn with_input(cmd: &mut Command, input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 fn fixture_gguf() -> PathBuf {
     // Converted once per test binary run from the committed tiny Llama fixture.
     let out = std::env::temp_dir().join(format!("duet-cli-run-{}.gguf", std::process::id()));
@@ -331,18 +344,8 @@ fn broken_template_and_long_system_prompt() {
     assert!(String::from_utf8_lossy(&ok.stderr).contains("chat template does not parse"), "a note at load");
     let ok = duet(&["bench", "-m", ps, "-p", "4", "-n", "2", "-r", "1", "--device", "cpu"]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    let chat = Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args(["chat", "-m", ps, "--device", "cpu", "-q"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(b"hello\n")?;
-            c.wait_with_output()
-        })
-        .unwrap();
+    let mut chat = Command::new(env!("CARGO_BIN_EXE_duet"));
+    let chat = with_input(chat.args(["chat", "-m", ps, "--device", "cpu", "-q"]), b"hello\n");
     assert_clean_failure(&chat, &["chat template does not parse"]);
     let long = "you are a very careful assistant. ".repeat(200);
     let o = duet(&["chat", "-m", m.to_str().unwrap(), "--device", "cpu", "-c", "64", "--system", &long]);
@@ -363,19 +366,16 @@ fn a_template_that_grows_without_bound_fails_chat_cleanly() {
         "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}";
     with_metadata(&m, &p, &[("tokenizer.chat_template", Value::from(doubling))]);
     let t0 = std::time::Instant::now();
-    let chat = Command::new("sh")
-        .args(["-c", "ulimit -v 4000000 && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_duet")])
-        .args(["chat", "-m", p.to_str().unwrap(), "--device", "cpu", "-q"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(b"hello\n")?;
-            c.wait_with_output()
-        })
-        .unwrap();
+    let mut chat = Command::new("sh");
+    chat.args(["-c", "ulimit -v 4000000 && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_duet")]).args([
+        "chat",
+        "-m",
+        p.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "-q",
+    ]);
+    let chat = with_input(&mut chat, b"hello\n");
     assert_clean_failure(&chat, &["chat template needed more than 256 MiB of memory"]);
     assert!(t0.elapsed().as_secs() < 20, "took {:?}", t0.elapsed());
     let _ = std::fs::remove_file(&p);
