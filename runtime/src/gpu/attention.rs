@@ -379,21 +379,8 @@ pub fn rope_attention(
     let (q_dim, kv_dim) = (spec.n_heads * spec.head_dim, cache.kv_dim);
     assert!(q.cols == q_dim && k.cols == kv_dim && v.cols == kv_dim, "rope_attention: q, k, v widths");
     let qb = if b.ctx.fuse && plain {
-        let table = b.rope_table(rope, pos0 + rows);
-        let g = grid(rows * (q_dim / 2 + kv_dim), EW_WG as usize);
-        let params = RopeKvParams {
-            rows: rows as u32,
-            q_dim: q_dim as u32,
-            kv_dim: kv_dim as u32,
-            head_dim: spec.head_dim as u32,
-            n_pairs: (rope.n_rot / 2) as u32,
-            pos0: pos0 as u32,
-            grid_x: g.0,
-            pt_base,
-        };
-        let (kc, vc, pt) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]), Arc::clone(&cache.page_tables));
-        let op = Op::RopeKv { k: cache.k_elem, v: cache.v_elem, rows: false };
-        b.run(op, &params, &[&table, &q.buf, &k.buf, &v.buf, &kc, &vc, &pt], g);
+        let at = RopeKvAt { rows, pos0, pt_base, by_row: false, n_pos: pos0 + rows };
+        rope_kv(b, (q, k, v), cache, layer, rope, spec.head_dim, at);
         Arc::clone(&q.buf)
     } else {
         // Rotated already; the K cache may want rotated copies (V is not rotated here).
@@ -549,6 +536,46 @@ pub fn key_chunks(shape: AttnShape, keys: usize, units: usize, tile: usize, work
     };
     let chunk_keys = tiles.div_ceil(chunks) * tile;
     (chunk_keys, keys.div_ceil(chunk_keys).max(1))
+}
+
+/// Where [`rope_kv`] works: `rows` rows of Q/K/V; their positions from `pos0` and cache rows
+/// from page-table entry `pt_base` on (one sequence), or (`by_row`) each row's position and
+/// page table from the rows' table at `pt_base`; the RoPE table covers `n_pos` positions.
+pub(super) struct RopeKvAt {
+    pub rows: usize,
+    pub pos0: usize,
+    pub pt_base: u32,
+    pub by_row: bool,
+    pub n_pos: usize,
+}
+
+/// RoPE on Q and K with K and V stored into `cache`'s `layer`, one dispatch (the fused
+/// kernel).
+pub(super) fn rope_kv(
+    b: &mut GpuBackend,
+    (q, k, v): (&GpuTensor, &GpuTensor, &GpuTensor),
+    cache: &GpuKvCache,
+    layer: usize,
+    rope: &RopeSpec,
+    head_dim: usize,
+    at: RopeKvAt,
+) {
+    let (q_dim, kv_dim) = (q.cols, cache.kv_dim);
+    let table = b.rope_table(rope, at.n_pos);
+    let g = grid(at.rows * (q_dim / 2 + kv_dim), EW_WG as usize);
+    let params = RopeKvParams {
+        rows: at.rows as u32,
+        q_dim: q_dim as u32,
+        kv_dim: kv_dim as u32,
+        head_dim: head_dim as u32,
+        n_pairs: (rope.n_rot / 2) as u32,
+        pos0: at.pos0 as u32,
+        grid_x: g.0,
+        pt_base: at.pt_base,
+    };
+    let (kc, vc, pt) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]), Arc::clone(&cache.page_tables));
+    let op = Op::RopeKv { k: cache.k_elem, v: cache.v_elem, rows: at.by_row };
+    b.run(op, &params, &[&table, &q.buf, &k.buf, &v.buf, &kc, &vc, &pt], g);
 }
 
 #[cfg(test)]

@@ -10,11 +10,11 @@
 
 use std::sync::Arc;
 
-use duet_shaders::{AttnShape, CacheKind, EW_WG, Op, RopeKvParams};
+use duet_shaders::{AttnShape, CacheKind};
 
-use super::attention::{Place, attend, prepare_rows};
+use super::GpuBackend;
+use super::attention::{Place, RopeKvAt, attend, prepare_rows, rope_kv};
 use super::buffers::{GpuKvCache, GpuTensor};
-use super::{GpuBackend, grid};
 use crate::backend::{RopeSpec, SeqSpan};
 
 /// Whether [`attention_spans`] takes `spans`.
@@ -69,21 +69,8 @@ pub fn attention_spans(
     let rows_table = cache.rows_table as u32;
 
     // RoPE on every row's Q and K, K and V into the cache.
-    let cs = b.rope_table(rope, max_pos + 1);
-    let g = grid(rows * (q_dim / 2 + kv_dim), EW_WG as usize);
-    let params = RopeKvParams {
-        rows: rows as u32,
-        q_dim: q_dim as u32,
-        kv_dim: kv_dim as u32,
-        head_dim: spec.head_dim as u32,
-        n_pairs: (rope.n_rot / 2) as u32,
-        pos0: 0,
-        grid_x: g.0,
-        pt_base: rows_table,
-    };
-    let (kc, vc, pt) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]), Arc::clone(&cache.page_tables));
-    let op = Op::RopeKv { k: cache.k_elem, v: cache.v_elem, rows: true };
-    b.run(op, &params, &[&cs, &q.buf, &k.buf, &v.buf, &kc, &vc, &pt], g);
+    let at = RopeKvAt { rows, pos0: 0, pt_base: rows_table, by_row: true, n_pos: max_pos + 1 };
+    rope_kv(b, (q, k, v), cache, layer, rope, spec.head_dim, at);
 
     // Attend and combine, every row's chunks counted over the longest row's keys.
     let at = Place { shape: AttnShape::DecodeRows, rows, keys: max_pos + 1, pos0: 0, pt_base: rows_table, slot: 0 };
