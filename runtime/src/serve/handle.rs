@@ -8,8 +8,9 @@ use std::thread::JoinHandle;
 
 use crate::backend::Backend;
 use crate::serve::metrics::Metrics;
+use crate::serve::prompt::Encoded;
 use crate::serve::prompt::PromptEncoder;
-use crate::serve::scheduler::{Encoded, Scheduler};
+use crate::serve::scheduler::Scheduler;
 use crate::serve::{GenRequest, SubmitError};
 
 /// What the engine thread runs: a [`Scheduler`] of any backend.
@@ -93,10 +94,10 @@ impl Handle {
     /// large or bad prompt delays no other stream), then queues it (its events go to its
     /// sink); returns its prompt length in tokens.
     pub fn submit(&self, req: GenRequest) -> Result<usize, SubmitError> {
-        let tokens = self.encoder.encode(&req)?;
+        let e = self.encoder.encode(req)?;
         let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         self.tx
-            .send(Command::Submit(Encoded { tokens, req }, reply_tx))
+            .send(Command::Submit(e, reply_tx))
             .map_err(|_| SubmitError::Stopped("the engine thread is gone".into()))?;
         reply_rx.recv().unwrap_or_else(|_| Err(SubmitError::Stopped("the engine thread is gone".into())))
     }

@@ -21,6 +21,20 @@ pub const MAX_STOP_STRINGS: usize = 4;
 /// Bytes of one stop string.
 pub const MAX_STOP_BYTES: usize = 1024;
 
+/// A request whose prompt is tokens, checked: only [`PromptEncoder::encode`] makes one, so
+/// the engine thread queues it without checking again.
+pub struct Encoded {
+    tokens: Vec<u32>,
+    req: GenRequest,
+}
+
+impl Encoded {
+    /// The prompt's tokens and the request.
+    pub fn into_parts(self) -> (Vec<u32>, GenRequest) {
+        (self.tokens, self.req)
+    }
+}
+
 /// Turns requests into tokens on any thread; cheap to clone.
 #[derive(Clone)]
 pub struct PromptEncoder {
@@ -48,9 +62,9 @@ impl PromptEncoder {
         self.n_ctx.saturating_mul(PROMPT_BYTES_PER_TOKEN)
     }
 
-    /// Checks `req` and returns its prompt's tokens: not empty, shorter than the context,
-    /// every id inside the vocabulary.
-    pub fn encode(&self, req: &GenRequest) -> Result<Vec<u32>, SubmitError> {
+    /// Checks `req` and tokenizes its prompt: not empty, shorter than the context, every id
+    /// inside the vocabulary.
+    pub fn encode(&self, req: GenRequest) -> Result<Encoded, SubmitError> {
         if req.stop.len() > MAX_STOP_STRINGS {
             return Err(SubmitError::BadPrompt(format!(
                 "{} stop strings; duet takes at most {MAX_STOP_STRINGS}",
@@ -106,6 +120,6 @@ impl PromptEncoder {
                 self.n_vocab
             )));
         }
-        Ok(tokens)
+        Ok(Encoded { tokens, req })
     }
 }

@@ -11,16 +11,10 @@ use crate::kv_pages::PAGE;
 use crate::model::{DecodeBatch, Model, Session};
 use crate::sampler::Sampler;
 use crate::serve::metrics::Metrics;
-use crate::serve::prompt::PromptEncoder;
+use crate::serve::prompt::{Encoded, PromptEncoder};
 use crate::serve::stop::StopText;
 use crate::serve::{FinishReason, GenEvent, GenRequest, Sink, SubmitError};
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
-
-/// A request whose prompt is tokens, checked ([`PromptEncoder::encode`]).
-pub struct Encoded {
-    pub tokens: Vec<u32>,
-    pub req: GenRequest,
-}
 
 /// `(&v[src], &mut v[dst])` for `src != dst`.
 fn two<T>(v: &mut [T], src: usize, dst: usize) -> (&T, &mut T) {
@@ -165,20 +159,15 @@ impl<B: Backend> Scheduler<B> {
     /// Checks and tokenizes `req` here, then queues it ([`Scheduler::submit_encoded`]);
     /// returns its prompt's length in tokens.
     pub fn submit(&mut self, req: GenRequest) -> Result<usize, SubmitError> {
-        let tokens = self.encoder().encode(&req)?;
-        self.submit_encoded(Encoded { tokens, req })
+        let e = self.encoder().encode(req)?;
+        self.submit_encoded(e)
     }
 
     /// Queues a request its [`Scheduler::encoder`] checked and tokenized; returns its
     /// prompt's length in tokens.
     pub fn submit_encoded(&mut self, e: Encoded) -> Result<usize, SubmitError> {
-        let Encoded { tokens, req } = e;
-        if tokens.is_empty() {
-            return Err(SubmitError::BadPrompt("the prompt is empty".into()));
-        }
-        if tokens.len() >= self.n_ctx {
-            return Err(SubmitError::TooLong { prompt_tokens: tokens.len(), n_ctx: self.n_ctx });
-        }
+        // (Checked by the encoder, the only maker of an Encoded, against this context.)
+        let (tokens, req) = e.into_parts();
         let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
         // Requests that will find a free slot at the next step do not wait.
         let free = self.active.iter().filter(|a| a.is_none()).count();
