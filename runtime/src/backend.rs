@@ -56,7 +56,7 @@ pub enum AttentionKind {
     /// Llama: each query head attends with its KV head.
     Standard,
     /// DIFF: query head j (< H/2) pairs with head j + H/2; output
-    /// `RMSNorm(A1·V − λ·A2·V) · (1 − λ_init)` over 2·head_dim, see diff-attention.md.
+    /// `RMSNorm(A1·V − λ·A2·V) · (1 − λ_init)` over 2·head_dim, see docs/diff-attention.md.
     Differential {
         lambda: f32,
         lambda_init: f32,

@@ -1,6 +1,6 @@
 //! Causal attention over the K/V cache: the standard (Llama) form and the differential
 //! (DIFF) form, both reading one shared cache. A DIFF head pair is two ordinary softmax
-//! attentions over the same V, combined and normalised (diff-attention.md).
+//! attentions over the same V, combined and normalised (docs/diff-attention.md).
 //!
 //! Every form is the same two steps per query row and head: attend (logits over the cached
 //! keys, optionally quantized, softmax) and weigh the values; DIFF then combines its two
