@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A bounded libFuzzer run of every input-reader target outside quant/: converter/fuzz's
-# safetensors_header, hf_config and tokenizer_json and runtime/fuzz's chat_template, seeded
-# from the test fixtures. Builds with plain nightly and the sanitizer-coverage flags that
+# A bounded libFuzzer run of every fuzz target: quant/fuzz's gguf_reader, converter/fuzz's
+# safetensors_header, hf_config and tokenizer_json, and runtime/fuzz's chat_template and
+# chat_template_budget, seeded from the test fixtures and runtime/fuzz/seeds. Builds with plain nightly and the sanitizer-coverage flags that
 # cargo-fuzz would pass (converter/fuzz/README.md), AddressSanitizer included, into
 # target/fuzz-cov (the first build compiles wgpu and tokenizers instrumented: ~40 min on 2
 # cores). Prints one line per target: executions, seconds, crashes (files libFuzzer saved
@@ -18,7 +18,7 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks \
 -Zsanitizer=address"
-for crate in converter runtime; do
+for crate in quant converter runtime; do
   (cd "$root/$crate/fuzz" && cargo +nightly build --release --target "$triple" --target-dir "$out" -q)
 done
 
@@ -31,6 +31,7 @@ seed() { # crate target files...
   return 0
 }
 fixtures=$root/tests/fixtures/models
+seed quant gguf_reader "$root"/quant/tests/gguf-fixtures/*.gguf
 seed converter safetensors_header "$fixtures"/*/model*.safetensors
 seed converter hf_config "$fixtures"/*/config.json "$root"/models/*-ref/config.json
 seed converter tokenizer_json "$fixtures"/*/tokenizer.json
@@ -39,19 +40,22 @@ for f in "$fixtures"/*/tokenizer_config.json; do
   python3 -c 'import json, sys; t = json.load(open(sys.argv[1])).get("chat_template"); t and open(sys.argv[2], "w").write(t)' \
     "$f" "$root/runtime/fuzz/corpus/chat_template/$(basename "$(dirname "$f")").jinja"
 done
+seed runtime chat_template_budget "$root"/runtime/fuzz/seeds/chat_template_budget/*.jinja
 
 failed=0
 echo "| target | executions | seconds | crashes |"
 echo "|---|---|---|---|"
-for t in converter:safetensors_header:65536 converter:hf_config:16384 converter:tokenizer_json:65536 \
-  runtime:chat_template:4096; do
-  IFS=: read -r crate name max_len <<<"$t"
+# crate:target:largest input:largest single allocation (MB; the GGUF reader must never
+# allocate more than the file implies)
+for t in quant:gguf_reader:8192:64 converter:safetensors_header:65536:512 converter:hf_config:16384:512 \
+  converter:tokenizer_json:65536:512 runtime:chat_template:4096:512 runtime:chat_template_budget:4096:512; do
+  IFS=: read -r crate name max_len malloc_mb <<<"$t"
   dir=$root/$crate/fuzz
   mkdir -p "$dir/artifacts/$name"
   log=$out/$name.log
   set +e
   (cd "$dir" && "$out/$triple/release/$name" "corpus/$name" -max_total_time="$secs" -max_len="$max_len" \
-    -malloc_limit_mb=512 -rss_limit_mb=2048 -timeout=10 -artifact_prefix="artifacts/$name/") >"$log" 2>&1
+    -malloc_limit_mb="$malloc_mb" -rss_limit_mb=2048 -timeout=10 -artifact_prefix="artifacts/$name/") >"$log" 2>&1
   rc=$?
   set -e
   runs=$(sed -n 's/^Done \([0-9]*\) runs in \([0-9]*\) second.*/\1/p' "$log")

@@ -47,6 +47,28 @@ pub struct ChatTemplate {
     /// Why a rendering stopped for good (memory or time), once one has: later renderings
     /// fail with it at once (the stopped one's thread holds its memory).
     overran: Mutex<Option<String>>,
+    limits: TemplateLimits,
+}
+
+/// What one rendering may spend. duet renders with [`TemplateLimits::default`] (the
+/// `TEMPLATE_*` constants); smaller limits serve the fuzz target, which must not park
+/// hundreds of 256 MiB threads (`runtime/fuzz/fuzz_targets/chat_template_budget.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// Instructions ([`minijinja::Environment::set_fuel`]).
+    pub fuel: u64,
+    /// Bytes held at once, where [`crate::mem_budget::BudgetAlloc`] is installed.
+    pub memory: usize,
+    /// Wall-clock time.
+    pub time: Duration,
+    /// Bytes of rendered text: writing stops at the first byte past it.
+    pub output: usize,
+}
+
+impl Default for TemplateLimits {
+    fn default() -> TemplateLimits {
+        TemplateLimits { fuel: TEMPLATE_FUEL, memory: TEMPLATE_MEMORY, time: TEMPLATE_TIME, output: TEMPLATE_MAX_OUTPUT }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +94,17 @@ impl ChatTemplate {
     /// `template`: the model's, if any; `has_chatml`: whether the vocabulary has the ChatML
     /// markers (for the fallback).
     pub fn new(template: Option<&str>, has_chatml: bool, bos: &str, eos: &str) -> Result<ChatTemplate, RuntimeError> {
+        ChatTemplate::with_limits(template, has_chatml, bos, eos, TemplateLimits::default())
+    }
+
+    /// [`ChatTemplate::new`] rendering within `limits`.
+    pub fn with_limits(
+        template: Option<&str>,
+        has_chatml: bool,
+        bos: &str,
+        eos: &str,
+        limits: TemplateLimits,
+    ) -> Result<ChatTemplate, RuntimeError> {
         let (text, source) = match template {
             Some(t) => (t.to_string(), TemplateSource::Model),
             None if has_chatml => (CHATML.to_string(), TemplateSource::FallbackChatml),
@@ -88,7 +121,7 @@ impl ChatTemplate {
         // A template comes with the model file: one that loops for ever must end with an
         // error, not hang the program. Real chat templates take a few thousand steps per
         // conversation; this allows thousands of times that.
-        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_fuel(Some(limits.fuel));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
@@ -103,6 +136,7 @@ impl ChatTemplate {
             eos: eos.to_string(),
             broken,
             overran: Mutex::new(None),
+            limits,
         })
     }
 
@@ -124,24 +158,30 @@ impl ChatTemplate {
             })
             .collect();
         let (env, bos, eos) = (Arc::clone(&self.env), self.bos.clone(), self.eos.clone());
-        let rendered = crate::mem_budget::run_with_budget(TEMPLATE_MEMORY, TEMPLATE_TIME, move || {
+        let limits = self.limits;
+        let rendered = crate::mem_budget::run_with_budget(limits.memory, limits.time, move || {
             let tmpl = env.get_template("chat").map_err(|e| e.to_string())?;
-            let out = tmpl
-                .render(context! {
-                    messages => msgs,
-                    add_generation_prompt => add_generation_prompt,
-                    bos_token => bos,
-                    eos_token => eos,
-                })
-                .map_err(|e| describe(&e))?;
-            if out.len() > TEMPLATE_MAX_OUTPUT {
-                return Err(format!(
-                    "the model's chat template rendered {} bytes, more than duet takes ({} MiB, about a million tokens)",
-                    out.len(),
-                    TEMPLATE_MAX_OUTPUT >> 20
-                ));
+            let ctx = context! {
+                messages => msgs,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => bos,
+                eos_token => eos,
+            };
+            // Written through a capped buffer, so that a template writing without end stops
+            // at the limit instead of first building all of its text.
+            let mut out = CappedText { text: Vec::new(), limit: limits.output, over: false };
+            if let Err(e) = tmpl.render_captured_to(ctx, &mut out) {
+                if out.over {
+                    return Err(format!(
+                        "the model's chat template rendered more than {} bytes, more than duet takes{}",
+                        limits.output,
+                        if limits.output == TEMPLATE_MAX_OUTPUT { " (4 MiB, about a million tokens)" } else { "" }
+                    ));
+                }
+                return Err(describe(&e));
             }
-            Ok(out)
+            // minijinja writes whole `str`s: the bytes are UTF-8.
+            String::from_utf8(out.text).map_err(|e| e.to_string())
         });
         use crate::mem_budget::Overrun;
         let why = match rendered {
@@ -200,6 +240,28 @@ pub fn encode_chat(
     }
     ids.extend(tokenizer.encode(rest, false)?);
     Ok(ids)
+}
+
+/// The rendered text, refusing to grow past `limit` bytes.
+struct CappedText {
+    text: Vec<u8>,
+    limit: usize,
+    /// Whether a write was refused for the limit.
+    over: bool,
+}
+
+impl std::io::Write for CappedText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > self.limit {
+            self.over = true;
+            return Err(std::io::Error::other("the chat template's output budget is spent"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn describe(e: &Error) -> String {
@@ -278,7 +340,9 @@ mod tests {
 
     #[test]
     fn a_template_that_never_ends_is_an_error() {
-        let t = "{% for a in range(100000) %}{% for b in range(100000) %}{{ a }}{% endfor %}{% endfor %}";
+        // Writes nothing, so that the fuel ends it (a loop that writes stops at the output
+        // limit first: limits_given_to_a_template_bound_its_rendering).
+        let t = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
         let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
         let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
         assert!(e.contains("fuel"), "{e}");
@@ -313,11 +377,34 @@ mod tests {
         let t = "{% for i in range(10000) %}{{ 'x' * 600 }}{% endfor %}";
         let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
         let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
-        assert!(e.contains("rendered 6000000 bytes, more than duet takes (4 MiB"), "{e}");
+        assert!(e.contains("rendered more than 4194304 bytes, more than duet takes (4 MiB"), "{e}");
         // Within the limit, the same loop renders.
         let t = "{% for i in range(1000) %}{{ 'x' * 600 }}{% endfor %}";
         let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
         assert_eq!(ct.render(&[Message::new("user", "x")], true).unwrap().len(), 600_000);
+    }
+
+    /// Smaller limits hold as the defaults do: writing stops at the first write past the
+    /// output limit (the loop below would write 100 MB and stops within its first 4 KiB,
+    /// long before the 1 MiB memory budget), and fuel and memory are per template.
+    #[test]
+    fn limits_given_to_a_template_bound_its_rendering() {
+        let small = TemplateLimits { fuel: 100_000, memory: 1 << 20, time: Duration::from_secs(10), output: 4096 };
+        let writer = "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}";
+        let ct = ChatTemplate::with_limits(Some(writer), false, "", "", small).unwrap();
+        let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+        assert_eq!(e, "chat template: the model's chat template rendered more than 4096 bytes, more than duet takes");
+        let fits = "{% for i in range(4) %}{{ 'x' * 1024 }}{% endfor %}";
+        let ct = ChatTemplate::with_limits(Some(fits), false, "", "", small).unwrap();
+        assert_eq!(ct.render(&[Message::new("user", "x")], true).unwrap().len(), 4096);
+        let looping = "{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}";
+        let e = ChatTemplate::with_limits(Some(looping), false, "", "", small).unwrap();
+        let e = e.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+        assert!(e.contains("fuel"), "{e}");
+        let doubling = "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}";
+        let e = ChatTemplate::with_limits(Some(doubling), false, "", "", small).unwrap();
+        let e = e.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+        assert!(e.contains("more than 1 MiB of memory"), "{e}");
     }
 
     #[test]

@@ -4,6 +4,6 @@ pub mod chat_template;
 pub mod stream;
 pub mod tokenizer;
 
-pub use chat_template::{ChatTemplate, Message};
+pub use chat_template::{ChatTemplate, Message, TemplateLimits};
 pub use stream::TextStream;
 pub use tokenizer::Tokenizer;
