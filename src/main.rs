@@ -18,7 +18,8 @@ use clap::{Parser, Subcommand};
     about = "Run and convert Differential Transformer (DIFF) language models",
     long_about = "duet converts DiffLlama, Llama and DEX checkpoints to GGUF at 4, 6 and 8 bits and runs \
                   them (and llama.cpp's Llama GGUFs) on a CPU or any Vulkan/Metal/DX12 GPU, including \
-                  differential attention with low-bit K/V cache and attention logits."
+                  differential attention with low-bit K/V cache and attention logits.",
+    after_long_help = cmd::environment::HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -53,7 +54,7 @@ fn main() -> ExitCode {
     // SAFETY: first thing in main, before any thread exists.
     unsafe { duet_runtime::gpu::device::prepare_loader_environment() };
     let cli = Cli::parse();
-    let result = match cli.command {
+    let result = cmd::environment::init().and_then(|()| match cli.command {
         Command::AttnBench(args) => cmd::attn_bench::run(args),
         Command::AttnMap(args) => cmd::attn_map::run(args),
         Command::Bench(args) => cmd::bench::run(args),
@@ -64,7 +65,7 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Serve(args) => cmd::serve::run(args),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -380,3 +380,35 @@ fn a_template_that_grows_without_bound_fails_chat_cleanly() {
     assert!(t0.elapsed().as_secs() < 20, "took {:?}", t0.elapsed());
     let _ = std::fs::remove_file(&p);
 }
+
+/// The environment variables `duet --help` lists choose kernels through the CLI (no library
+/// reads them): a chosen set shows in the load line, a value that cannot be used is an error
+/// naming the variable.
+#[test]
+fn environment_settings_are_read_by_the_cli_and_checked() {
+    let model = fixture_gguf();
+    let m = model.to_str().unwrap();
+    let run = |vars: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_duet"));
+        cmd.args(["run", "-m", m, "-p", "Hello", "-n", "2", "--device", "cpu"]).env("RUST_BACKTRACE", "1");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let o = run(&[("DUET_GEMM", "portable"), ("DUET_FORCE_SCALAR", "1")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("portable packed / scalar kernels"), "{err}");
+    let o = run(&[("DUET_GEMM", "off")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !err.contains("packed"), "{err}");
+    assert_clean_failure(&run(&[("DUET_GEMM", "bogus")]), &["DUET_GEMM", "no packed matmul kernels named \"bogus\""]);
+    assert_clean_failure(&run(&[("DUET_KV_JITTER", "2")]), &["DUET_KV_JITTER=2: expected a relative size in [0, 1)"]);
+    assert_clean_failure(&run(&[("DUET_ATTN_SIMD", "sse")]), &["DUET_ATTN_SIMD=sse"]);
+    assert_clean_failure(&run(&[("DUET_GPU_F16", "maybe")]), &["DUET_GPU_F16=maybe: expected 0 or 1"]);
+    let help = String::from_utf8_lossy(&duet(&["--help"]).stdout).into_owned();
+    for var in ["DUET_DEFAULT_MODEL", "DUET_FORCE_SCALAR", "DUET_GEMM", "DUET_ATTN_SIMD", "DUET_KV_JITTER", "DUET_GPU_F16"] {
+        assert!(help.contains(var), "--help lacks {var}");
+    }
+}

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use duet_convert::Preset;
 use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, Probe};
-use duet_runtime::calibrate::Observer;
+use duet_runtime::observe::Observer;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::insight::maps::{LayerQk, head_maps, selectable_heads};
 use duet_runtime::kv_cache::CacheType;

@@ -10,22 +10,39 @@ use std::sync::Arc;
 use duet_quant::GgmlType;
 use duet_quant::gguf::GgufFile;
 
-use crate::calibrate::Observer;
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
 use crate::kv_pages::SeqPages;
+use crate::model_config::ModelConfig;
+pub use crate::observe::{KernelTime, Observer, Probe};
 
 /// A tensor of the model file as the backend receives it at load time. `data` lies inside
 /// `file`'s memory map, so a backend may keep referring to it instead of copying.
 #[derive(Clone, Copy, Debug)]
 pub struct WeightView<'a> {
+    /// For messages only: a backend stores and multiplies a weight by its `role`.
     pub name: &'a str,
+    pub role: WeightRole,
     pub ty: GgmlType,
     /// Elements per row (GGUF dims[0]); 1-D tensors are one row.
     pub cols: usize,
     pub rows: usize,
     pub data: &'a [u8],
     pub file: &'a Arc<GgufFile>,
+}
+
+/// How the model uses a weight, decided when the model is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightRole {
+    /// The token table: rows gathered by token id (and the output projection when the
+    /// output is tied to it).
+    Embedding,
+    /// A projection multiplied by activations.
+    Matrix,
+    /// A vector applied element-wise (norm weights, biases).
+    Vector,
+    /// A small matrix applied to each selected head's attention output in f32 (DEX's W_D).
+    HeadMatrix,
 }
 
 /// RoPE parameters shared by all layers.
@@ -47,6 +64,11 @@ impl RopeSpec {
             Some(f) => base / f[i],
             None => base,
         }
+    }
+
+    /// The angular frequency of every rotated pair.
+    pub fn thetas(&self) -> Vec<f32> {
+        (0..self.n_rot / 2).map(|i| self.theta(i)).collect()
     }
 }
 
@@ -140,36 +162,6 @@ pub struct Normed<'a, T, W> {
     pub xn: &'a mut T,
 }
 
-/// Points of the forward pass where an observer may look at activations (calibration).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Probe {
-    /// The normalised input of the q/k/v projections (rows × n_embd).
-    AttnIn,
-    /// Queries after RoPE (rows × n_heads·head_dim).
-    Q,
-    /// Keys after RoPE (rows × n_kv_heads·head_dim), at positions pos0.. of the layer.
-    K,
-    /// Values (rows × n_kv_heads·head_dim).
-    V,
-    /// The attention output, the input of attn_output (rows × n_heads·head_dim; DIFF V2:
-    /// after the pair combine, rows × n_heads/2·head_dim).
-    AttnOut,
-    /// DIFF V2: lambda_proj of the normalised input, before its sigmoid (rows × n_heads/2).
-    PairGates,
-    /// Each head pair's two branches before they are combined. DIFF (CPU only):
-    /// `[A1·V | A2·V]` per pair (rows × (n_heads/2)·4·head_dim); DIFF V2 (both backends): the
-    /// query heads' outputs, `[o_2i | o_2i+1]` per pair (rows × n_heads·head_dim).
-    AttnBranches,
-    /// The normalised input of ffn_gate/ffn_up (rows × n_embd).
-    FfnIn,
-    /// The SwiGLU output, the input of ffn_down (rows × n_ff).
-    FfnDownIn,
-    /// The residual stream after the layer (rows × n_embd).
-    Hidden,
-    /// The normalised input of the output projection (rows × n_embd).
-    OutputIn,
-}
-
 /// One sequence's rows in a batch of several: batch rows `first..first + rows` are its
 /// positions `pos0..`, attended as `spec` says (the session's run settings).
 #[derive(Clone, Copy)]
@@ -194,7 +186,7 @@ pub trait Backend {
     fn describe(&self) -> String;
     /// Each kernel's device time since the last call, longest first, where the backend
     /// times its kernels (the GPU with [`crate::gpu::GpuOptions::profile`]); else None.
-    fn take_kernel_times(&mut self) -> Option<Vec<crate::gpu::profile::KernelTime>> {
+    fn take_kernel_times(&mut self) -> Option<Vec<KernelTime>> {
         None
     }
     /// Kernel dispatches and the barriers between them so far, where the backend records
@@ -212,7 +204,7 @@ pub trait Backend {
     /// names the sizes and the largest context that fits).
     fn check_session(
         &self,
-        _config: &crate::model::ModelConfig,
+        _config: &ModelConfig,
         _cache: &KvCacheSpec,
         _max_batch: usize,
     ) -> Result<(), RuntimeError> {

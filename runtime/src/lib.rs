@@ -21,6 +21,8 @@ pub mod logits_file;
 pub mod mem_budget;
 pub mod memory;
 pub mod model;
+pub mod model_config;
+pub mod observe;
 pub mod sampler;
 pub mod serve;
 pub mod text;

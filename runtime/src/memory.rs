@@ -75,7 +75,7 @@ mod tests {
     use super::*;
     use crate::kv_cache::CacheType;
     use crate::model::Arch;
-    use crate::model::config::RopeConfig;
+    use crate::model_config::RopeConfig;
 
     #[test]
     fn too_large_a_context_names_the_largest_that_fits() {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use duet_quant::GgmlType;
 use duet_quant::gguf::{GgufFile, GgufWriter};
-use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightView};
+use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightRole, WeightView};
 use duet_runtime::cpu::{CpuBackend, CpuTensor};
 use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor, GpuTune};
 use duet_runtime::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
@@ -74,11 +74,17 @@ fn weights_file(tensors: &[(&str, GgmlType, usize, usize, Vec<f32>)]) -> Arc<Ggu
     file
 }
 
+/// A view of tensor `name`: a vector if it has one row, else a matrix (DEX's W_D: `dex_view`).
 fn view<'a>(file: &'a Arc<GgufFile>, name: &'a str) -> WeightView<'a> {
     let info = file.tensor(name).unwrap();
     let d = info.dims();
     let (cols, rows) = (d[0] as usize, if d.len() > 1 { d[1] as usize } else { 1 });
-    WeightView { name, ty: info.ggml_type(), cols, rows, data: file.tensor_data(info), file }
+    let role = if rows == 1 { WeightRole::Vector } else { WeightRole::Matrix };
+    WeightView { name, role, ty: info.ggml_type(), cols, rows, data: file.tensor_data(info), file }
+}
+
+fn dex_view<'a>(file: &'a Arc<GgufFile>, name: &'a str) -> WeightView<'a> {
+    WeightView { role: WeightRole::HeadMatrix, ..view(file, name) }
 }
 
 /// The same activations on both backends.
@@ -412,7 +418,8 @@ fn row_and_element_ops() {
     let (nc, ng) = (p.cpu.load_weight(&view(&file, "norm")).unwrap(), p.gpu.load_weight(&view(&file, "norm")).unwrap());
     let (bc, bg) = (p.cpu.load_weight(&view(&file, "bias")).unwrap(), p.gpu.load_weight(&view(&file, "bias")).unwrap());
     let dname = "blk.0.attn_dex.weight";
-    let (dc, dg) = (p.cpu.load_weight(&view(&file, dname)).unwrap(), p.gpu.load_weight(&view(&file, dname)).unwrap());
+    let (dc, dg) =
+        (p.cpu.load_weight(&dex_view(&file, dname)).unwrap(), p.gpu.load_weight(&dex_view(&file, dname)).unwrap());
     // Worst measured on lavapipe: 2.6e-15 (rms_norm; 2026-11-27). The bound was 1e-7, which
     // row ops rounded to f16 passed; a doubled RMSNorm epsilon fails this one.
     let check = |name: &str, g: &[f32], c: &[f32]| {

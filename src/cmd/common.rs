@@ -216,6 +216,7 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
             profile: args.gpu_profile,
             submit_every: args.gpu_submit_every,
             tune: args.gpu_tune.unwrap_or_default(),
+            f16: super::environment::settings().gpu_f16,
             ..Default::default()
         }) {
             Ok(gpu) => {
@@ -262,6 +263,7 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
         }
     }
     let mut backend = CpuBackend::new(args.threads);
+    backend.set_kv_jitter(super::environment::settings().kv_jitter)?;
     backend.set_act_precision(match args.cpu_acts {
         CpuActs::Auto => ActPrecision::Auto,
         CpuActs::Q8x2 => ActPrecision::Q8x2,

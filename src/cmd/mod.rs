@@ -7,6 +7,7 @@ pub mod bench_kernels;
 pub mod chat;
 pub mod common;
 pub mod convert;
+pub mod environment;
 pub mod info;
 pub mod needle;
 pub mod perplexity;

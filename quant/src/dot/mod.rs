@@ -48,14 +48,19 @@ pub struct Kernels {
     pub bf16: fn(&[u8], &[f32]) -> f32,
 }
 
-/// The fastest kernel set this CPU supports (detected once).
+static CHOSEN: OnceLock<Kernels> = OnceLock::new();
+
+/// The kernel set of this process: the fastest this CPU supports, or the scalar one after
+/// [`use_scalar_kernels`] (decided once, at first use).
 pub fn kernels() -> &'static Kernels {
-    static BEST: OnceLock<Kernels> = OnceLock::new();
-    BEST.get_or_init(|| {
-        if std::env::var_os("DUET_FORCE_SCALAR").is_some() {
-            return scalar::KERNELS;
-        }
-        simd_kernels().unwrap_or(scalar::KERNELS)
+    CHOSEN.get_or_init(|| simd_kernels().unwrap_or(scalar::KERNELS))
+}
+
+/// Makes [`kernels`] the scalar reference set for the rest of the process (a program's
+/// choice, e.g. to compare against the SIMD kernels). Refused once kernels were used.
+pub fn use_scalar_kernels() -> Result<(), &'static str> {
+    CHOSEN.set(scalar::KERNELS).or_else(|_| {
+        if kernels().name == scalar::KERNELS.name { Ok(()) } else { Err("the dot kernels were chosen before") }
     })
 }
 

@@ -896,19 +896,30 @@ impl GemmKernels {
     }
 }
 
-/// The fastest packed kernel set this CPU has, if any beats the per-row kernels.
-/// `DUET_GEMM=off` disables packing, `DUET_GEMM=<name>` (e.g. `avx2`) forces a set.
+static CHOSEN_GEMM: OnceLock<Option<GemmKernels>> = OnceLock::new();
+
+/// The packed kernel set of this process: the fastest this CPU has if any beats the
+/// per-row kernels, or what [`choose_gemm_kernels`] chose (decided once, at first use).
 pub fn gemm_kernels() -> Option<&'static GemmKernels> {
-    static BEST: OnceLock<Option<GemmKernels>> = OnceLock::new();
-    BEST.get_or_init(|| {
-        let all = available();
-        match std::env::var("DUET_GEMM") {
-            Ok(v) if v == "off" => None,
-            Ok(v) => all.into_iter().find(|k| k.name == v),
-            Err(_) => all.into_iter().find(|k| k.fast),
-        }
+    CHOSEN_GEMM.get_or_init(|| available().into_iter().find(|k| k.fast)).as_ref()
+}
+
+/// A program's choice of packed kernels for the rest of the process: `"off"` (the per-row
+/// kernels only) or a set's name (`"avx512vnni"`, `"avx2"`, `"portable"`; [`available`] lists
+/// this CPU's). Refused for a name this CPU cannot run, and once kernels were used.
+pub fn choose_gemm_kernels(name: &str) -> Result<(), String> {
+    let all = available();
+    let chosen = match name {
+        "off" => None,
+        _ => Some(all.iter().find(|k| k.name == name).copied().ok_or_else(|| {
+            let names: Vec<&str> = all.iter().map(|k| k.name).collect();
+            format!("no packed matmul kernels named {name:?} on this CPU (it has: off, {})", names.join(", "))
+        })?),
+    };
+    let want = chosen.map(|k| k.name);
+    CHOSEN_GEMM.set(chosen).or_else(|_| {
+        if gemm_kernels().map(|k| k.name) == want { Ok(()) } else { Err("the packed matmul kernels were chosen before".into()) }
     })
-    .as_ref()
 }
 
 /// Alternative tunings (tile size, accumulation chains) of the sets this CPU can run, for

@@ -26,31 +26,9 @@ use std::collections::BTreeMap;
 
 use duet_quant::gguf::{Array, GgufFile, Value};
 
-use crate::backend::Probe;
+use crate::observe::{Observer, Probe};
 use crate::model::ModelConfig;
 use stats::{MagnitudeStats, TopK};
-
-/// Sees activations at the probe points of a forward pass (see [`crate::backend::Backend::set_observer`]).
-pub trait Observer: Send {
-    /// Whether `observe` wants `probe` of `layer` at all. The GPU backend reads a tensor
-    /// back (a submission and a wait) only for the probes an observer wants.
-    fn wants(&self, _probe: Probe, _layer: usize) -> bool {
-        true
-    }
-    /// `data` is `rows × cols` (row r at position pos0 + r) of `layer` (n_layers for the
-    /// output's input).
-    fn observe(&mut self, probe: Probe, layer: usize, pos0: usize, data: &[f32], rows: usize, cols: usize);
-}
-
-/// A shared observer: the caller keeps a handle to read the results afterwards.
-impl<T: Observer> Observer for std::sync::Arc<std::sync::Mutex<T>> {
-    fn wants(&self, probe: Probe, layer: usize) -> bool {
-        self.lock().unwrap_or_else(|e| e.into_inner()).wants(probe, layer)
-    }
-    fn observe(&mut self, probe: Probe, layer: usize, pos0: usize, data: &[f32], rows: usize, cols: usize) {
-        self.lock().unwrap_or_else(|e| e.into_inner()).observe(probe, layer, pos0, data, rows, cols);
-    }
-}
 
 /// Per-head statistics of one kind of activation, layer-major.
 #[derive(Clone, Debug)]
@@ -305,7 +283,7 @@ impl CalibrationReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Arch, ModelConfig, config::RopeConfig};
+    use crate::model::{Arch, ModelConfig, RopeConfig};
 
     fn cfg() -> ModelConfig {
         ModelConfig {

@@ -15,7 +15,7 @@
 //! Matrices of the common types are repacked at load into interleaved 16-row groups
 //! ([`duet_quant::gemm`]); their matmul is split over the pool by groups of rows, each group
 //! applied to all tokens in tiles of up to 8 tokens while its weights are hot in cache.
-//! Other types (and `DUET_GEMM=off`) use the per-row dot kernels: work is split over weight
+//! Other types (and `KernelChoice::gemm` "off") use the per-row dot kernels: work is split over weight
 //! rows; each chunk of rows is applied to every token.
 
 use duet_quant::GgmlType;

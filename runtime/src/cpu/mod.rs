@@ -4,6 +4,7 @@
 
 mod attention;
 pub mod bandwidth;
+mod kernel_choice;
 mod matmul;
 pub mod ops;
 pub mod pool;
@@ -18,10 +19,11 @@ use duet_quant::dot::{Kernels, kernels};
 use duet_quant::gemm::{GemmKernels, gemm_kernels};
 
 pub use attention::{CpuKvCache, Placement};
+pub use kernel_choice::{KernelChoice, choose_kernels};
 pub use matmul::ActPrecision;
 pub use tensor::{CpuTensor, CpuWeight, Storage};
 
-use crate::backend::{AttentionSpec, Backend, RopeSpec, SeqSpan, WeightView};
+use crate::backend::{AttentionSpec, Backend, RopeSpec, SeqSpan, WeightRole, WeightView};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
 use crate::kv_pages::SeqPages;
@@ -31,13 +33,15 @@ use pool::ThreadPool;
 pub struct CpuBackend {
     pool: ThreadPool,
     kernels: &'static Kernels,
-    /// Packed matmul kernels, when this CPU has a fast set (`DUET_GEMM=off` disables them).
+    /// Packed matmul kernels, when this CPU has a fast set ([`KernelChoice::gemm`]).
     gemm: Option<&'static GemmKernels>,
     acts: ActCache,
     /// Cached RoPE frequencies (they depend only on the spec).
     thetas: Option<(usize, f32, Vec<f32>)>,
     /// Sees activations at the probe points (calibration), if installed.
-    observer: Option<Box<dyn crate::calibrate::Observer>>,
+    observer: Option<Box<dyn crate::observe::Observer>>,
+    /// The K/V caches' diagnostic perturbation ([`CpuKvCache::new`]; 0: none).
+    kv_jitter: f32,
 }
 
 impl CpuBackend {
@@ -51,7 +55,18 @@ impl CpuBackend {
             acts: ActCache::default(),
             thetas: None,
             observer: None,
+            kv_jitter: 0.0,
         }
+    }
+
+    /// Perturbs every K/V value the caches made from now on store by a relative `rel`
+    /// ([`CpuKvCache::new`]'s diagnostic), `0 ≤ rel < 1`.
+    pub fn set_kv_jitter(&mut self, rel: f32) -> Result<(), RuntimeError> {
+        if !(rel.is_finite() && (0.0..1.0).contains(&rel)) {
+            return Err(RuntimeError::Usage(format!("K/V jitter {rel}: expected a relative size in [0, 1), e.g. 1e-6")));
+        }
+        self.kv_jitter = rel;
+        Ok(())
     }
 
     pub fn threads(&self) -> usize {
@@ -70,7 +85,7 @@ impl CpuBackend {
     fn thetas(&mut self, rope: &RopeSpec) -> &[f32] {
         let key = (rope.n_rot, rope.freq_base);
         if self.thetas.as_ref().map(|t| (t.0, t.1)) != Some(key) {
-            self.thetas = Some((key.0, key.1, ops::rope_thetas(rope)));
+            self.thetas = Some((key.0, key.1, rope.thetas()));
         }
         &self.thetas.as_ref().expect("just set").2
     }
@@ -162,7 +177,7 @@ impl Backend for CpuBackend {
         // Repack matrices once, now (in parallel). The token embedding is read by rows for
         // the embedding lookup and is a matmul weight only when the output is tied to it: it
         // is packed at its first matmul instead, if ever.
-        if self.gemm.is_some() && w.rows > 1 && w.name != "token_embd.weight" {
+        if self.gemm.is_some() && w.rows > 1 && w.role != WeightRole::Embedding {
             let _ = weight.packed.set(matmul::pack(&self.pool, &weight));
         }
         Ok(weight)
@@ -179,7 +194,7 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv_cache(&mut self, spec: &KvCacheSpec) -> Result<CpuKvCache, RuntimeError> {
-        CpuKvCache::new(spec)
+        CpuKvCache::new(spec, self.kv_jitter)
     }
 
     fn embed(&mut self, table: &CpuWeight, tokens: &[u32], out: &mut CpuTensor) {
@@ -344,8 +359,8 @@ impl Backend for CpuBackend {
 
     fn set_observer(
         &mut self,
-        observer: Option<Box<dyn crate::calibrate::Observer>>,
-    ) -> Option<Box<dyn crate::calibrate::Observer>> {
+        observer: Option<Box<dyn crate::observe::Observer>>,
+    ) -> Option<Box<dyn crate::observe::Observer>> {
         std::mem::replace(&mut self.observer, observer)
     }
 

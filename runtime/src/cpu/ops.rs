@@ -1,7 +1,6 @@
 //! Element-wise and row-wise CPU ops. Reductions accumulate in f64 (as ggml's rms_norm
 //! does) so the CPU backend stays a trustworthy reference.
 
-use crate::backend::RopeSpec;
 
 /// `out = x / sqrt(mean(x²) + eps) · w` for one row (`w` = None: no weight).
 pub fn rms_norm_row(x: &[f32], w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
@@ -52,11 +51,6 @@ pub fn rope_rows(
     for (r, row) in rows.chunks_exact_mut(cols).enumerate() {
         rope_row(row, n_heads, head_dim, pos0 + r, thetas, freq_scale);
     }
-}
-
-/// The angular frequency of every rotated pair.
-pub fn rope_thetas(rope: &RopeSpec) -> Vec<f32> {
-    (0..rope.n_rot / 2).map(|i| rope.theta(i)).collect()
 }
 
 /// Σ x² accumulated in f64 (AVX2: 4 f64 lanes, then a sum of the lanes).
@@ -161,6 +155,7 @@ pub fn dex_row(x: &mut [f32], w_d: &[f32], lambda: f32, heads: &[usize], head_di
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::RopeSpec;
 
     #[test]
     fn swiglu_and_sum_squares_match_plain_loops() {
@@ -187,7 +182,7 @@ mod tests {
     #[test]
     fn rope_preserves_pair_norms_and_is_identity_at_zero() {
         let rope = RopeSpec { n_rot: 4, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
-        let th = rope_thetas(&rope);
+        let th = rope.thetas();
         let orig = [1.0f32, 2.0, 3.0, 4.0];
         let mut x = orig;
         rope_row(&mut x, 1, 4, 0, &th, 1.0);

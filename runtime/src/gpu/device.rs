@@ -20,8 +20,8 @@ pub enum AdapterChoice {
 pub struct GpuOptions {
     pub adapter: AdapterChoice,
     /// f16 products in the matrix kernels: None = where a hardware adapter has SHADER_F16
-    /// (software adapters such as lavapipe emulate f16 arithmetic, slower than f32;
-    /// `DUET_GPU_F16=0|1` overrides); Some(b) forces it (Some(true) fails without it).
+    /// (software adapters such as lavapipe emulate f16 arithmetic, slower than f32);
+    /// Some(b) forces it (Some(true) fails without it; `duet`'s `DUET_GPU_F16=0|1`).
     pub f16: Option<bool>,
     /// Caps the bytes bound per weight chunk and the activation batches the model plans for
     /// (tests use it to exercise splitting and batch shrinking).
@@ -207,8 +207,7 @@ impl GpuContext {
             )));
         }
         let has_f16 = adapter.features().contains(wgpu::Features::SHADER_F16);
-        let env = std::env::var("DUET_GPU_F16").ok().map(|v| !(v == "0" || v.eq_ignore_ascii_case("off")));
-        let f16 = match opts.f16.or(env) {
+        let f16 = match opts.f16 {
             Some(true) if !has_f16 => {
                 return Err(RuntimeError::Device(format!("{name} lacks the SHADER_F16 feature (f16 arithmetic)")));
             }

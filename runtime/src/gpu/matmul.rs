@@ -12,7 +12,7 @@ use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_MAX_SPLIT, MatMulParams, MatVec
 
 use super::buffers::{Buf, Chunk, GpuTensor, GpuWeight, WEIGHT_PAD, group_layout, upload_rows, weight_type};
 use super::{GpuBackend, grid};
-use crate::backend::{Normed, WeightView};
+use crate::backend::{Normed, WeightRole, WeightView};
 use crate::error::RuntimeError;
 
 /// Tokens up to which a product runs the matvec once per token (`--gpu-tune mvtok=N`):
@@ -66,7 +66,7 @@ fn prepare_matrix_ops(b: &mut GpuBackend, ty: WeightType, group: bool) -> Result
 
 pub fn load_weight(b: &mut GpuBackend, w: &WeightView<'_>) -> Result<GpuWeight, RuntimeError> {
     // Vectors (norms, biases) and the DEX matrix are read element-wise as f32.
-    let as_f32 = w.rows == 1 || w.name.ends_with("attn_dex.weight");
+    let as_f32 = matches!(w.role, WeightRole::Vector | WeightRole::HeadMatrix);
     if as_f32 {
         weight_type(w.ty).ok_or_else(|| {
             RuntimeError::Unsupported(format!(

@@ -71,7 +71,7 @@ pub struct GpuBackend {
     /// Bytes of the largest activation tensor made so far.
     largest_tensor: u64,
     /// Sees the probes it wants, read back to the host as they are reached.
-    observer: Option<Box<dyn crate::calibrate::Observer>>,
+    observer: Option<Box<dyn crate::observe::Observer>>,
     /// A read-back error met while observing (observe cannot return one), reported by the
     /// next `read_rows`.
     observe_error: Option<RuntimeError>,
@@ -276,7 +276,7 @@ impl GpuBackend {
             return Arc::clone(buf);
         }
         let n = n_pos.next_power_of_two().max(1024);
-        let thetas = crate::cpu::ops::rope_thetas(rope);
+        let thetas = rope.thetas();
         let mut cs = Vec::with_capacity(n * thetas.len() * 2);
         for pos in 0..n {
             // As the CPU backend: the angle in f32, then sin and cos.
@@ -503,8 +503,8 @@ impl Backend for GpuBackend {
 
     fn set_observer(
         &mut self,
-        observer: Option<Box<dyn crate::calibrate::Observer>>,
-    ) -> Option<Box<dyn crate::calibrate::Observer>> {
+        observer: Option<Box<dyn crate::observe::Observer>>,
+    ) -> Option<Box<dyn crate::observe::Observer>> {
         std::mem::replace(&mut self.observer, observer)
     }
 

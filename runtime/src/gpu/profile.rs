@@ -27,18 +27,7 @@ pub const MAX_TIMESTAMPS: u32 = wgpu::QUERY_SET_MAX_QUERIES;
 pub const FEATURES: wgpu::Features =
     wgpu::Features::TIMESTAMP_QUERY.union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
 
-/// One kernel variant's share of the profiled time.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KernelTime {
-    /// The pipeline's label (`matvec-q4_0-f16`, `attention-f16`, …).
-    pub kernel: String,
-    pub calls: u64,
-    pub seconds: f64,
-    /// Weight bytes its calls read (the matrix kernels; 0 for the others).
-    pub weight_bytes: u64,
-    /// A step on the host ([`HostStep`]), not a GPU kernel.
-    pub on_host: bool,
-}
+pub use crate::observe::KernelTime;
 
 /// The host's steps of a token that the profile times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

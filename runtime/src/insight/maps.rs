@@ -11,7 +11,7 @@
 //! error.
 
 use crate::backend::{AttentionKind, AttentionSpec, Probe};
-use crate::calibrate::Observer;
+use crate::observe::Observer;
 
 /// Q and K (and DIFF V2's pair gates) of the selected layers over every position seen since
 /// [`QkCapture::new`].

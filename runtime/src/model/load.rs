@@ -5,7 +5,7 @@ use std::sync::Arc;
 use duet_quant::gguf::GgufFile;
 
 use super::{Arch, Layer, Model, ModelConfig};
-use crate::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightView};
+use crate::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightRole, WeightView};
 use crate::error::RuntimeError;
 
 /// λ_init of DIFF layer `layer` (0-based): 0.8 − 0.6·exp(−0.3·layer).
@@ -20,24 +20,24 @@ struct Loader<'a, B: Backend> {
 
 impl<'a, B: Backend> Loader<'a, B> {
     /// A tensor that must exist with GGUF dims `[cols, rows]` (or `[cols]` when rows == 1).
-    fn get(&mut self, name: &str, cols: usize, rows: usize) -> Result<B::Weight, RuntimeError> {
-        self.opt(name, cols, rows)?
+    fn get(&mut self, name: &str, role: WeightRole, cols: usize, rows: usize) -> Result<B::Weight, RuntimeError> {
+        self.opt(name, role, cols, rows)?
             .ok_or_else(|| RuntimeError::BadModel(format!("{}: the model has no tensor '{name}'", self.file.label())))
     }
 
-    fn opt(&mut self, name: &str, cols: usize, rows: usize) -> Result<Option<B::Weight>, RuntimeError> {
-        match self.view(name, cols, rows)? {
+    fn opt(&mut self, name: &str, role: WeightRole, cols: usize, rows: usize) -> Result<Option<B::Weight>, RuntimeError> {
+        match self.view(name, role, cols, rows)? {
             Some(view) => self.b.load_weight(&view).map(Some),
             None => Ok(None),
         }
     }
 
-    /// Tensors that must exist, (name, cols, rows) each, multiplied by the same input: loaded
-    /// together ([`Backend::load_weight_group`]).
+    /// Matrices that must exist, (name, cols, rows) each, multiplied by the same input:
+    /// loaded together ([`Backend::load_weight_group`]).
     fn group(&mut self, tensors: &[(&str, usize, usize)]) -> Result<Vec<B::Weight>, RuntimeError> {
         let mut views = Vec::with_capacity(tensors.len());
         for &(name, cols, rows) in tensors {
-            views.push(self.view(name, cols, rows)?.ok_or_else(|| {
+            views.push(self.view(name, WeightRole::Matrix, cols, rows)?.ok_or_else(|| {
                 RuntimeError::BadModel(format!("{}: the model has no tensor '{name}'", self.file.label()))
             })?);
         }
@@ -46,7 +46,13 @@ impl<'a, B: Backend> Loader<'a, B> {
 
     /// The tensor `name` if the file has it, checked to have GGUF dims `[cols, rows]` (or
     /// `[cols]` when rows == 1).
-    fn view<'n>(&self, name: &'n str, cols: usize, rows: usize) -> Result<Option<WeightView<'n>>, RuntimeError>
+    fn view<'n>(
+        &self,
+        name: &'n str,
+        role: WeightRole,
+        cols: usize,
+        rows: usize,
+    ) -> Result<Option<WeightView<'n>>, RuntimeError>
     where
         'a: 'n,
     {
@@ -66,6 +72,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
         Ok(Some(WeightView {
             name,
+            role,
             ty: info.ggml_type(),
             cols,
             rows,
@@ -114,9 +121,9 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
         None => None,
     };
 
-    let token_embd = ld.get("token_embd.weight", d, c.n_vocab)?;
-    let output_norm = ld.get("output_norm.weight", d, 1)?;
-    let output = ld.opt("output.weight", d, c.n_vocab)?;
+    let token_embd = ld.get("token_embd.weight", WeightRole::Embedding, d, c.n_vocab)?;
+    let output_norm = ld.get("output_norm.weight", WeightRole::Vector, d, 1)?;
+    let output = ld.opt("output.weight", WeightRole::Matrix, d, c.n_vocab)?;
 
     let mut layers = Vec::with_capacity(c.n_layers);
     for il in 0..c.n_layers {
@@ -159,7 +166,7 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
                 if heads.is_empty() {
                     None
                 } else {
-                    let w_d = ld.get(&p("attn_dex.weight"), hd, hd)?;
+                    let w_d = ld.get(&p("attn_dex.weight"), WeightRole::HeadMatrix, hd, hd)?;
                     let lambda = ld.values(&p("attn_dex_lambda.weight"), 1)?.ok_or_else(|| {
                         RuntimeError::BadModel(format!(
                             "{}: DEX layer {il} has no attn_dex_lambda.weight",
@@ -185,25 +192,25 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
         let mut ffn = ld.group(&[(gate.as_str(), d, ff), (up.as_str(), d, ff)])?.into_iter();
         let (w_gate, w_up) = (ffn.next().expect("gate"), ffn.next().expect("up"));
         layers.push(Layer {
-            attn_norm: ld.get(&p("attn_norm.weight"), d, 1)?,
+            attn_norm: ld.get(&p("attn_norm.weight"), WeightRole::Vector, d, 1)?,
             wq,
             wk,
             wv,
-            wo: ld.get(&p("attn_output.weight"), od, d)?,
-            bq: ld.opt(&p("attn_q.bias"), qd, 1)?,
-            bk: ld.opt(&p("attn_k.bias"), kvd, 1)?,
-            bv: ld.opt(&p("attn_v.bias"), kvd, 1)?,
-            bo: ld.opt(&p("attn_output.bias"), d, 1)?,
+            wo: ld.get(&p("attn_output.weight"), WeightRole::Matrix, od, d)?,
+            bq: ld.opt(&p("attn_q.bias"), WeightRole::Vector, qd, 1)?,
+            bk: ld.opt(&p("attn_k.bias"), WeightRole::Vector, kvd, 1)?,
+            bv: ld.opt(&p("attn_v.bias"), WeightRole::Vector, kvd, 1)?,
+            bo: ld.opt(&p("attn_output.bias"), WeightRole::Vector, d, 1)?,
             attention,
             lambda_proj,
             dex,
-            ffn_norm: ld.get(&p("ffn_norm.weight"), d, 1)?,
+            ffn_norm: ld.get(&p("ffn_norm.weight"), WeightRole::Vector, d, 1)?,
             w_gate,
             w_up,
-            w_down: ld.get(&p("ffn_down.weight"), ff, d)?,
-            b_gate: ld.opt(&p("ffn_gate.bias"), ff, 1)?,
-            b_up: ld.opt(&p("ffn_up.bias"), ff, 1)?,
-            b_down: ld.opt(&p("ffn_down.bias"), d, 1)?,
+            w_down: ld.get(&p("ffn_down.weight"), WeightRole::Matrix, ff, d)?,
+            b_gate: ld.opt(&p("ffn_gate.bias"), WeightRole::Vector, ff, 1)?,
+            b_up: ld.opt(&p("ffn_up.bias"), WeightRole::Vector, ff, 1)?,
+            b_down: ld.opt(&p("ffn_down.bias"), WeightRole::Vector, d, 1)?,
         });
     }
     Ok(Model { config: c, file: Arc::clone(&file), token_embd, output_norm, output, layers, rope })

@@ -3,7 +3,6 @@
 //! output may pass a combine step (DIFF V2's head pairs, DEX) before attn_output, written
 //! once against [`Backend`].
 
-pub mod config;
 mod forward;
 mod load;
 
@@ -11,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use duet_quant::gguf::GgufFile;
 
-pub use config::{Arch, ModelConfig};
+pub use crate::model_config::{Arch, ModelConfig, RopeConfig};
 use forward::Acts;
 pub use forward::DecodeBatch;
 

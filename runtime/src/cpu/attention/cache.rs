@@ -204,25 +204,8 @@ pub struct CpuKvCache {
     pub spec: KvCacheSpec,
     pub k: Vec<CacheRows>,
     pub v: Vec<CacheRows>,
-    /// [`JITTER_VAR`]'s relative perturbation of every stored value (0: off).
+    /// Relative perturbation of every stored value ([`CpuKvCache::new`]; 0: off).
     jitter: f32,
-}
-
-/// `DUET_KV_JITTER=REL` multiplies every K and V value the CPU backend stores by 1 + REL·u,
-/// u ∈ [−1, 1) a fixed pseudo-random number per (layer, K or V, position, column). A
-/// diagnostic: it shows how far a result moves under rounding-sized changes of its inputs,
-/// e.g. the f32 rounding by which the GPU's K and V differ from the CPU's, which a quantized
-/// cache can turn into different codes (runtime/bench/kv_cache_accuracy.sh's GPU part).
-pub const JITTER_VAR: &str = "DUET_KV_JITTER";
-
-fn jitter_from_env() -> Result<f32, RuntimeError> {
-    match std::env::var(JITTER_VAR) {
-        Err(_) => Ok(0.0),
-        Ok(v) => match v.trim().parse::<f32>() {
-            Ok(x) if x.is_finite() && (0.0..1.0).contains(&x) => Ok(x),
-            _ => Err(RuntimeError::Usage(format!("{JITTER_VAR}={v}: expected a relative size in [0, 1), e.g. 1e-6"))),
-        },
-    }
 }
 
 /// `x · (1 + rel·u)` for each value, u from a hash of (seed, first + its index).
@@ -239,13 +222,21 @@ fn jittered(x: &[f32], rel: f32, seed: u64, first: usize) -> Vec<f32> {
 }
 
 impl CpuKvCache {
-    pub fn new(spec: &KvCacheSpec) -> Result<CpuKvCache, RuntimeError> {
+    /// `jitter` = REL multiplies every K and V value stored by 1 + REL·u, u ∈ [−1, 1) a fixed
+    /// pseudo-random number per (layer, K or V, position, column). A diagnostic (`duet`'s
+    /// `DUET_KV_JITTER`): it shows how far a result moves under rounding-sized changes of its
+    /// inputs, e.g. the f32 rounding by which the GPU's K and V differ from the CPU's, which
+    /// a quantized cache can turn into different codes (runtime/bench/kv_cache_accuracy.sh).
+    pub fn new(spec: &KvCacheSpec, jitter: f32) -> Result<CpuKvCache, RuntimeError> {
+        if !(jitter.is_finite() && (0.0..1.0).contains(&jitter)) {
+            return Err(RuntimeError::Usage(format!("K/V jitter {jitter}: expected a relative size in [0, 1), e.g. 1e-6")));
+        }
         let (p, s, d, hd) = (spec.n_pages(), spec.n_seqs, spec.kv_dim, spec.head_dim);
         Ok(CpuKvCache {
             spec: spec.clone(),
             k: (0..spec.n_layers).map(|_| CacheRows::new(spec.k_type, p, s, d, hd)).collect::<Result<_, _>>()?,
             v: (0..spec.n_layers).map(|_| CacheRows::new(spec.v_type, p, s, d, hd)).collect::<Result<_, _>>()?,
-            jitter: jitter_from_env()?,
+            jitter,
         })
     }
 

@@ -21,6 +21,7 @@ mod plain;
 use duet_quant::kv::hadamard;
 
 pub use cache::{CacheRows, CpuKvCache, Placement};
+pub use plain::keep_to_avx2;
 
 use super::SharedMut;
 use super::pool::ThreadPool;
@@ -269,7 +270,7 @@ mod tests {
     fn filled(ty_k: CacheType, ty_v: CacheType, k: &[f32], v: &[f32]) -> CpuKvCache {
         let cs =
             KvCacheSpec { n_layers: 1, n_ctx: 64, n_seqs: 2, kv_dim: KV_DIM, head_dim: HD, k_type: ty_k, v_type: ty_v };
-        let mut cache = CpuKvCache::new(&cs).unwrap();
+        let mut cache = CpuKvCache::new(&cs, 0.0).unwrap();
         let split = POS0 * KV_DIM;
         cache.store(&SEQ, 0, 0, &k[..split], &v[..split]);
         cache.store(&SEQ, 0, POS0, &k[split..], &v[split..]);

@@ -13,6 +13,14 @@ use half::f16;
 #[path = "plain_avx512.rs"]
 mod avx512;
 
+/// Keeps the logits to the 8-lane forms on an AVX-512 CPU for the rest of the process.
+pub fn keep_to_avx2() -> Result<(), &'static str> {
+    #[cfg(target_arch = "x86_64")]
+    return avx512::keep_to_avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    Ok(())
+}
+
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn simd() -> bool {

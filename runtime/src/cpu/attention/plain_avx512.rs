@@ -19,16 +19,19 @@ use std::arch::x86_64::*;
 
 use super::esize;
 
-/// Whether this CPU has the instructions below and `hd` fits their register layout.
-/// `DUET_ATTN_SIMD=avx2` keeps to the 8-lane forms (to measure or test them on such a CPU).
+static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Whether this CPU has the instructions below, the program did not keep attention to the
+/// 8-lane forms ([`keep_to_avx2`]), and `hd` fits their register layout.
 #[inline]
 pub fn usable(hd: usize) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    hd.is_multiple_of(16)
-        && hd <= 128
-        && *ON.get_or_init(|| {
-            is_x86_feature_detected!("avx512f") && std::env::var("DUET_ATTN_SIMD").map_or(true, |v| v != "avx2")
-        })
+    hd.is_multiple_of(16) && hd <= 128 && *ON.get_or_init(|| is_x86_feature_detected!("avx512f"))
+}
+
+/// Keeps attention to the 8-lane AVX2 forms for the rest of the process (to measure or test
+/// them on an AVX-512 CPU). Refused once attention ran with the 16-lane forms.
+pub fn keep_to_avx2() -> Result<(), &'static str> {
+    ON.set(false).or_else(|_| if *ON.get_or_init(|| false) { Err("attention's kernels were chosen before") } else { Ok(()) })
 }
 
 /// 16 values at element `i` of a row of f16 (`F16`) or f32.
