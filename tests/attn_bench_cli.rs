@@ -1,5 +1,5 @@
 //! `duet attn-bench --quick` end to end on the committed fixtures (a calibrated DiffLlama
-//! and a Llama): JSON checked against runtime/src/attn_bench/schema.json, the SVG parsed
+//! and a Llama): JSON checked against runtime/src/tools/attn_bench/schema.json, the SVG parsed
 //! as XML, the CSV and table consistent with the JSON, and bad input refused cleanly.
 
 mod common;
@@ -47,7 +47,7 @@ fn quick_run_writes_valid_json_csv_svg() {
 
     let json: Value = serde_json::from_str(&std::fs::read_to_string(prefix.with_extension("json")).unwrap()).unwrap();
     let schema: Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("runtime/src/attn_bench/schema.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(root().join("runtime/src/tools/attn_bench/schema.json")).unwrap())
             .unwrap();
     validate(&json, &schema).unwrap_or_else(|e| panic!("attn-bench JSON breaks its schema: {e}"));
 

@@ -1,4 +1,4 @@
-//! The attention maps of duet_runtime::insight are the attention the model computes: on the
+//! The attention maps of duet_runtime::tools::insight are the attention the model computes: on the
 //! committed fixtures (a GQA DiffLlama, a tied DiffLlama with llama3 RoPE, a GQA Llama, two
 //! DIFF V2), each head's map times the layer's V reproduces the attention output the forward
 //! pass produced (for DIFF: RMSNorm((A1 − λ·A2)·[V_a | V_b]) · (1 − λ_init), the sub-norm
@@ -14,7 +14,7 @@ use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, Probe};
 use duet_runtime::observe::Observer;
 use duet_runtime::cpu::CpuBackend;
-use duet_runtime::insight::maps::{LayerQk, head_maps, selectable_heads};
+use duet_runtime::tools::insight::maps::{LayerQk, head_maps, selectable_heads};
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::model::{Logits, Model};
 

@@ -1,4 +1,4 @@
-//! The serving engine (duet_runtime::serve) without HTTP: requests through fewer slots than
+//! The serving engine (duet_runtime::tools::serve) without HTTP: requests through fewer slots than
 //! requests give each the reply it gets alone, a client that goes away frees its slot at
 //! once, the queue and the context limits refuse cleanly, stop strings end replies.
 
@@ -11,8 +11,8 @@ use duet_convert::Preset;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::sampler::SamplerConfig;
-use duet_runtime::serve::scheduler::Scheduler;
-use duet_runtime::serve::{FinishReason, GenEvent, GenRequest, Prompt, SubmitError};
+use duet_runtime::tools::serve::scheduler::Scheduler;
+use duet_runtime::tools::serve::{FinishReason, GenEvent, GenRequest, Prompt, SubmitError};
 
 use common::convert;
 
@@ -272,7 +272,7 @@ fn a_prefix_cached_in_another_slot_is_shared_not_evaluated() {
 fn prompts_and_stop_strings_past_their_limits_are_refused_before_tokenizing() {
     let path = convert("llama-gqa", Preset::F32, false);
     let mut s = scheduler(&path, 1, 2);
-    let limit = 96 * duet_runtime::serve::prompt::PROMPT_BYTES_PER_TOKEN;
+    let limit = 96 * duet_runtime::tools::serve::prompt::PROMPT_BYTES_PER_TOKEN;
     let huge = "x".repeat(limit + 1);
     let e = s.submit(request(&huge, 4, &[]).0).unwrap_err().to_string();
     assert!(e.contains(&format!("the prompt is {} bytes, more than a context of 96 tokens holds", limit + 1)), "{e}");

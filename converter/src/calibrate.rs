@@ -1,13 +1,13 @@
 //! `duet convert --calibrate TEXT`: run the model over text on duet's CPU runtime, record
 //! activation statistics and the importance matrix, then quantize with that matrix and store
-//! the statistics in the output (keys in `duet_runtime::calibrate`).
+//! the statistics in the output (keys in `duet_runtime::tools::calibrate`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
-use duet_runtime::calibrate::{CalibrationReport, Calibrator};
+use duet_runtime::tools::calibrate::{CalibrationReport, Calibrator};
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::kv_cache::CacheType;
 use duet_runtime::model::{Logits, Model};

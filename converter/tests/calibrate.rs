@@ -7,7 +7,7 @@ use common::{TempDir, fixture};
 use duet_convert::{CalibrateOptions, Conversion, Options, Preset, Quiet};
 use duet_quant::GgmlType;
 use duet_quant::gguf::GgufFile;
-use duet_runtime::calibrate::CalibrationReport;
+use duet_runtime::tools::calibrate::CalibrationReport;
 
 fn text() -> std::path::PathBuf {
     duet_test_support::repo_root().join("tests/smollm2/text.txt")

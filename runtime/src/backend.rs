@@ -185,7 +185,7 @@ pub trait Backend {
     /// A one-line description (device name, threads, kernel set).
     fn describe(&self) -> String;
     /// Each kernel's device time since the last call, longest first, where the backend
-    /// times its kernels (the GPU with [`crate::gpu::GpuOptions::profile`]); else None.
+    /// times its kernels (the GPU with `GpuOptions::profile`); else None.
     fn take_kernel_times(&mut self) -> Option<Vec<KernelTime>> {
         None
     }

@@ -2,19 +2,22 @@
 //!
 //! * [`model`]: the one forward pass, written against [`backend::Backend`].
 //! * [`cpu`]: the CPU backend (reference and fallback).
-//! * [`gpu`]: the GPU backend on wgpu (Vulkan, Metal, DX12).
+//! * `gpu`: the GPU backend on wgpu (Vulkan, Metal, DX12), with the default feature `gpu`.
 //! * [`kv_cache`], [`kv_pages`], [`logits_file`]: shared formats and the paged cache's
 //!   bookkeeping.
+//! * [`text`]: tokenizer, chat templates, streamed text; [`sampler`]; [`engine`]: one
+//!   model with its tokenizer and a session, generating.
+//! * [`observe`]: what a backend shows besides results (probes, kernel times).
+//!
+//! Everything above is the core. [`tools`] (serve, chat, calibration, attn-bench, insight)
+//! sit on it; the core imports none of them.
 
-pub mod attn_bench;
 pub mod backend;
-pub mod calibrate;
-pub mod chat;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "gpu")]
 pub mod gpu;
-pub mod insight;
 pub mod kv_cache;
 pub mod kv_pages;
 pub mod logits_file;
@@ -24,8 +27,8 @@ pub mod model;
 pub mod model_config;
 pub mod observe;
 pub mod sampler;
-pub mod serve;
 pub mod text;
+pub mod tools;
 
 pub use error::RuntimeError;
 

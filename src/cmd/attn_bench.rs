@@ -1,11 +1,11 @@
 //! `duet attn-bench`: accuracy of low-bit attention (logits, K, V) for one or more models
-//! over a text. The measurement lives in duet_runtime::attn_bench; this parses flags,
+//! over a text. The measurement lives in duet_runtime::tools::attn_bench; this parses flags,
 //! shows progress and writes the files.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use duet_runtime::attn_bench::{BenchOptions, BenchReport, CacheScheme, Target, bench_model, output};
+use duet_runtime::tools::attn_bench::{BenchOptions, BenchReport, CacheScheme, Target, bench_model, output};
 use duet_runtime::model::LogitGranularity;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -134,7 +134,7 @@ pub fn run(args: Args) -> Result<()> {
         write(&args.output, "svg", &output::to_svg(&report))?,
     ];
     if args.html {
-        let page = duet_runtime::insight::html::render(&output::to_html_report(&report));
+        let page = duet_runtime::tools::insight::html::render(&output::to_html_report(&report));
         written.push(write(&args.output, "html", &page)?);
     }
     println!("\nwrote {}", written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "));

@@ -1,12 +1,12 @@
 //! `duet attn-map`: heatmaps of the attention of selected layers and heads over a prompt.
-//! The maps live in duet_runtime::insight::attn_map; this parses flags and writes the files.
+//! The maps live in duet_runtime::tools::insight::attn_map; this parses flags and writes the files.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::Engine;
-use duet_runtime::insight::attn_map::{MapSet, attention_maps};
+use duet_runtime::tools::insight::attn_map::{MapSet, attention_maps};
 
 use super::common::{ModelArgs, file_name, load_engine, require_model, with_engine, write_atomic};
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
 use duet_runtime::backend::Backend;
-use duet_runtime::chat::Conversation;
+use duet_runtime::tools::chat::Conversation;
 use duet_runtime::engine::{Engine, StopReason};
 use duet_runtime::sampler::Sampler;
 

@@ -25,7 +25,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let file = GgufFile::open(&args.file)?;
     print!("{}", render(&file, &args));
-    if let Some(report) = duet_runtime::calibrate::CalibrationReport::from_gguf(&file)? {
+    if let Some(report) = duet_runtime::tools::calibrate::CalibrationReport::from_gguf(&file)? {
         print!("{}", render_calibration(&report));
     }
     Ok(())
@@ -33,7 +33,7 @@ pub fn run(args: Args) -> Result<()> {
 
 /// The calibration statistics `duet convert --calibrate` stored: the outlier table and,
 /// per layer, the largest absmax and 99.9th percentile over heads.
-fn render_calibration(r: &duet_runtime::calibrate::CalibrationReport) -> String {
+fn render_calibration(r: &duet_runtime::tools::calibrate::CalibrationReport) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(o, "\ncalibration ({} tokens of {}):", r.tokens, r.source);

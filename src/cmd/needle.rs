@@ -1,5 +1,5 @@
 //! `duet needle`: key-information retrieval (the DIFF paper's Table 3) for one or more
-//! models. The prompts and the metric live in duet_runtime::insight::needle; this parses
+//! models. The prompts and the metric live in duet_runtime::tools::insight::needle; this parses
 //! flags, shows progress and writes the files.
 
 use std::path::PathBuf;
@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::Engine;
-use duet_runtime::insight::html;
-use duet_runtime::insight::needle::{self, NeedleResult, NeedleText};
-use duet_runtime::insight::needle_output::{self, ModelNeedle, NeedleReport};
+use duet_runtime::tools::insight::html;
+use duet_runtime::tools::insight::needle::{self, NeedleResult, NeedleText};
+use duet_runtime::tools::insight::needle_output::{self, ModelNeedle, NeedleReport};
 use duet_runtime::kv_cache::CacheType;
 use indicatif::{ProgressBar, ProgressStyle};
 

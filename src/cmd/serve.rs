@@ -1,5 +1,5 @@
 //! `duet serve`: an OpenAI-compatible HTTP server. The engine (slots, queue, continuous
-//! batching) is duet_runtime::serve, the JSON its `openai` module; this wires them to axum.
+//! batching) is duet_runtime::tools::serve, the JSON its `openai` module; this wires them to axum.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -16,10 +16,10 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use duet_runtime::sampler::SamplerConfig;
-use duet_runtime::serve::handle::{Engine as ServeEngine, Handle};
-use duet_runtime::serve::openai::{self, ApiError, ApiRequest, Kind, Usage};
-use duet_runtime::serve::scheduler::Scheduler;
-use duet_runtime::serve::{GenEvent, GenRequest, SubmitError};
+use duet_runtime::tools::serve::handle::{Engine as ServeEngine, Handle};
+use duet_runtime::tools::serve::openai::{self, ApiError, ApiRequest, Kind, Usage};
+use duet_runtime::tools::serve::scheduler::Scheduler;
+use duet_runtime::tools::serve::{GenEvent, GenRequest, SubmitError};
 use serde_json::json;
 use tokio::sync::mpsc;
 

@@ -3,8 +3,8 @@
 //! title, panels with their colour bars and tick values, token labels where cells are large
 //! enough to carry them).
 
-use crate::insight::heatmap::{Figure, colour, colour_at, fmt_value, scale_max, ticks, token_label};
-use crate::insight::maps::Map;
+use crate::tools::insight::heatmap::{Figure, colour, colour_at, fmt_value, scale_max, ticks, token_label};
+use crate::tools::insight::maps::Map;
 
 /// `w × h` RGB pixels, row-major.
 pub struct Canvas {
@@ -180,8 +180,8 @@ pub fn figure_png(fig: &Figure<'_>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::insight::heatmap::Panel;
-    use crate::insight::maps::MapScale;
+    use crate::tools::insight::heatmap::Panel;
+    use crate::tools::insight::maps::MapScale;
 
     #[test]
     fn png_decodes_to_the_drawn_pixels() {

@@ -7,10 +7,10 @@ use serde_json::{Value, json};
 use crate::backend::Backend;
 use crate::engine::Engine;
 use crate::error::RuntimeError;
-use crate::insight::heatmap::{self, Figure, Panel};
-use crate::insight::html::{self, Block, Report};
-use crate::insight::maps::{HeadMaps, head_maps, is_paired, selectable_heads};
-use crate::insight::{capture_qk, npy, raster};
+use crate::tools::insight::heatmap::{self, Figure, Panel};
+use crate::tools::insight::html::{self, Block, Report};
+use crate::tools::insight::maps::{HeadMaps, head_maps, is_paired, selectable_heads};
+use crate::tools::insight::{capture_qk, npy, raster};
 
 /// The maps of one prompt.
 pub struct MapSet {

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crate::backend::Backend;
-use crate::serve::metrics::Metrics;
-use crate::serve::prompt::Encoded;
-use crate::serve::prompt::PromptEncoder;
-use crate::serve::scheduler::Scheduler;
-use crate::serve::{GenRequest, SubmitError};
+use crate::tools::serve::metrics::Metrics;
+use crate::tools::serve::prompt::Encoded;
+use crate::tools::serve::prompt::PromptEncoder;
+use crate::tools::serve::scheduler::Scheduler;
+use crate::tools::serve::{GenRequest, SubmitError};
 
 /// What the engine thread runs: a [`Scheduler`] of any backend.
 pub trait Engine {

@@ -10,9 +10,9 @@
 
 use std::fmt::Write;
 
-use crate::insight::html::esc;
-use crate::insight::maps::{Map, MapScale};
-use crate::insight::raster;
+use crate::tools::insight::html::esc;
+use crate::tools::insight::maps::{Map, MapScale};
+use crate::tools::insight::raster;
 
 /// One map with its title.
 pub struct Panel<'a> {

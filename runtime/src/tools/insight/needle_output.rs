@@ -5,10 +5,10 @@ use std::fmt::Write;
 
 use serde_json::{Value, json};
 
-use crate::attn_bench::output::csv_field;
-use crate::attn_bench::plot::{Panel, Series, render};
-use crate::insight::html::{Block, Report};
-use crate::insight::needle::NeedleResult;
+use crate::tools::attn_bench::output::csv_field;
+use crate::tools::attn_bench::plot::{Panel, Series, render};
+use crate::tools::insight::html::{Block, Report};
+use crate::tools::insight::needle::NeedleResult;
 
 /// One model's results over the depths.
 pub struct ModelNeedle {

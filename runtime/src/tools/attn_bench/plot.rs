@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::insight::html::esc;
+use crate::tools::insight::html::esc;
 
 /// One line of a chart.
 #[derive(Clone, Debug)]

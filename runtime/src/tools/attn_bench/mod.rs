@@ -22,7 +22,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{AttentionKind, Backend, Probe};
-use crate::calibrate::Calibrator;
+use crate::tools::calibrate::Calibrator;
 use crate::observe::Observer;
 use crate::cpu::CpuBackend;
 use crate::engine::{Engine, EngineOptions};

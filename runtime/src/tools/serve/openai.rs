@@ -5,7 +5,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::sampler::SamplerConfig;
-use crate::serve::{FinishReason, Prompt};
+use crate::tools::serve::{FinishReason, Prompt};
 use crate::text::Message;
 
 /// Which endpoint a request came to.

@@ -17,8 +17,8 @@ use std::ops::Range;
 use crate::backend::Backend;
 use crate::engine::Engine;
 use crate::error::RuntimeError;
-use crate::insight::capture_qk;
-use crate::insight::maps::{head_maps, selectable_heads};
+use crate::tools::insight::capture_qk;
+use crate::tools::insight::maps::{head_maps, selectable_heads};
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::text::Tokenizer;
 

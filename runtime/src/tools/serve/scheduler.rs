@@ -1,4 +1,4 @@
-//! Slots, the queue and one engine step (see the module docs of [`crate::serve`]).
+//! Slots, the queue and one engine step (see the module docs of [`crate::tools::serve`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -10,10 +10,10 @@ use crate::error::RuntimeError;
 use crate::kv_pages::PAGE;
 use crate::model::{DecodeBatch, Model, Session};
 use crate::sampler::Sampler;
-use crate::serve::metrics::Metrics;
-use crate::serve::prompt::{Encoded, PromptEncoder};
-use crate::serve::stop::StopText;
-use crate::serve::{FinishReason, GenEvent, GenRequest, Sink, SubmitError};
+use crate::tools::serve::metrics::Metrics;
+use crate::tools::serve::prompt::{Encoded, PromptEncoder};
+use crate::tools::serve::stop::StopText;
+use crate::tools::serve::{FinishReason, GenEvent, GenRequest, Sink, SubmitError};
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
 
 /// `(&v[src], &mut v[dst])` for `src != dst`.

@@ -243,8 +243,8 @@ pub fn to_svg(r: &BenchReport) -> String {
 }
 
 /// The HTML report: the printed tables and the plot in one self-contained page.
-pub fn to_html_report(r: &BenchReport) -> crate::insight::html::Report {
-    use crate::insight::html::{Block, Report};
+pub fn to_html_report(r: &BenchReport) -> crate::tools::insight::html::Report {
+    use crate::tools::insight::html::{Block, Report};
     Report {
         title: format!("duet attn-bench: {} tokens of {}", r.n_tokens, r.text),
         blocks: vec![

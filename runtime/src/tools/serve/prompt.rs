@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::serve::{GenRequest, Prompt, SubmitError};
+use crate::tools::serve::{GenRequest, Prompt, SubmitError};
 use crate::text::{ChatTemplate, Tokenizer};
 
 /// Bytes of prompt text a context position may stand for. Real text runs 3 to 5 bytes a
