@@ -14,8 +14,11 @@
 //! and `integer_parts_are_exact` checks the exactness directly: with all scales ±1 and small
 //! integer activations every float operation is exact, and packed == scalar bit for bit.
 
+use std::ops::Range;
+
 use super::*;
-use crate::blocks::{BlockQ8_0, QK, QK_K};
+use crate::GgmlType;
+use crate::blocks::{BlockQ8_0, F16Bytes, QK, QK_K};
 use crate::dot::{ActRow, scalar};
 use crate::legacy::test_util::normal;
 

@@ -16,7 +16,7 @@ use crate::second_level;
 
 /// Q4_K and Q5_K (`FIVE`). `PER`: dots per 16-bit partial (see [`IAcc`]).
 #[inline(always)]
-unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
+unsafe fn tile_q4k_q5k<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
     w: &PackedMatrix,
     a: &QActs,
     g: usize,
@@ -125,7 +125,7 @@ unsafe fn tile_k45<A: Arch, const N: usize, const FIVE: bool, const PER: usize>(
 
 /// The 6-bit scales of sub-blocks 0-3 (`upper`: 4-7) of a super-block (get_scale_min_k4):
 /// byte j of each lane is its row's scale of sub-block j (4 + j); `p0`, `p2` point at the
-/// scale words of the slice's rows (see tile_k45).
+/// scale words of the slice's rows (see tile_q4k_q5k).
 #[inline(always)]
 unsafe fn scale_bytes<A: Arch>(p0: *const u8, p2: *const u8, upper: bool) -> A::V {
     // SAFETY: the caller's pointers (4·LANES bytes each).
@@ -164,7 +164,7 @@ unsafe fn q4k_scaled<A: Arch, const N: usize, const PAIRS: bool>(
     d_at: usize,
 ) {
     debug_assert!(A::PARTIAL16, "IAcc ignores the scales where the arch has no 16-bit partials");
-    // SAFETY: the bytes tile_k45 reads.
+    // SAFETY: the bytes tile_q4k_q5k reads.
     unsafe {
         let m0f = A::splat8(0x0f);
         let mut run = [A::zero(); N];
@@ -228,7 +228,7 @@ impl Kern for Q4K {
         out: *mut f32,
         ld: usize,
     ) {
-        unsafe { tile_k45::<A, N, false, 8>(w, a, g, t0, out, ld) }
+        unsafe { tile_q4k_q5k::<A, N, false, 8>(w, a, g, t0, out, ld) }
     }
 }
 impl Kern for Q5K {
@@ -242,6 +242,6 @@ impl Kern for Q5K {
         out: *mut f32,
         ld: usize,
     ) {
-        unsafe { tile_k45::<A, N, true, 4>(w, a, g, t0, out, ld) }
+        unsafe { tile_q4k_q5k::<A, N, true, 4>(w, a, g, t0, out, ld) }
     }
 }
