@@ -19,7 +19,7 @@ use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::gpu::{GpuBackend, GpuOptions};
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::logits_file::argmax;
 use duet_runtime::model::{LogitGranularity, Logits, Model, Session};
 
@@ -27,12 +27,12 @@ use common::convert;
 use duet_test_support::no_gpu;
 
 /// K cache, V cache, attention-logit quantization.
-type Settings = (CacheType, CacheType, Option<(u32, LogitGranularity)>);
+type Settings = (CacheFormat, CacheFormat, Option<(u32, LogitGranularity)>);
 /// Each sequence's.
 const SETTINGS: [Settings; 3] = [
-    (CacheType::F16, CacheType::F16, None),
-    (CacheType::Q4c, CacheType::Q4r, Some((4, LogitGranularity::Row))),
-    (CacheType::Q8, CacheType::Q8, None),
+    (CacheFormat::F16, CacheFormat::F16, None),
+    (CacheFormat::Q4c, CacheFormat::Q4r, Some((4, LogitGranularity::Row))),
+    (CacheFormat::Q8, CacheFormat::Q8, None),
 ];
 const STEPS: usize = 12;
 /// F32 weights; a batched product may add the same terms in another order (the CPU's packed
@@ -55,8 +55,8 @@ fn session<B: Backend>(b: &mut B, m: &Model<B>, i: usize) -> Session<B> {
 fn session_of<B: Backend>(
     b: &mut B,
     m: &Model<B>,
-    kt: CacheType,
-    vt: CacheType,
+    kt: CacheFormat,
+    vt: CacheFormat,
     lq: Option<(u32, LogitGranularity)>,
 ) -> Session<B> {
     let (kt, vt) = resolved(m, kt, vt);
@@ -67,7 +67,7 @@ fn session_of<B: Backend>(
 
 /// The cache types a session of this model gets for (kt, vt): a format the model's head size
 /// cannot use becomes the nearest one that it can.
-fn resolved<B: Backend>(m: &Model<B>, kt: CacheType, vt: CacheType) -> (CacheType, CacheType) {
+fn resolved<B: Backend>(m: &Model<B>, kt: CacheFormat, vt: CacheFormat) -> (CacheFormat, CacheFormat) {
     let mut spec = m.cache_spec(128, kt, vt);
     spec.resolve();
     (spec.k_type, spec.v_type)
@@ -79,8 +79,8 @@ fn resolved<B: Backend>(m: &Model<B>, kt: CacheType, vt: CacheType) -> (CacheTyp
 #[derive(Clone, Copy, Debug)]
 enum Caches {
     Own,
-    One(CacheType, CacheType),
-    Same(CacheType, CacheType),
+    One(CacheFormat, CacheFormat),
+    Same(CacheFormat, CacheFormat),
 }
 
 impl Caches {
@@ -204,9 +204,9 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
     let p = prompts(m.config.n_vocab as u32);
     let all = [
         Caches::Own,
-        Caches::One(CacheType::F16, CacheType::F16),
-        Caches::One(CacheType::Q4c, CacheType::Q4r),
-        Caches::Same(CacheType::F16, CacheType::F16),
+        Caches::One(CacheFormat::F16, CacheFormat::F16),
+        Caches::One(CacheFormat::Q4c, CacheFormat::Q4r),
+        Caches::Same(CacheFormat::F16, CacheFormat::F16),
     ];
     for caches in all {
         let a = alone(b, &m, &p, caches);
@@ -293,7 +293,7 @@ fn gpu_decode_of_several_slots_attends_in_one_pass() {
         let m = Model::load(b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
         let mut step_dispatches = Vec::new();
         for n in [2usize, 3] {
-            let mut sessions = m.new_sessions(b, n, 128, 64, CacheType::F16, CacheType::F16).unwrap();
+            let mut sessions = m.new_sessions(b, n, 128, 64, CacheFormat::F16, CacheFormat::F16).unwrap();
             for (i, s) in sessions.iter_mut().enumerate() {
                 m.forward(b, s, &[1, 2 + i as u32, 3], Logits::Last).unwrap();
             }

@@ -16,7 +16,7 @@ use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTune, SUBMIT_EVERY};
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::logits_file::{LogitsFile, argmax, log_softmax};
 use duet_runtime::model::{LogitGranularity, Logits, Model};
 
@@ -42,7 +42,7 @@ fn gpu(test: &str, f16: bool) -> Option<GpuBackend> {
 /// one at a time (decode over the cache). An f32 cache, as the transformers comparison of
 /// tests/model_logits.rs (the f16 cache is covered by the op tests and the SmolLM2 run).
 fn logits<B: Backend>(b: &mut B, path: &Path, tokens: &[u32], split: usize) -> Vec<f32> {
-    logits_with(b, path, tokens, split, CacheType::F32, CacheType::F32, None)
+    logits_with(b, path, tokens, split, CacheFormat::F32, CacheFormat::F32, None)
 }
 
 /// [`logits`] over a K cache of type `kt` and a V cache of type `vt`, the attention logits
@@ -52,8 +52,8 @@ fn logits_with<B: Backend>(
     path: &Path,
     tokens: &[u32],
     split: usize,
-    kt: CacheType,
-    vt: CacheType,
+    kt: CacheFormat,
+    vt: CacheFormat,
     attn_logits: Option<(u32, LogitGranularity)>,
 ) -> Vec<f32> {
     let model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
@@ -166,7 +166,7 @@ fn on_f32_fixtures(mut f: impl FnMut(&str, &Path, &[u32], usize)) {
 /// 64, which the Llama fixture (rows of 32) does not have: those pairs run on DiffLlama only.
 #[test]
 fn quantized_cache_gpu_matches_cpu() {
-    use CacheType::*;
+    use CacheFormat::*;
     let test = "quantized_cache_gpu_matches_cpu";
     let Some(mut g) = gpu(test, false) else { return };
     let mut failures = Vec::new();
@@ -223,7 +223,7 @@ fn quantized_logits_gpu_matches_cpu() {
         for bits in [8, 6, 4] {
             for gran in [LogitGranularity::Tensor, LogitGranularity::Head, LogitGranularity::Row] {
                 let setting = Some((bits, gran));
-                let (f32c, cpu) = (CacheType::F32, &mut CpuBackend::new(2));
+                let (f32c, cpu) = (CacheFormat::F32, &mut CpuBackend::new(2));
                 let cpu = logits_with(cpu, path, tokens, 40, f32c, f32c, setting);
                 let got = logits_with(&mut g, path, tokens, 40, f32c, f32c, setting);
                 let c = compare(&cpu, &got, v);
@@ -263,7 +263,7 @@ fn submitting_in_pieces_changes_nothing() {
             Err(e) => return no_gpu(test, &format!("no usable GPU adapter ({e})")),
         };
         let model = Model::load(&mut b, Arc::clone(&file)).unwrap();
-        let mut s = model.new_session(&mut b, 64, 16, CacheType::F16, CacheType::F16).unwrap();
+        let mut s = model.new_session(&mut b, 64, 16, CacheFormat::F16, CacheFormat::F16).unwrap();
         let mut logits = model.forward(&mut b, &mut s, &tokens[..9], Logits::Last).unwrap();
         for i in 9..tokens.len() {
             let (subs, dispatches) = (b.submissions(), b.dispatches());
@@ -287,7 +287,7 @@ fn no_pipeline_or_layout_after_first_token() {
     let Some(mut b) = gpu(test, false) else { return };
     let path = convert("diffllama-gqa", Preset::Q4KM, false);
     let model = Model::load(&mut b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
-    let mut s = model.new_session(&mut b, 128, 32, CacheType::F16, CacheType::F32).unwrap();
+    let mut s = model.new_session(&mut b, 128, 32, CacheFormat::F16, CacheFormat::F32).unwrap();
     let n_vocab = model.config.n_vocab as u32;
     let tokens: Vec<u32> = (0..60).map(|i| (i * 37 + 5) % n_vocab).collect();
     model.forward(&mut b, &mut s, &tokens[..9], Logits::Last).unwrap();
@@ -328,13 +328,13 @@ fn kernel_profile_times_every_dispatch() {
     };
     let path = convert("llama-gqa", Preset::Q8_0, false);
     let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 200).collect();
-    let want = logits_with(&mut plain, &path, &tokens, 16, CacheType::F16, CacheType::F16, None);
-    let got = logits_with(&mut timed, &path, &tokens, 16, CacheType::F16, CacheType::F16, None);
+    let want = logits_with(&mut plain, &path, &tokens, 16, CacheFormat::F16, CacheFormat::F16, None);
+    let got = logits_with(&mut timed, &path, &tokens, 16, CacheFormat::F16, CacheFormat::F16, None);
     assert!(want == got, "profiling changed the logits");
     assert!(plain.take_kernel_times().is_none(), "an unprofiled backend has no kernel times");
 
     let model = Model::load(&mut timed, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
-    let mut s = model.new_session(&mut timed, 64, 16, CacheType::F16, CacheType::F16).unwrap();
+    let mut s = model.new_session(&mut timed, 64, 16, CacheFormat::F16, CacheFormat::F16).unwrap();
     model.forward(&mut timed, &mut s, &tokens[..16], Logits::Last).unwrap();
     timed.take_kernel_times();
     let dispatches = timed.dispatches();
@@ -382,7 +382,7 @@ fn decode_calls(
     };
     let path = convert(fixture, Preset::Q8_0, false);
     let model = Model::load(&mut b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
-    let mut s = model.new_session(&mut b, 64, 16, CacheType::F16, CacheType::F16).unwrap();
+    let mut s = model.new_session(&mut b, 64, 16, CacheFormat::F16, CacheFormat::F16).unwrap();
     let tokens: Vec<u32> = (0..17).map(|i| (i * 37 + 5) % 200).collect();
     model.forward(&mut b, &mut s, &tokens[..16], Logits::Last).unwrap();
     b.take_kernel_times();
@@ -648,7 +648,7 @@ fn batches_shrink_to_the_buffer_limit() {
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 320).collect();
     let run = |b: &mut GpuBackend, max_batch: usize| {
         let model = Model::load(b, Arc::clone(&file)).unwrap();
-        let mut s = model.new_session(b, 64, max_batch, CacheType::F32, CacheType::F32)?;
+        let mut s = model.new_session(b, 64, max_batch, CacheFormat::F32, CacheFormat::F32)?;
         model.forward(b, &mut s, &tokens, Logits::All)
     };
     let want = run(&mut free, 16).unwrap();

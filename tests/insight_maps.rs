@@ -15,7 +15,7 @@ use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, Probe};
 use duet_runtime::observe::Observer;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::tools::insight::maps::{LayerQk, head_maps, selectable_heads};
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::model::{Logits, Model};
 
 use common::convert;
@@ -94,7 +94,7 @@ fn check(fixture: &str) {
     let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 11) % model.config.n_vocab as u32).collect();
     let acts = Arc::new(Mutex::new(Acts::default()));
     b.set_observer(Some(Box::new(Arc::clone(&acts))));
-    let mut s = model.new_session(&mut b, n, n, CacheType::F32, CacheType::F32).unwrap();
+    let mut s = model.new_session(&mut b, n, n, CacheFormat::F32, CacheFormat::F32).unwrap();
     model.forward(&mut b, &mut s, &tokens, Logits::Last).unwrap();
     b.set_observer(None);
     let _ = std::fs::remove_file(&path);

@@ -13,7 +13,7 @@ use duet_convert::Preset;
 use duet_quant::gguf::GgufFile;
 use duet_runtime::cpu::{CpuBackend, Placement};
 use duet_runtime::engine::{Engine, EngineOptions};
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::logits_file::{LogitsFile, kl_divergence};
 use duet_runtime::model::{Logits, Model};
 
@@ -22,7 +22,7 @@ use common::{convert, fixture};
 /// Logits of every position of `tokens` fed `batch` at a time over a cache of `k`/`v`, and
 /// what the cache then holds in layer 0 (its K and V rows as attention reads them: the
 /// later layers' inputs depend on the attention above them).
-fn logits(path: &Path, tokens: &[u32], batch: usize, k: CacheType, v: CacheType) -> (Vec<f32>, Vec<Vec<f32>>) {
+fn logits(path: &Path, tokens: &[u32], batch: usize, k: CacheFormat, v: CacheFormat) -> (Vec<f32>, Vec<Vec<f32>>) {
     let file = Arc::new(GgufFile::open(path).unwrap());
     let mut b = CpuBackend::new(2);
     let model = Model::load(&mut b, file).unwrap();
@@ -59,9 +59,9 @@ fn cache_types_are_batch_independent_and_ordered_by_bits() {
         let reference = LogitsFile::read(&fixture(m).join("reference.logits")).unwrap();
         let gguf = convert(m, Preset::F32, false);
         let tokens = &reference.tokens;
-        let (exact, _) = logits(&gguf, tokens, 64, CacheType::F32, CacheType::F32);
+        let (exact, _) = logits(&gguf, tokens, 64, CacheFormat::F32, CacheFormat::F32);
         let mut kls = Vec::new();
-        for &ty in CacheType::QUANTIZED {
+        for &ty in CacheFormat::QUANTIZED {
             let (batched, held_batched) = logits(&gguf, tokens, 64, ty, ty);
             let (stepped, held_stepped) = logits(&gguf, tokens, 7, ty, ty);
             let held = held_batched.iter().flatten().zip(held_stepped.iter().flatten());
@@ -69,7 +69,7 @@ fn cache_types_are_batch_independent_and_ordered_by_bits() {
             // The stored rows come from activations whose batching changes f32 summation
             // order only.
             assert!(held_diff <= 1e-3, "{m} {ty}: cache contents differ by {held_diff}");
-            if !matches!(ty, CacheType::Q8c | CacheType::Q6c | CacheType::Q4c) {
+            if !matches!(ty, CacheFormat::Q8c | CacheFormat::Q6c | CacheFormat::Q4c) {
                 let diff = batched.iter().zip(&stepped).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
                 assert!(diff <= 1e-4, "{m} {ty}: batches of 7 differ from one batch by {diff}");
             }
@@ -92,7 +92,7 @@ fn prefix_reuse_into_a_quantized_group_matches_a_fresh_evaluation() {
     let reference = LogitsFile::read(&fixture("diffllama-gqa").join("reference.logits")).unwrap();
     let gguf = convert("diffllama-gqa", Preset::F32, false);
     let opts =
-        EngineOptions { n_ctx: 128, batch: 16, k_type: CacheType::Q4c, v_type: CacheType::Q4r, attn_logits: None };
+        EngineOptions { n_ctx: 128, batch: 16, k_type: CacheFormat::Q4c, v_type: CacheFormat::Q4r, attn_logits: None };
     let first: Vec<u32> = reference.tokens[..64].to_vec();
     // The same first 40 tokens, then different ones: position 40 lies in the second group
     // of 32, which the first prompt completed and quantized.

@@ -170,7 +170,7 @@ fn logit_quantization_belongs_to_the_session_not_the_model() {
 
     use duet_quant::gguf::GgufFile;
     use duet_runtime::cpu::CpuBackend;
-    use duet_runtime::kv_cache::CacheType;
+    use duet_runtime::kv_cache::CacheFormat;
     use duet_runtime::model::{LogitGranularity, Logits, Model};
 
     let reference = LogitsFile::read(&fixture("diffllama-gqa").join("reference.logits")).unwrap();
@@ -179,7 +179,7 @@ fn logit_quantization_belongs_to_the_session_not_the_model() {
     let mut b = CpuBackend::new(2);
     let model = Model::load(&mut b, Arc::new(GgufFile::open(&gguf).unwrap())).unwrap();
     let run = |b: &mut CpuBackend, quant: Option<(u32, LogitGranularity)>| {
-        let mut s = model.new_session(b, 64, 64, CacheType::F32, CacheType::F32).unwrap();
+        let mut s = model.new_session(b, 64, 64, CacheFormat::F32, CacheFormat::F32).unwrap();
         model.set_logit_quant(&mut s, quant).unwrap();
         model.forward(b, &mut s, tokens, Logits::All).unwrap()
     };

@@ -15,7 +15,7 @@ use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::gpu::{GpuBackend, GpuOptions};
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::model::{Logits, Model, Session};
 
 use common::convert;
@@ -53,7 +53,7 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
     let n_vocab = m.config.n_vocab as u32;
     // p and q agree on their first 70 tokens.
     let (p, q) = (prompt(n_vocab, 70, 1, 70), prompt(n_vocab, 90, 2, 70));
-    for ty in CacheType::ALL {
+    for ty in CacheFormat::ALL {
         let mut spec = m.cache_spec(N_CTX, ty, ty);
         spec.resolve();
         let (kt, vt) = (spec.k_type, spec.v_type);

@@ -176,11 +176,11 @@ fn queue_and_context_limits_refuse_and_stop_strings_end_replies() {
 
 #[test]
 fn a_shared_prompt_prefix_is_evaluated_once_and_changes_nothing() {
-    use duet_runtime::kv_cache::CacheType;
+    use duet_runtime::kv_cache::CacheFormat;
     let path = convert("llama-gqa", Preset::F32, false);
     let system = "You are a helpful assistant who answers questions about ships, whales and the sea. ";
     let (a, b) = (format!("{system}Where is the whale?"), format!("{system}What is a ship?"));
-    for (kt, vt) in [(CacheType::F16, CacheType::F16), (CacheType::Q4c, CacheType::Q4)] {
+    for (kt, vt) in [(CacheFormat::F16, CacheFormat::F16), (CacheFormat::Q4c, CacheFormat::Q4)] {
         let opts = EngineOptions { n_ctx: 256, batch: 16, k_type: kt, v_type: vt, attn_logits: None };
         let new = || Scheduler::new(Engine::load(CpuBackend::new(2), &path, &opts).unwrap(), 1, 8).unwrap();
         // b alone, from an empty cache.
@@ -214,12 +214,12 @@ fn a_shared_prompt_prefix_is_evaluated_once_and_changes_nothing() {
 /// not evaluated again), and both reply as from an empty cache. On the CPU and, where there
 /// is an adapter, on the GPU.
 fn shared_prefix_check<B: duet_runtime::backend::Backend>(make: &dyn Fn() -> B, what: &str) {
-    use duet_runtime::kv_cache::CacheType;
+    use duet_runtime::kv_cache::CacheFormat;
     let path = convert("llama-gqa", Preset::F32, false);
     let system = "You are a helpful assistant who answers questions about ships, whales and the sea. ";
     let prompts =
         [format!("{system}Hello."), format!("{system}Where is the whale?"), format!("{system}What is a ship?")];
-    for (kt, vt) in [(CacheType::F16, CacheType::F16), (CacheType::Q4c, CacheType::Q4)] {
+    for (kt, vt) in [(CacheFormat::F16, CacheFormat::F16), (CacheFormat::Q4c, CacheFormat::Q4)] {
         let opts = EngineOptions { n_ctx: 256, batch: 16, k_type: kt, v_type: vt, attn_logits: None };
         let new = |slots| Scheduler::new(Engine::load(make(), &path, &opts).unwrap(), slots, 8).unwrap();
         let alone: Vec<String> = prompts[1..]

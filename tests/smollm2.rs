@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use duet_quant::gguf::GgufFile;
 use duet_runtime::cpu::{ActPrecision, CpuBackend};
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::logits_file::{argmax, log_softmax};
 use duet_runtime::model::{Logits, Model};
 use duet_test_support::asset;
@@ -60,7 +60,7 @@ fn load(path: &Path) -> (CpuBackend, Model<CpuBackend>) {
 fn agreement(path: &Path, reference: &TopK, precision: ActPrecision) -> (f64, f64) {
     let (mut b, model) = load(path);
     b.set_act_precision(precision);
-    let mut s = model.new_session(&mut b, 512, 512, CacheType::F16, CacheType::F16).unwrap();
+    let mut s = model.new_session(&mut b, 512, 512, CacheFormat::F16, CacheFormat::F16).unwrap();
     let logits = model.forward(&mut b, &mut s, &reference.tokens, Logits::All).unwrap();
     score(reference, &logits, 0, &format!("{precision:?} activations"))
 }
@@ -71,7 +71,7 @@ fn agreement(path: &Path, reference: &TopK, precision: ActPrecision) -> (f64, f6
 fn decode_agreement(path: &Path, reference: &TopK, precision: ActPrecision, prompt: usize) -> (f64, f64) {
     let (mut b, model) = load(path);
     b.set_act_precision(precision);
-    let mut s = model.new_session(&mut b, 512, 512, CacheType::F16, CacheType::F16).unwrap();
+    let mut s = model.new_session(&mut b, 512, 512, CacheFormat::F16, CacheFormat::F16).unwrap();
     let tokens = &reference.tokens;
     let mut logits = model.forward(&mut b, &mut s, &tokens[..prompt], Logits::Last).unwrap();
     for &t in &tokens[prompt..] {
@@ -154,7 +154,7 @@ fn greedy_completions_agree_for_all_sixteen_tokens() {
             |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
         let (prompt, want) = (ids("prompt_ids"), ids("greedy_ids"));
         assert_eq!(want.len(), 16, "greedy.json holds 16 tokens per prompt");
-        let mut s = model.new_session(&mut b, 64, 64, CacheType::F32, CacheType::F32).unwrap();
+        let mut s = model.new_session(&mut b, 64, 64, CacheFormat::F32, CacheFormat::F32).unwrap();
         let mut logits = model.forward(&mut b, &mut s, &prompt, Logits::Last).unwrap();
         let mut got = Vec::new();
         for _ in 0..want.len() {

@@ -9,7 +9,7 @@ use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::tools::calibrate::{CalibrationReport, Calibrator};
 use duet_runtime::cpu::CpuBackend;
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::model::{Logits, Model};
 use duet_runtime::text::Tokenizer;
 
@@ -55,7 +55,7 @@ pub fn calibrate_gguf(
     }
     let ctx = cal.ctx.max(2).min(model.config.n_ctx_train.max(2));
     let mut session =
-        model.new_session(&mut b, ctx, ctx, CacheType::F32, CacheType::F32).map_err(|e| runtime_err(gguf, e))?;
+        model.new_session(&mut b, ctx, ctx, CacheFormat::F32, CacheFormat::F32).map_err(|e| runtime_err(gguf, e))?;
     let calibrator = Arc::new(Mutex::new(Calibrator::new(&model.config)));
     b.set_observer(Some(Box::new(Arc::clone(&calibrator))));
     let chunks: Vec<&[u32]> = tokens.chunks(ctx).collect();

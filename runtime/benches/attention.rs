@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend};
 use duet_runtime::cpu::CpuBackend;
-use duet_runtime::kv_cache::{CacheType, KvCacheSpec};
+use duet_runtime::kv_cache::{CacheFormat, KvCacheSpec};
 use duet_runtime::kv_pages::{SeqPages, pages_for};
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -29,7 +29,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() {
     let ctx: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(2048);
-    use CacheType::*;
+    use CacheFormat::*;
     let types = [(F16, F16), (Q8, Q8), (Q4, Q4), (Q8c, Q8r), (Q6c, Q6r), (Q4c, Q4r), (Q4c, F16), (F16, Q4r)];
     let shapes = [
         ("standard 9/3 heads, hd 64", AttentionKind::Standard, 9, 3, 64),
@@ -116,7 +116,7 @@ fn main() {
         let med: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
         for (i, (kt, vt)) in types.iter().enumerate() {
             let pages = pages_for(ctx + 1);
-            let bytes = (kt.layer_bytes(pages, 1, kv_dim) + vt.layer_bytes(pages, 1, kv_dim)) as f64 / (ctx + 1) as f64;
+            let bytes = (kt.layer_bytes(pages, 1, kv_dim, false) + vt.layer_bytes(pages, 1, kv_dim, false)) as f64 / (ctx + 1) as f64;
             println!("| {name} | {kt} / {vt} | {bytes:.1} | {:.1} | {:.2}× |", med[i], med[i] / med[0]);
         }
     }

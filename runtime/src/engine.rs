@@ -10,7 +10,7 @@ use duet_quant::gguf::GgufFile;
 
 use crate::backend::Backend;
 use crate::error::RuntimeError;
-use crate::kv_cache::CacheType;
+use crate::kv_cache::CacheFormat;
 use crate::model::{LogitGranularity, Logits, Model, Session};
 use crate::sampler::Sampler;
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
@@ -21,15 +21,15 @@ pub struct EngineOptions {
     pub n_ctx: usize,
     /// Largest batch of prompt tokens evaluated at once.
     pub batch: usize,
-    pub k_type: CacheType,
-    pub v_type: CacheType,
+    pub k_type: CacheFormat,
+    pub v_type: CacheFormat,
     /// Quantize the attention logits: (bits, granularity), see [`Model::set_logit_quant`].
     pub attn_logits: Option<(u32, LogitGranularity)>,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 0, batch: 512, k_type: CacheType::F16, v_type: CacheType::F16, attn_logits: None }
+        EngineOptions { n_ctx: 0, batch: 512, k_type: CacheFormat::F16, v_type: CacheFormat::F16, attn_logits: None }
     }
 }
 

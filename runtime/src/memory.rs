@@ -73,7 +73,7 @@ pub fn zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec<T>, Runtim
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::CacheType;
+    use crate::kv_cache::CacheFormat;
     use crate::model::Arch;
     use crate::model_config::RopeConfig;
 
@@ -99,8 +99,8 @@ mod tests {
             n_seqs: 1,
             kv_dim: 32,
             head_dim: 16,
-            k_type: CacheType::F16,
-            v_type: CacheType::F16,
+            k_type: CacheFormat::F16,
+            v_type: CacheFormat::F16,
         };
         let avail = 1u64 << 30;
         let e = check_session(&c, &cache, 512, 2, avail).unwrap_err().to_string();

@@ -17,7 +17,7 @@ use duet_quant::gguf::{GgufFile, GgufWriter};
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightRole, WeightView};
 use duet_runtime::cpu::{CpuBackend, CpuTensor};
 use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor, GpuTune};
-use duet_runtime::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
+use duet_runtime::kv_cache::{CacheLayout, CacheFormat, KvCacheSpec};
 use duet_runtime::kv_pages::{PAGE, SeqPages, pages_for};
 use duet_test_support::{Rng, no_gpu};
 
@@ -515,8 +515,8 @@ fn attention_case(
     p: &mut Pair,
     rng: &mut Rng,
     spec: &AttentionSpec,
-    kt: CacheType,
-    vt: CacheType,
+    kt: CacheFormat,
+    vt: CacheFormat,
     steps: &[usize],
     check: bool,
 ) -> (Vec<f32>, Vec<f32>) {
@@ -529,7 +529,7 @@ fn attention_case_rope(
     p: &mut Pair,
     rng: &mut Rng,
     spec: &AttentionSpec,
-    (kt, vt): (CacheType, CacheType),
+    (kt, vt): (CacheFormat, CacheFormat),
     steps: &[usize],
     check: bool,
     rope: Option<&RopeSpec>,
@@ -664,14 +664,14 @@ fn attention_standard_and_differential() {
             AttentionKind::Differential { lambda: 0.8, lambda_init: 0.62, sub_norm: sub },
         ] {
             let spec = AttentionSpec { kind, ..std.clone() };
-            attention_case(&mut p, &mut rng, &spec, CacheType::F32, CacheType::F32, &steps, true);
+            attention_case(&mut p, &mut rng, &spec, CacheFormat::F32, CacheFormat::F32, &steps, true);
         }
         let diff = AttentionSpec {
             kind: AttentionKind::Differential { lambda: 0.5, lambda_init: 0.35, sub_norm: None },
             ..std.clone()
         };
-        attention_case(&mut p, &mut rng, &diff, CacheType::F16, CacheType::F16, &steps, true);
-        attention_case(&mut p, &mut rng, &std, CacheType::F16, CacheType::F32, &steps, true);
+        attention_case(&mut p, &mut rng, &diff, CacheFormat::F16, CacheFormat::F16, &steps, true);
+        attention_case(&mut p, &mut rng, &std, CacheFormat::F16, CacheFormat::F32, &steps, true);
     }
 }
 
@@ -698,8 +698,8 @@ fn decode_attention_multi_tile_chunks() {
             ..std.clone()
         };
         for spec in [&std, &diff] {
-            attention_case(&mut p, &mut rng, spec, CacheType::F32, CacheType::F32, &[150, 1, 170, 1], true);
-            attention_case(&mut p, &mut rng, spec, CacheType::F16, CacheType::Q8r, &[150, 1, 170, 1], true);
+            attention_case(&mut p, &mut rng, spec, CacheFormat::F32, CacheFormat::F32, &[150, 1, 170, 1], true);
+            attention_case(&mut p, &mut rng, spec, CacheFormat::F16, CacheFormat::Q8r, &[150, 1, 170, 1], true);
         }
     }
 }
@@ -722,10 +722,10 @@ fn rope_attention_matches_cpu() {
         ];
         let spec = standard_spec(6, 2, 64);
         for (kt, vt) in [
-            (CacheType::F16, CacheType::F16),
-            (CacheType::F32, CacheType::F32),
-            (CacheType::F16, CacheType::F32),
-            (CacheType::Q8c, CacheType::Q4r),
+            (CacheFormat::F16, CacheFormat::F16),
+            (CacheFormat::F32, CacheFormat::F32),
+            (CacheFormat::F16, CacheFormat::F32),
+            (CacheFormat::Q8c, CacheFormat::Q4r),
         ] {
             for rope in &ropes {
                 eprintln!("{test}: fuse {fuse}, K {kt} V {vt}, n_rot {}", rope.n_rot);
@@ -746,7 +746,7 @@ fn rope_attention_pairs_matches_cpu() {
     let (h, hkv, hd) = (8, 2, 64);
     let spec = AttentionSpec { kind: AttentionKind::PairedHeads, ..standard_spec(h, hkv, hd) };
     let rope = RopeSpec { n_rot: hd, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
-    for (kt, vt) in [(CacheType::F16, CacheType::F16), (CacheType::Q8, CacheType::Q6), (CacheType::Q8c, CacheType::Q4r)]
+    for (kt, vt) in [(CacheFormat::F16, CacheFormat::F16), (CacheFormat::Q8, CacheFormat::Q6), (CacheFormat::Q8c, CacheFormat::Q4r)]
     {
         let kv =
             KvCacheSpec { n_layers: 1, n_ctx: 80, n_seqs: 1, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
@@ -799,7 +799,7 @@ fn rope_attention_pairs_matches_cpu() {
 
 #[test]
 fn attention_quantized_caches() {
-    use CacheType::*;
+    use CacheFormat::*;
     let test = "attention_quantized_caches";
     let Some(gpu) = gpu(test, false, None) else { return };
     let mut p = Pair { cpu: ggml_cpu(), gpu };
@@ -869,7 +869,7 @@ fn attention_quantized_logits() {
     // Static absmax below the largest logits (about 6), so clamping is exercised too.
     let statics: Vec<f32> = (0..h).map(|i| 1.5 + 0.5 * i as f32).collect();
     let scales = [LogitScale::Tensor, LogitScale::Head, LogitScale::Row, LogitScale::Static(statics)];
-    for (kt, vt) in [(CacheType::F32, CacheType::F32), (CacheType::Q8, CacheType::Q8), (CacheType::Q4, CacheType::Q6)] {
+    for (kt, vt) in [(CacheFormat::F32, CacheFormat::F32), (CacheFormat::Q8, CacheFormat::Q8), (CacheFormat::Q4, CacheFormat::Q6)] {
         for base in [&std, &diff] {
             for bits in [8, 6, 4] {
                 for scale in &scales {
@@ -918,7 +918,7 @@ fn absmax_cache_write_edge_rows() {
         rms_eps: 1e-5,
         logit_quant: None,
     };
-    for ty in [CacheType::Q8, CacheType::Q6, CacheType::Q4] {
+    for ty in [CacheFormat::Q8, CacheFormat::Q6, CacheFormat::Q4] {
         let CacheLayout::Absmax(fmt) = ty.layout() else { unreachable!("absmax types") };
         let qmax = fmt.qmax();
         // Block of ties: qmax·d, then (k + ½)·d, d = 0.25 (exact in f16, 1/d exact).
@@ -972,7 +972,7 @@ fn absmax_cache_write_edge_rows() {
 /// rows that complete the next group.
 #[test]
 fn rotated_and_channel_cache_write_edge_rows() {
-    use CacheType::*;
+    use CacheFormat::*;
     let test = "rotated_and_channel_cache_write_edge_rows";
     let Some(gpu) = gpu(test, false, None) else { return };
     let mut p = Pair { cpu: ggml_cpu(), gpu };

@@ -7,211 +7,63 @@
 //! when the variant uses f16 arithmetic, else f32), the prelude, the snippets the op needs,
 //! then the op. The tests in `tests/naga.rs` validate every variant without an adapter.
 
-use std::fmt::{self, Write};
+use std::fmt::Write;
 
 mod matvec;
 mod params;
 
 pub use matvec::{MV_MAX_SPLIT, MvEpilogue, MvShape, has_own_slots, norm_binding};
 pub use params::*;
+/// The K/V cache formats, defined once in quant (the GPU pads block rows to u32 words:
+/// [`CacheFormat::word_row_bytes`]).
+pub use duet_quant::GgmlType;
+pub use duet_quant::kv::{CacheFormat, CacheKind};
 
-/// Weight element types the matmul, matvec and embedding kernels read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum WeightType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q4K,
-    Q5K,
-    Q6K,
+/// The weight types the matrix, matvec and embedding kernels read: ggml's (defined once, in
+/// quant), each with a WGSL decoder under `src/wgsl/weights/`.
+pub const WEIGHT_TYPES: [GgmlType; 11] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Whether the kernels read weights of type `t` ([`WEIGHT_TYPES`]).
+pub fn reads_weight(t: GgmlType) -> bool {
+    WEIGHT_TYPES.contains(&t)
 }
 
-impl WeightType {
-    pub const ALL: [WeightType; 11] = [
-        WeightType::F32,
-        WeightType::F16,
-        WeightType::BF16,
-        WeightType::Q4_0,
-        WeightType::Q4_1,
-        WeightType::Q5_0,
-        WeightType::Q5_1,
-        WeightType::Q8_0,
-        WeightType::Q4K,
-        WeightType::Q5K,
-        WeightType::Q6K,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightType::F32 => "F32",
-            WeightType::F16 => "F16",
-            WeightType::BF16 => "BF16",
-            WeightType::Q4_0 => "Q4_0",
-            WeightType::Q4_1 => "Q4_1",
-            WeightType::Q5_0 => "Q5_0",
-            WeightType::Q5_1 => "Q5_1",
-            WeightType::Q8_0 => "Q8_0",
-            WeightType::Q4K => "Q4_K",
-            WeightType::Q5K => "Q5_K",
-            WeightType::Q6K => "Q6_K",
-        }
-    }
-
-    fn decoder(self) -> &'static str {
-        match self {
-            WeightType::F32 => include_str!("wgsl/weights/f32.wgsl"),
-            WeightType::F16 => include_str!("wgsl/weights/f16.wgsl"),
-            WeightType::BF16 => include_str!("wgsl/weights/bf16.wgsl"),
-            WeightType::Q4_0 => include_str!("wgsl/weights/q4_0.wgsl"),
-            WeightType::Q4_1 => include_str!("wgsl/weights/q4_1.wgsl"),
-            WeightType::Q5_0 => include_str!("wgsl/weights/q5_0.wgsl"),
-            WeightType::Q5_1 => include_str!("wgsl/weights/q5_1.wgsl"),
-            WeightType::Q8_0 => include_str!("wgsl/weights/q8_0.wgsl"),
-            WeightType::Q4K => include_str!("wgsl/weights/q4_k.wgsl"),
-            WeightType::Q5K => include_str!("wgsl/weights/q5_k.wgsl"),
-            WeightType::Q6K => include_str!("wgsl/weights/q6_k.wgsl"),
-        }
-    }
-
-    fn is_k_quant(self) -> bool {
-        matches!(self, WeightType::Q4K | WeightType::Q5K)
+/// The WGSL that decodes a block of `t`.
+///
+/// # Panics
+/// For a type outside [`WEIGHT_TYPES`].
+fn decoder(t: GgmlType) -> &'static str {
+    match t {
+        GgmlType::F32 => include_str!("wgsl/weights/f32.wgsl"),
+        GgmlType::F16 => include_str!("wgsl/weights/f16.wgsl"),
+        GgmlType::BF16 => include_str!("wgsl/weights/bf16.wgsl"),
+        GgmlType::Q4_0 => include_str!("wgsl/weights/q4_0.wgsl"),
+        GgmlType::Q4_1 => include_str!("wgsl/weights/q4_1.wgsl"),
+        GgmlType::Q5_0 => include_str!("wgsl/weights/q5_0.wgsl"),
+        GgmlType::Q5_1 => include_str!("wgsl/weights/q5_1.wgsl"),
+        GgmlType::Q8_0 => include_str!("wgsl/weights/q8_0.wgsl"),
+        GgmlType::Q4_K => include_str!("wgsl/weights/q4_k.wgsl"),
+        GgmlType::Q5_K => include_str!("wgsl/weights/q5_k.wgsl"),
+        GgmlType::Q6_K => include_str!("wgsl/weights/q6_k.wgsl"),
+        _ => panic!("no WGSL decoder for {t} weights"),
     }
 }
 
-impl fmt::Display for WeightType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Element type of a K or V cache on the GPU (the CPU's `CacheType`, byte for byte).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum CacheElem {
-    F32,
-    /// Two IEEE halves per u32.
-    F16,
-    /// Symmetric absmax blocks of 32 values (`duet_quant::kv::absmax`): an f16 scale, then the
-    /// values in 8, 6 or 4 bits — 34, 26 and 18 bytes a block. The blocks of a row are
-    /// stored back to back; each row is padded with zero bytes to a whole u32 word
-    /// ([`CacheElem::row_bytes`]) so that rows start word-aligned.
-    Q8,
-    Q6,
-    Q4,
-    /// Rows in each head's Hadamard basis, in signed-max blocks of 64
-    /// (`duet_quant::kv::signed_max`): 66, 50 and 34 bytes a block, rows padded as above.
-    Q8r,
-    Q6r,
-    Q4r,
-    /// Per-channel groups of 32 positions (`duet_quant::kv::channel`), then an f16 window of
-    /// 32 rows for the positions past the last complete group ([`CacheElem::buffer_bytes`]).
-    Q8c,
-    Q6c,
-    Q4c,
-}
-
-/// How a [`CacheElem`] stores its values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheKind {
-    Plain,
-    /// Blocks along each row with one f16 scale per `per_scale` values.
-    Blocks {
-        bits: u32,
-        per_scale: u32,
-    },
-    Channel {
-        bits: u32,
-    },
-}
-
-impl CacheElem {
-    pub const ALL: [CacheElem; 11] = [
-        CacheElem::F32,
-        CacheElem::F16,
-        CacheElem::Q8,
-        CacheElem::Q6,
-        CacheElem::Q4,
-        CacheElem::Q8r,
-        CacheElem::Q6r,
-        CacheElem::Q4r,
-        CacheElem::Q8c,
-        CacheElem::Q6c,
-        CacheElem::Q4c,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            CacheElem::F32 => "f32",
-            CacheElem::F16 => "f16",
-            CacheElem::Q8 => "q8",
-            CacheElem::Q6 => "q6",
-            CacheElem::Q4 => "q4",
-            CacheElem::Q8r => "q8r",
-            CacheElem::Q6r => "q6r",
-            CacheElem::Q4r => "q4r",
-            CacheElem::Q8c => "q8c",
-            CacheElem::Q6c => "q6c",
-            CacheElem::Q4c => "q4c",
-        }
-    }
-
-    pub fn kind(self) -> CacheKind {
-        use CacheElem::*;
-        match self {
-            F32 | F16 => CacheKind::Plain,
-            Q8 | Q6 | Q4 => CacheKind::Blocks { bits: self.bits(), per_scale: 32 },
-            Q8r | Q6r | Q4r => CacheKind::Blocks { bits: self.bits(), per_scale: 64 },
-            Q8c | Q6c | Q4c => CacheKind::Channel { bits: self.bits() },
-        }
-    }
-
-    /// Bits per stored value.
-    pub fn bits(self) -> u32 {
-        use CacheElem::*;
-        match self {
-            F32 => 32,
-            F16 => 16,
-            Q8 | Q8r | Q8c => 8,
-            Q6 | Q6r | Q6c => 6,
-            Q4 | Q4r | Q4c => 4,
-        }
-    }
-
-    /// Whether rows are stored in each head's Hadamard basis.
-    pub fn rotated(self) -> bool {
-        matches!(self, CacheElem::Q8r | CacheElem::Q6r | CacheElem::Q4r)
-    }
-
-    /// Bytes of one cache row of `kv_dim` values as the GPU stores it, for the per-row
-    /// kinds (block rows padded to a multiple of 4 bytes; `kv_dim` a multiple of the block).
-    pub fn row_bytes(self, kv_dim: usize) -> usize {
-        match self.kind() {
-            CacheKind::Plain => (self.bits() as usize / 8) * kv_dim,
-            CacheKind::Blocks { bits, per_scale } => {
-                let per_scale = per_scale as usize;
-                (kv_dim / per_scale * (2 + per_scale / 32 * 4 * bits as usize)).next_multiple_of(4)
-            }
-            CacheKind::Channel { .. } => panic!("a per-channel cache has no rows of its own"),
-        }
-    }
-
-    /// Bytes of one per-channel group of 32 positions (`kv_dim` a multiple of 32).
-    pub fn group_bytes(self, kv_dim: usize) -> usize {
-        4 * kv_dim + 32 * kv_dim * self.bits() as usize / 8
-    }
-
-    /// Bytes of one layer's cache of `n_pages` pages of 32 positions for `n_seqs`
-    /// sequences: rows, or a group per page then each sequence's window.
-    pub fn buffer_bytes(self, n_pages: usize, n_seqs: usize, kv_dim: usize) -> usize {
-        match self.kind() {
-            CacheKind::Channel { .. } => n_pages * self.group_bytes(kv_dim) + n_seqs * 32 * 2 * kv_dim,
-            _ => n_pages * 32 * self.row_bytes(kv_dim),
-        }
-    }
+/// Q4_K and Q5_K share the 6-bit scale unpacking (`kscale.wgsl`).
+fn is_k_quant(t: GgmlType) -> bool {
+    matches!(t, GgmlType::Q4_K | GgmlType::Q5_K)
 }
 
 /// Attention shape: one query row per workgroup (decode) or a tile of rows (prefill).
@@ -240,14 +92,14 @@ impl AttnShape {
 pub enum Op {
     /// One token times a weight matrix (or a group of them, by the epilogue).
     MatVec {
-        ty: WeightType,
+        ty: GgmlType,
         epi: MvEpilogue,
         shape: MvShape,
         /// The input is RMSNorm(X)·G, folded into the product (store, SwiGLU and split).
         norm: bool,
     },
-    MatMul(WeightType),
-    Embed(WeightType),
+    MatMul(GgmlType),
+    Embed(GgmlType),
     RmsNorm,
     Rope,
     SwiGlu,
@@ -256,14 +108,14 @@ pub enum Op {
     CopyRow,
     /// The cache write of an element type (for the per-channel types: the groups a batch
     /// completes).
-    KvWrite(CacheElem),
+    KvWrite(CacheFormat),
     /// The f16 window of a per-channel cache.
     KvWindow,
     /// RoPE on the new Q and K rows and their write into plain (f16 or f32) caches, in one
     /// pass.
     RopeKv {
-        k: CacheElem,
-        v: CacheElem,
+        k: CacheFormat,
+        v: CacheFormat,
         /// Rows of several sequences, each with its position and page table from the rows'
         /// table (as [`AttnShape::DecodeRows`]).
         rows: bool,
@@ -275,8 +127,8 @@ pub enum Op {
     Attention {
         diff: bool,
         shape: AttnShape,
-        k: CacheElem,
-        v: CacheElem,
+        k: CacheFormat,
+        v: CacheFormat,
     },
     /// The combine step: the chunks merged, normalised and (DIFF) combined and RMS-normalised,
     /// or (`paired`, DIFF V2) each pair of query heads merged into one head with its gate.
@@ -286,7 +138,7 @@ pub enum Op {
     },
     /// Per (query row, head) absmax of the attention logits over a K cache of this type
     /// (the dynamic attention-logit quantizations).
-    LogitAbsmax(CacheElem),
+    LogitAbsmax(CacheFormat),
     /// That table reduced to one absmax per head, or one for the whole tensor.
     LogitReduce,
     Dex,
@@ -320,7 +172,7 @@ impl Op {
         // Every type and epilogue in the default shapes of hardware and software adapters,
         // with and without subgroups; every shape for one type (shapes only change constants).
         let mut mv = std::collections::BTreeSet::new();
-        for t in WeightType::ALL {
+        for t in WEIGHT_TYPES {
             for epi in MvEpilogue::ALL {
                 for (hw, sub) in [(true, true), (true, false), (false, true), (false, false)] {
                     let shape = MvShape::default_for(hw, sub);
@@ -334,7 +186,7 @@ impl Op {
         }
         for sub in [false, true] {
             for shape in MvShape::all(sub) {
-                mv.insert(Op::MatVec { ty: WeightType::Q4_0, epi: MvEpilogue::Store, shape, norm: false });
+                mv.insert(Op::MatVec { ty: GgmlType::Q4_0, epi: MvEpilogue::Store, shape, norm: false });
             }
         }
         v.extend(mv);
@@ -350,11 +202,11 @@ impl Op {
             Op::KvWindow,
             Op::Rotate,
         ]);
-        for c in CacheElem::ALL {
+        for c in CacheFormat::ALL {
             v.extend([Op::KvWrite(c), Op::LogitAbsmax(c)]);
         }
-        for k in [CacheElem::F32, CacheElem::F16] {
-            for vv in [CacheElem::F32, CacheElem::F16] {
+        for k in [CacheFormat::F32, CacheFormat::F16] {
+            for vv in [CacheFormat::F32, CacheFormat::F16] {
                 for rows in [false, true] {
                     v.push(Op::RopeKv { k, v: vv, rows });
                 }
@@ -364,14 +216,14 @@ impl Op {
         for diff in [false, true] {
             v.push(Op::AttnCombine { diff, paired: false });
             for shape in [AttnShape::Decode, AttnShape::Prefill] {
-                for k in CacheElem::ALL {
-                    for vv in CacheElem::ALL {
+                for k in CacheFormat::ALL {
+                    for vv in CacheFormat::ALL {
                         v.push(Op::Attention { diff, shape, k, v: vv });
                     }
                 }
             }
-            for k in [CacheElem::F32, CacheElem::F16] {
-                for vv in [CacheElem::F32, CacheElem::F16] {
+            for k in [CacheFormat::F32, CacheFormat::F16] {
+                for vv in [CacheFormat::F32, CacheFormat::F16] {
                     v.push(Op::Attention { diff, shape: AttnShape::DecodeRows, k, v: vv });
                 }
             }
@@ -409,7 +261,7 @@ impl Variant {
     /// A short name for labels and error messages.
     pub fn label(&self) -> String {
         let f = if self.f16 { "-f16" } else { "" };
-        let c = |c: CacheElem| c.name();
+        let c = |c: CacheFormat| c.name();
         match self.op {
             Op::MatVec { ty, epi, shape, norm } => {
                 format!("matvec-{ty}-{}{}-{shape}", if norm { "norm-" } else { "" }, epi.name())
@@ -497,7 +349,7 @@ fn page_table(binding: u32) -> String {
 
 /// The reader of the K (`which` = 'k': binding 2, `k_at`) or V ('v': binding 3, `v_at`)
 /// cache: `{k,v}_at(row, col)` is the value at column `col` of cache row `row`.
-fn cache_reader(which: char, e: CacheElem) -> String {
+fn cache_reader(which: char, e: CacheFormat) -> String {
     let (binding, buf, func) = if which == 'k' { ("2", "KC", "k_at") } else { ("3", "VC", "v_at") };
     let template = |src: &str| {
         src.replace("$BINDING", binding)
@@ -506,9 +358,9 @@ fn cache_reader(which: char, e: CacheElem) -> String {
             .replace("$BITS", &e.bits().to_string())
     };
     match (which, e.kind()) {
-        ('k', CacheKind::Plain) if e == CacheElem::F32 => include_str!("wgsl/cache/k_f32.wgsl").into(),
+        ('k', CacheKind::Plain) if e == CacheFormat::F32 => include_str!("wgsl/cache/k_f32.wgsl").into(),
         ('k', CacheKind::Plain) => include_str!("wgsl/cache/k_f16.wgsl").into(),
-        (_, CacheKind::Plain) if e == CacheElem::F32 => include_str!("wgsl/cache/v_f32.wgsl").into(),
+        (_, CacheKind::Plain) if e == CacheFormat::F32 => include_str!("wgsl/cache/v_f32.wgsl").into(),
         (_, CacheKind::Plain) => include_str!("wgsl/cache/v_f16.wgsl").into(),
         (_, CacheKind::Blocks { per_scale, .. }) => {
             template(include_str!("wgsl/cache/absmax_read.wgsl")).replace("$PER", &per_scale.to_string())
@@ -530,12 +382,12 @@ pub fn source(v: &Variant) -> String {
     let _ = writeln!(s, "const MM_TM: u32 = {MM_TM}u;\nconst MM_TN: u32 = {MM_TN}u;");
     let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;\nconst LA_WG: u32 = {LA_WG}u;");
     s.push_str(PRELUDE);
-    let weights = |s: &mut String, t: WeightType| {
+    let weights = |s: &mut String, t: GgmlType| {
         s.push_str(WEIGHTS_COMMON);
-        if t.is_k_quant() {
+        if is_k_quant(t) {
             s.push_str(KSCALE);
         }
-        s.push_str(t.decoder());
+        s.push_str(decoder(t));
     };
     match v.op {
         Op::MatVec { ty, epi, shape, norm } => {
@@ -563,7 +415,7 @@ pub fn source(v: &Variant) -> String {
         Op::KvWrite(e) => match e.kind() {
             CacheKind::Plain => {
                 s.push_str(&page_table(3));
-                s.push_str(if e == CacheElem::F32 {
+                s.push_str(if e == CacheFormat::F32 {
                     include_str!("wgsl/cache/store_f32.wgsl")
                 } else {
                     include_str!("wgsl/cache/store_f16.wgsl")
@@ -600,8 +452,8 @@ pub fn source(v: &Variant) -> String {
             let _ = writeln!(
                 s,
                 "const K_HALF: bool = {};\nconst V_HALF: bool = {};\nconst ROWS_META: bool = {rows};",
-                k == CacheElem::F16,
-                ve == CacheElem::F16
+                k == CacheFormat::F16,
+                ve == CacheFormat::F16
             );
             s.push_str(&page_table(7));
             s.push_str(include_str!("wgsl/rope_kv.wgsl"));
@@ -641,7 +493,7 @@ pub fn source(v: &Variant) -> String {
             s.push_str(&cache_reader('v', ve));
             s.push_str(&workgroup_reduce(ATT_WG));
             // The fast accessors read both caches as f16 rows: where both are.
-            s.push_str(if k == CacheElem::F16 && ve == CacheElem::F16 {
+            s.push_str(if k == CacheFormat::F16 && ve == CacheFormat::F16 {
                 include_str!("wgsl/attention_kdot_f16.wgsl")
             } else {
                 include_str!("wgsl/attention_kdot.wgsl")

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use crate::WeightType;
+use crate::GgmlType;
 
 /// Workgroup shape of the matvec kernel: `wg` threads over `rows` weight rows, their partial
 /// sums reduced with subgroup operations (`subgroups`, needs the SUBGROUP feature) or in
@@ -122,19 +122,19 @@ pub const MV_MAX_SPLIT: usize = 4;
 
 /// The slot reader of a weight type: its own where one is written (the types of the
 /// common GGUF mixes), else the generic one over `decode4`, correct for every type.
-fn slots(t: WeightType) -> &'static str {
+fn slots(t: GgmlType) -> &'static str {
     match t {
-        WeightType::Q4_0 => include_str!("wgsl/matvec_slots/q4_0.wgsl"),
-        WeightType::Q8_0 => include_str!("wgsl/matvec_slots/q8_0.wgsl"),
-        WeightType::Q4K => include_str!("wgsl/matvec_slots/q4_k.wgsl"),
-        WeightType::Q6K => include_str!("wgsl/matvec_slots/q6_k.wgsl"),
+        GgmlType::Q4_0 => include_str!("wgsl/matvec_slots/q4_0.wgsl"),
+        GgmlType::Q8_0 => include_str!("wgsl/matvec_slots/q8_0.wgsl"),
+        GgmlType::Q4_K => include_str!("wgsl/matvec_slots/q4_k.wgsl"),
+        GgmlType::Q6_K => include_str!("wgsl/matvec_slots/q6_k.wgsl"),
         _ => include_str!("wgsl/matvec_slots/generic.wgsl"),
     }
 }
 
 /// Whether `t` has a slot reader of its own (else the generic one).
-pub fn has_own_slots(t: WeightType) -> bool {
-    matches!(t, WeightType::Q4_0 | WeightType::Q8_0 | WeightType::Q4K | WeightType::Q6K)
+pub fn has_own_slots(t: GgmlType) -> bool {
+    matches!(t, GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// The storage binding of a normed matvec's RMSNorm weight: after its outputs.
@@ -145,7 +145,7 @@ pub fn norm_binding(epi: MvEpilogue) -> u32 {
 /// The matvec's constants, slot reader and kernel, after the header, prelude and weight
 /// decoder that `crate::source` puts first. `norm`: the input is RMSNorm(X)·G, folded in
 /// (the threads' activations together are the whole row: their squares sum to its norm).
-pub(crate) fn source(s: &mut String, t: WeightType, epi: MvEpilogue, shape: MvShape, norm: bool) {
+pub(crate) fn source(s: &mut String, t: GgmlType, epi: MvEpilogue, shape: MvShape, norm: bool) {
     use std::fmt::Write;
     assert!(!(norm && epi == MvEpilogue::Add), "a residual add's input is never normalised");
     let sums = shape.rows * if epi == MvEpilogue::SwiGlu { 2 } else { 1 };

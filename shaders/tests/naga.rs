@@ -54,7 +54,7 @@ fn every_variant_validates() {
 fn f16_variants_need_shader_f16() {
     // Without the capability an f16 variant must be rejected: the backend only builds them
     // when the adapter has SHADER_F16.
-    let v = Variant::new(duet_shaders::Op::MatMul(duet_shaders::WeightType::Q4_0), true);
+    let v = Variant::new(duet_shaders::Op::MatMul(duet_shaders::GgmlType::Q4_0), true);
     let src = source(&v);
     let module = naga::front::wgsl::parse_str(&src).unwrap();
     let caps = wgpu_naga_bridge::features_to_naga_capabilities(Features::empty(), DownlevelFlags::compliant());
@@ -66,7 +66,7 @@ fn subgroup_variants_need_subgroup() {
     // Likewise the subgroup reductions: the backend builds them only with SUBGROUP.
     let shape = duet_shaders::MvShape::default_for(true, true);
     let op = duet_shaders::Op::MatVec {
-        ty: duet_shaders::WeightType::Q4_0,
+        ty: duet_shaders::GgmlType::Q4_0,
         epi: duet_shaders::MvEpilogue::Store,
         shape,
         norm: false,

@@ -125,8 +125,8 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
     // The cache the session holds (a type the model cannot use was replaced, with a warning).
     let kv = engine.session.cache_spec.clone();
     let f16_kv = duet_runtime::kv_cache::KvCacheSpec {
-        k_type: duet_runtime::kv_cache::CacheType::F16,
-        v_type: duet_runtime::kv_cache::CacheType::F16,
+        k_type: duet_runtime::kv_cache::CacheFormat::F16,
+        v_type: duet_runtime::kv_cache::CacheFormat::F16,
         ..kv.clone()
     };
     println!(

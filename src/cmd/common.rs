@@ -10,7 +10,7 @@ use duet_runtime::backend::Backend;
 use duet_runtime::cpu::{ActPrecision, CpuBackend};
 use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::gpu::{AdapterChoice, GpuBackend, GpuOptions, GpuTune};
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::model::LogitGranularity;
 use duet_runtime::sampler::SamplerConfig;
 
@@ -34,10 +34,10 @@ pub struct ModelArgs {
     /// (plain absmax blocks of 32). For 4 bits use `--ctk q4c --ctv q4r` (0.29 of f16's
     /// bytes at 4,096 positions). See the README's K/V cache section
     #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16", value_parser = parse_cache_type)]
-    pub cache_type_k: CacheType,
+    pub cache_type_k: CacheFormat,
     /// V cache type, the same choices as for K (q8r/q6r/q4r are the most accurate for V)
     #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16", value_parser = parse_cache_type)]
-    pub cache_type_v: CacheType,
+    pub cache_type_v: CacheFormat,
     /// CPU activation precision for the integer matmuls: q8x2 quantizes each activation to
     /// Q8 and then its rounding error on a grid 128 times finer (about 16-bit accurate; twice the multiply
     /// work in prompt processing, decode nearly unchanged); q8 is ggml's single Q8, exactly
@@ -128,8 +128,8 @@ fn parse_gpu_tune(s: &str) -> Result<GpuTune, String> {
     GpuTune::parse(s)
 }
 
-fn parse_cache_type(s: &str) -> Result<CacheType, String> {
-    CacheType::parse(s).ok_or_else(|| format!("unknown cache type '{s}' ({})", CacheType::NAMES))
+fn parse_cache_type(s: &str) -> Result<CacheFormat, String> {
+    CacheFormat::parse(s).ok_or_else(|| format!("unknown cache type '{s}' ({})", CacheFormat::NAMES))
 }
 
 /// A float flag in `lo..=hi` (`lo` excluded when `open_lo`), else an error naming the range.

@@ -10,7 +10,7 @@ use duet_runtime::engine::Engine;
 use duet_runtime::tools::insight::html;
 use duet_runtime::tools::insight::needle::{self, NeedleResult, NeedleText};
 use duet_runtime::tools::insight::needle_output::{self, ModelNeedle, NeedleReport};
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::common::{CpuActs, Device, ModelArgs, file_name, load_engine, with_engine, write_atomic};
@@ -101,8 +101,8 @@ pub fn run(args: Args) -> Result<()> {
             threads: args.threads,
             ctx_size: args.ctx,
             batch_size: 512,
-            cache_type_k: CacheType::F16,
-            cache_type_v: CacheType::F16,
+            cache_type_k: CacheFormat::F16,
+            cache_type_v: CacheFormat::F16,
             cpu_acts: CpuActs::Q8x2,
             attn_logits: None,
             device: args.device,

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use duet_convert::{Conversion, Options, Preset, Quiet};
 use duet_quant::gguf::GgufFile;
 use duet_runtime::cpu::CpuBackend;
-use duet_runtime::kv_cache::CacheType;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::logits_file::{argmax, kl_divergence};
 use duet_runtime::model::{Logits, Model};
 
@@ -115,7 +115,7 @@ pub fn cpu_logits_with(path: &Path, tokens: &[u32], batch: usize, acts: duet_run
     let mut b = CpuBackend::new(2);
     b.set_act_precision(acts);
     let model = Model::load(&mut b, file).unwrap();
-    let mut s = model.new_session(&mut b, tokens.len().max(1), batch, CacheType::F32, CacheType::F32).unwrap();
+    let mut s = model.new_session(&mut b, tokens.len().max(1), batch, CacheFormat::F32, CacheFormat::F32).unwrap();
     let mut out = Vec::new();
     for chunk in tokens.chunks(batch) {
         out.extend(model.forward(&mut b, &mut s, chunk, Logits::All).unwrap());

@@ -7,10 +7,14 @@
 //!   stored in the [`hadamard`] basis (`q8r`/`q6r`/`q4r`);
 //! * [`channel`]: per-column asymmetric groups of 32 rows (`q8c`/`q6c`/`q4c`, KIVI's keys).
 //!
-//! All pack their codes with [`pack`], one layout per bit width.
+//! All pack their codes with [`pack`], one layout per bit width. [`format`] names them
+//! ([`CacheFormat`]) for every crate.
 
 pub mod absmax;
 pub mod channel;
+pub mod format;
 pub mod hadamard;
 pub mod pack;
 pub mod signed_max;
+
+pub use format::{CacheFormat, CacheKind, CacheLayout, PAGE};

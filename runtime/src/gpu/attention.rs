@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use duet_quant::kv::hadamard;
 use duet_shaders::{
-    ATT_MAX_CHUNKS, ATT_MAX_HEAD_DIM, AttentionParams, AttnCombineParams, AttnShape, CacheElem, CacheKind, EW_WG,
+    ATT_MAX_CHUNKS, ATT_MAX_HEAD_DIM, AttentionParams, AttnCombineParams, AttnShape, CacheFormat, CacheKind, EW_WG,
     KvWindowParams, KvWriteChannelParams, KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RopeKvParams,
     RotateParams, attn_tile,
 };
@@ -157,7 +157,7 @@ pub(super) fn sync_page_table(b: &mut GpuBackend, cache: &mut GpuKvCache, seq: &
 }
 
 /// The first word of slot `slot`'s window in a per-channel layer buffer.
-fn window_word(cache: &GpuKvCache, elem: CacheElem, slot: usize) -> u32 {
+fn window_word(cache: &GpuKvCache, elem: CacheFormat, slot: usize) -> u32 {
     ((cache.n_pages * elem.group_bytes(cache.kv_dim) + slot * PAGE * 2 * cache.kv_dim) / 4) as u32
 }
 
@@ -168,7 +168,7 @@ fn write_rows(
     b: &mut GpuBackend,
     src: &Arc<Buf>,
     dst: &Arc<Buf>,
-    elem: CacheElem,
+    elem: CacheFormat,
     rows: usize,
     cache: &GpuKvCache,
     (pt_base, slot): (u32, usize),
@@ -237,7 +237,7 @@ fn logit_absmax(
     b: &mut GpuBackend,
     q: &Arc<Buf>,
     kc: &Arc<Buf>,
-    k_elem: CacheElem,
+    k_elem: CacheFormat,
     cache_groups: u32,
     (pt, pt_base, window): (&Arc<Buf>, u32, u32),
     rows: usize,

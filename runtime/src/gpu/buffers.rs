@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use duet_quant::GgmlType;
-use duet_shaders::{CacheElem, WeightType};
+use duet_shaders::CacheFormat;
 
 use super::device::GpuContext;
 use crate::error::RuntimeError;
-use crate::kv_cache::{CacheType, KvCacheSpec};
+use crate::kv_cache::KvCacheSpec;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -105,7 +105,7 @@ pub struct Chunk {
 
 pub struct GpuWeight {
     /// The type the kernels read (vectors and DEX matrices are converted to F32 at load).
-    pub ty: WeightType,
+    pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub row_bytes: usize,
@@ -120,21 +120,9 @@ impl GpuWeight {
     }
 }
 
-pub fn weight_type(t: GgmlType) -> Option<WeightType> {
-    Some(match t {
-        GgmlType::F32 => WeightType::F32,
-        GgmlType::F16 => WeightType::F16,
-        GgmlType::BF16 => WeightType::BF16,
-        GgmlType::Q4_0 => WeightType::Q4_0,
-        GgmlType::Q4_1 => WeightType::Q4_1,
-        GgmlType::Q5_0 => WeightType::Q5_0,
-        GgmlType::Q5_1 => WeightType::Q5_1,
-        GgmlType::Q8_0 => WeightType::Q8_0,
-        GgmlType::Q4_K => WeightType::Q4K,
-        GgmlType::Q5_K => WeightType::Q5K,
-        GgmlType::Q6_K => WeightType::Q6K,
-        _ => return None,
-    })
+/// `t` if the GPU kernels read it.
+pub fn weight_type(t: GgmlType) -> Option<GgmlType> {
+    duet_shaders::reads_weight(t).then_some(t)
 }
 
 /// Zero bytes after the data of every weight buffer: the matvec's unaligned 8-byte loads
@@ -195,8 +183,8 @@ pub fn upload_rows(
 pub struct GpuKvCache {
     pub k: Vec<Arc<Buf>>,
     pub v: Vec<Arc<Buf>>,
-    pub k_elem: CacheElem,
-    pub v_elem: CacheElem,
+    pub k_elem: CacheFormat,
+    pub v_elem: CacheFormat,
     pub n_ctx: usize,
     pub n_pages: usize,
     pub n_seqs: usize,
@@ -211,38 +199,22 @@ pub struct GpuKvCache {
     pub rows_uploaded: Vec<u32>,
 }
 
-pub fn cache_elem(t: CacheType) -> CacheElem {
-    match t {
-        CacheType::F32 => CacheElem::F32,
-        CacheType::F16 => CacheElem::F16,
-        CacheType::Q8 => CacheElem::Q8,
-        CacheType::Q6 => CacheElem::Q6,
-        CacheType::Q4 => CacheElem::Q4,
-        CacheType::Q8r => CacheElem::Q8r,
-        CacheType::Q6r => CacheElem::Q6r,
-        CacheType::Q4r => CacheElem::Q4r,
-        CacheType::Q8c => CacheElem::Q8c,
-        CacheType::Q6c => CacheElem::Q6c,
-        CacheType::Q4c => CacheElem::Q4c,
-    }
-}
-
 impl GpuKvCache {
-    /// Block rows are [`CacheElem::row_bytes`] (the CPU's block bytes padded to a whole u32
-    /// word); a per-channel layer is the CPU's groups then its window, unpadded
-    /// ([`CacheElem::buffer_bytes`]).
+    /// Block rows are [`CacheFormat::word_row_bytes`] (the CPU's block bytes padded to a
+    /// whole u32 word); a per-channel layer is the CPU's groups then its window, unpadded
+    /// ([`CacheFormat::layer_bytes`]).
     pub fn new(ctx: &GpuContext, alloc: &Allocator, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
         spec.check()?;
-        let (k_elem, v_elem) = (cache_elem(spec.k_type), cache_elem(spec.v_type));
+        let (k_elem, v_elem) = (spec.k_type, spec.v_type);
         let (n_pages, n_seqs) = (spec.n_pages(), spec.n_seqs);
-        let k_bytes = k_elem.buffer_bytes(n_pages, n_seqs, spec.kv_dim) as u64;
-        let v_bytes = v_elem.buffer_bytes(n_pages, n_seqs, spec.kv_dim) as u64;
+        let k_bytes = k_elem.layer_bytes(n_pages, n_seqs, spec.kv_dim, true) as u64;
+        let v_bytes = v_elem.layer_bytes(n_pages, n_seqs, spec.kv_dim, true) as u64;
         let limit = ctx.limits.max_storage_buffer_binding_size.min(ctx.limits.max_buffer_size);
         if k_bytes.max(v_bytes) > limit {
             // The largest context whose layers fit, by bisection (bytes grow with positions).
             let fits = |n: usize| {
                 let pages = n_seqs * crate::kv_pages::pages_for(n);
-                [k_elem, v_elem].iter().all(|e| e.buffer_bytes(pages, n_seqs, spec.kv_dim) as u64 <= limit)
+                [k_elem, v_elem].iter().all(|e| e.layer_bytes(pages, n_seqs, spec.kv_dim, true) as u64 <= limit)
             };
             let (mut lo, mut hi) = (0usize, spec.n_ctx);
             while lo + 1 < hi {

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_MAX_SPLIT, MatMulParams, MatVecParams, MvEpilogue, Op, WeightType};
+use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_MAX_SPLIT, MatMulParams, MatVecParams, MvEpilogue, Op, GgmlType};
 
 use super::buffers::{Buf, Chunk, GpuTensor, GpuWeight, WEIGHT_PAD, group_layout, upload_rows, weight_type};
 use super::{GpuBackend, grid};
@@ -31,7 +31,7 @@ fn by_token(b: &GpuBackend, tokens: usize, cols: usize) -> bool {
 
 /// The weight type the kernels read `w` as, and its row bytes; an error naming the tensor
 /// when the GPU cannot compute with it.
-fn kernel_type(w: &WeightView<'_>) -> Result<(WeightType, usize), RuntimeError> {
+fn kernel_type(w: &WeightView<'_>) -> Result<(GgmlType, usize), RuntimeError> {
     let Some(ty) = weight_type(w.ty) else {
         return Err(RuntimeError::Unsupported(format!(
             "tensor '{}' has type {}, which the GPU backend cannot compute with",
@@ -50,7 +50,7 @@ fn kernel_type(w: &WeightView<'_>) -> Result<(WeightType, usize), RuntimeError> 
 /// in a group, compiled now rather than at the first token: the matmul and the store, add and
 /// normed store matvecs (and the embedding) for one alone; the split and SwiGLU matvecs with
 /// and without a folded norm for a group.
-fn prepare_matrix_ops(b: &mut GpuBackend, ty: WeightType, group: bool) -> Result<(), RuntimeError> {
+fn prepare_matrix_ops(b: &mut GpuBackend, ty: GgmlType, group: bool) -> Result<(), RuntimeError> {
     let shape = b.ctx.mv_shape;
     let mv = |epi, norm| Op::MatVec { ty, epi, shape, norm };
     let mut ops = vec![Op::MatMul(ty), mv(MvEpilogue::Store, false), mv(MvEpilogue::Store, true)];
@@ -81,7 +81,7 @@ pub fn load_weight(b: &mut GpuBackend, w: &WeightView<'_>) -> Result<GpuWeight, 
             .ctx
             .checked(&format!("tensor '{}'", w.name), || b.alloc.init(&b.ctx, bytemuck::cast_slice(&v), w.name))?;
         return Ok(GpuWeight {
-            ty: WeightType::F32,
+            ty: GgmlType::F32,
             rows: w.rows,
             cols: w.cols,
             row_bytes: 4 * w.cols,
@@ -98,7 +98,7 @@ pub fn load_weight(b: &mut GpuBackend, w: &WeightView<'_>) -> Result<GpuWeight, 
 /// share one buffer (when they fit one binding together), the others are loaded alone, as
 /// [`load_weight`] (DIFF V2's λ, kept in F32 by the converter, beside quantized q/k/v).
 pub fn load_weight_group(b: &mut GpuBackend, ws: &[WeightView<'_>]) -> Result<Vec<GpuWeight>, RuntimeError> {
-    let kinds: Vec<(WeightType, usize)> = ws.iter().map(kernel_type).collect::<Result<_, _>>()?;
+    let kinds: Vec<(GgmlType, usize)> = ws.iter().map(kernel_type).collect::<Result<_, _>>()?;
     let mut out: Vec<Option<GpuWeight>> = ws.iter().map(|_| None).collect();
     for i in 0..ws.len() {
         if out[i].is_some() {

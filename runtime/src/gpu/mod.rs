@@ -192,7 +192,7 @@ impl GpuBackend {
     }
 
     /// The bytes of K (`v` false) or V cache rows `rows` of `layer` as stored, each
-    /// [`duet_shaders::CacheElem::row_bytes`] long (tests and tools). Recorded work runs first.
+    /// [`duet_shaders::CacheFormat::word_row_bytes`] long (tests and tools). Recorded work runs first.
     pub fn read_kv_rows(
         &mut self,
         cache: &GpuKvCache,
@@ -202,7 +202,7 @@ impl GpuBackend {
     ) -> Result<Vec<u8>, RuntimeError> {
         let (buf, elem) = if v { (&cache.v[layer], cache.v_elem) } else { (&cache.k[layer], cache.k_elem) };
         assert!(rows.end <= cache.n_ctx, "read_kv_rows past the cache's positions");
-        let rb = elem.row_bytes(cache.kv_dim) as u64;
+        let rb = elem.word_row_bytes(cache.kv_dim) as u64;
         let (off, size) = (rows.start as u64 * rb, rows.len() as u64 * rb);
         if size == 0 {
             return Ok(Vec::new());
@@ -215,7 +215,7 @@ impl GpuBackend {
     /// cache's groups then its windows (tests and tools). Recorded work runs first.
     pub fn read_kv_buffer(&mut self, cache: &GpuKvCache, layer: usize, v: bool) -> Result<Vec<u8>, RuntimeError> {
         let (buf, elem) = if v { (&cache.v[layer], cache.v_elem) } else { (&cache.k[layer], cache.k_elem) };
-        let size = elem.buffer_bytes(cache.n_pages, cache.n_seqs, cache.kv_dim) as u64;
+        let size = elem.layer_bytes(cache.n_pages, cache.n_seqs, cache.kv_dim, true) as u64;
         self.submit(Some((buf, 0, size)));
         Ok(bytemuck::cast_slice::<f32, u8>(&self.rec.read(&self.ctx, size)?).to_vec())
     }

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use duet_quant::GgmlType;
-use duet_shaders::{MvShape, WeightType};
+use duet_shaders::MvShape;
 
 use super::buffers::{Chunk, GpuWeight};
 use super::{AdapterChoice, GpuBackend, GpuOptions, GpuTune};
@@ -104,7 +104,7 @@ impl GpuBackend {
     fn time_matvec(
         &mut self,
         case: &MatvecCase,
-        ty: WeightType,
+        ty: GgmlType,
         pool: &Arc<super::buffers::Buf>,
         shape: MvShape,
         dispatches: usize,

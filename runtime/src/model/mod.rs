@@ -16,7 +16,7 @@ pub use forward::DecodeBatch;
 
 use crate::backend::{AttentionSpec, Backend, LogitQuant, LogitScale, RopeSpec};
 use crate::error::RuntimeError;
-use crate::kv_cache::{CacheType, KvCacheSpec};
+use crate::kv_cache::{CacheFormat, KvCacheSpec};
 use crate::kv_pages::{PAGE, PagePool, SeqPages};
 
 /// Where the absmax of a logit quantization comes from (see [`LogitScale`]).
@@ -192,7 +192,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// The K/V cache of this model for `n_ctx` positions in the given types.
-    pub fn cache_spec(&self, n_ctx: usize, k_type: CacheType, v_type: CacheType) -> KvCacheSpec {
+    pub fn cache_spec(&self, n_ctx: usize, k_type: CacheFormat, v_type: CacheFormat) -> KvCacheSpec {
         let c = &self.config;
         KvCacheSpec { n_layers: c.n_layers, n_ctx, n_seqs: 1, kv_dim: c.kv_dim(), head_dim: c.head_dim, k_type, v_type }
     }
@@ -203,8 +203,8 @@ impl<B: Backend> Model<B> {
         b: &mut B,
         n_ctx: usize,
         max_batch: usize,
-        k_type: CacheType,
-        v_type: CacheType,
+        k_type: CacheFormat,
+        v_type: CacheFormat,
     ) -> Result<Session<B>, RuntimeError> {
         let mut one = self.new_sessions(b, 1, n_ctx, max_batch, k_type, v_type)?;
         Ok(one.pop().expect("one session made"))
@@ -219,8 +219,8 @@ impl<B: Backend> Model<B> {
         n: usize,
         n_ctx: usize,
         max_batch: usize,
-        k_type: CacheType,
-        v_type: CacheType,
+        k_type: CacheFormat,
+        v_type: CacheFormat,
     ) -> Result<Vec<Session<B>>, RuntimeError> {
         let c = &self.config;
         let spec = KvCacheSpec { n_seqs: n.max(1), ..self.cache_spec(n_ctx, k_type, v_type) };

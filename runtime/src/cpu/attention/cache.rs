@@ -1,5 +1,5 @@
 //! The CPU backend's K/V cache: per layer, one [`CacheRows`] for K and one for V, in the
-//! layout of their [`CacheType`] ([`crate::kv_cache`]), `n_pages · PAGE` rows shared by the
+//! layout of their [`CacheFormat`] ([`crate::kv_cache`]), `n_pages · PAGE` rows shared by the
 //! sequences through their page tables ([`crate::kv_pages`]). Rows are written (quantized,
 //! and for the rotated types rotated per head first) when a layer stores them, and read in
 //! place by the attention loops, a run of adjacent rows at a time.
@@ -11,7 +11,7 @@ use super::blocks::{self, RowBlocks};
 use super::channel::ChannelRows;
 use super::plain;
 use crate::error::RuntimeError;
-use crate::kv_cache::{CacheLayout, CacheType, KvCacheSpec};
+use crate::kv_cache::{CacheLayout, CacheFormat, KvCacheSpec};
 use crate::kv_pages::{PAGE, Run, SeqPages};
 use crate::memory::zeroed;
 
@@ -56,7 +56,7 @@ impl CacheRows {
     /// A layer's rows for `n_pages` pages and `n_seqs` sequences, zeroed; an error (not an
     /// abort) when the memory cannot be had.
     fn new(
-        ty: CacheType,
+        ty: CacheFormat,
         n_pages: usize,
         n_seqs: usize,
         kv_dim: usize,

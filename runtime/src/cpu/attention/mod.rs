@@ -216,7 +216,7 @@ pub fn attention_spans(
 mod tests {
     use super::*;
     use crate::backend::{LogitQuant, LogitScale};
-    use crate::kv_cache::{CacheType, KvCacheSpec};
+    use crate::kv_cache::{CacheFormat, KvCacheSpec};
     use logit_quant::absmax;
 
     const N_HEADS: usize = 4;
@@ -267,7 +267,7 @@ mod tests {
 
     /// A cache of the given types holding k and v, stored in two batches (0..POS0, then the
     /// query rows).
-    fn filled(ty_k: CacheType, ty_v: CacheType, k: &[f32], v: &[f32]) -> CpuKvCache {
+    fn filled(ty_k: CacheFormat, ty_v: CacheFormat, k: &[f32], v: &[f32]) -> CpuKvCache {
         let cs =
             KvCacheSpec { n_layers: 1, n_ctx: 64, n_seqs: 2, kv_dim: KV_DIM, head_dim: HD, k_type: ty_k, v_type: ty_v };
         let mut cache = CpuKvCache::new(&cs, 0.0).unwrap();
@@ -277,7 +277,7 @@ mod tests {
         cache
     }
 
-    fn run(ty_k: CacheType, ty_v: CacheType, k: &[f32], v: &[f32], q: &[f32], spec: &AttentionSpec) -> Vec<f32> {
+    fn run(ty_k: CacheFormat, ty_v: CacheFormat, k: &[f32], v: &[f32], q: &[f32], spec: &AttentionSpec) -> Vec<f32> {
         let pool = ThreadPool::new(3);
         let cache = filled(ty_k, ty_v, k, v);
         let mut out = vec![0f32; ROWS * N_HEADS * HD];
@@ -286,8 +286,8 @@ mod tests {
     }
 
     /// What a cache of type `ty` holds for `x`, as attention reads it.
-    fn stored(ty: CacheType, x: &[f32]) -> Vec<f32> {
-        filled(ty, CacheType::F32, x, x).k[0].dequantized(&Placement::new(SEQ, N_POS), KV_DIM)
+    fn stored(ty: CacheFormat, x: &[f32]) -> Vec<f32> {
+        filled(ty, CacheFormat::F32, x, x).k[0].dequantized(&Placement::new(SEQ, N_POS), KV_DIM)
     }
 
     /// Largest Euclidean norm of one head's slice of a row of `x` (`width`-wide rows).
@@ -308,15 +308,15 @@ mod tests {
         let q_rounding = absmax(&v) * ((2.0 * delta).exp() - 1.0);
         for diff in [false, true] {
             let s = spec(diff, None);
-            for &ty in CacheType::QUANTIZED {
+            for &ty in CacheFormat::QUANTIZED {
                 let (kd, vd) = (stored(ty, &k), stored(ty, &v));
                 for (tk, tv, kr, vr) in
-                    [(ty, CacheType::F32, &kd, &v), (CacheType::F32, ty, &k, &vd), (ty, ty, &kd, &vd)]
+                    [(ty, CacheFormat::F32, &kd, &v), (CacheFormat::F32, ty, &k, &vd), (ty, ty, &kd, &vd)]
                 {
                     let got = run(tk, tv, &k, &v, &q, &s);
-                    let want = run(CacheType::F32, CacheType::F32, kr, vr, &q, &s);
+                    let want = run(CacheFormat::F32, CacheFormat::F32, kr, vr, &q, &s);
                     // DIFF is held to the same bound (its RMSNorm rescales by ~1 on these inputs).
-                    let qr = if tk == CacheType::F32 { 0.0 } else { q_rounding };
+                    let qr = if tk == CacheFormat::F32 { 0.0 } else { q_rounding };
                     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (a - b).abs() <= 2e-5 * (1.0 + b.abs()) + qr,
@@ -338,12 +338,12 @@ mod tests {
     fn quantized_cache_is_within_its_bound_of_f16() {
         let (q, k, v) = inputs();
         let s = spec(false, None);
-        let f16 = run(CacheType::F16, CacheType::F16, &k, &v, &q, &s);
+        let f16 = run(CacheFormat::F16, CacheFormat::F16, &k, &v, &q, &s);
         let vmax = absmax(&v);
         let q_rounding = 2.0 * s.scale * HD as f32 * head_norm(&k) * head_norm(&q) / 32767.0 / 2.0;
         let gqa = N_HEADS / N_KV;
         let mut errors = Vec::new();
-        for &ty in CacheType::QUANTIZED {
+        for &ty in CacheFormat::QUANTIZED {
             let got = run(ty, ty, &k, &v, &q, &s);
             let (kd, vd) = (stored(ty, &k), stored(ty, &v));
             let f16_err = |x: &f32| x.abs() / 2048.0;
@@ -464,11 +464,11 @@ mod tests {
             LogitScale::Static(vec![1.5, 2.0, 2.5, 3.0]),
         ];
         for diff in [false, true] {
-            let full = run(CacheType::F32, CacheType::F32, &k, &v, &q, &spec(diff, None));
+            let full = run(CacheFormat::F32, CacheFormat::F32, &k, &v, &q, &spec(diff, None));
             for bits in [8, 6, 4] {
                 for scale in &scales {
                     let lq = LogitQuant { bits, scale: scale.clone() };
-                    let got = run(CacheType::F32, CacheType::F32, &k, &v, &q, &spec(diff, Some(lq)));
+                    let got = run(CacheFormat::F32, CacheFormat::F32, &k, &v, &q, &spec(diff, Some(lq)));
                     let want = reference(&q, &k, &v, diff, bits, scale);
                     let tol = if diff { 1e-3 } else { 1e-4 };
                     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -505,7 +505,7 @@ mod tests {
         );
         let pool = ThreadPool::new(3);
         let q_dim = N_HEADS * HD;
-        for ty in CacheType::ALL {
+        for ty in CacheFormat::ALL {
             for diff in [false, true] {
                 let mut cache = filled(ty, ty, &ka, &va);
                 let split = B_POS0 * KV_DIM;

@@ -27,7 +27,7 @@ use crate::observe::Observer;
 use crate::cpu::CpuBackend;
 use crate::engine::{Engine, EngineOptions};
 use crate::error::RuntimeError;
-use crate::kv_cache::CacheType;
+use crate::kv_cache::CacheFormat;
 use crate::logits_file::{argmax, kl_divergence_log, log_softmax};
 use crate::model::{Arch, LogitGranularity, Logits};
 
@@ -87,20 +87,20 @@ impl CacheScheme {
     }
 
     /// The (K, V) cache types of a run at `bits` that quantizes `target`.
-    pub fn types(self, target: Target, bits: u32) -> (CacheType, CacheType) {
+    pub fn types(self, target: Target, bits: u32) -> (CacheFormat, CacheFormat) {
         let (k, v) = match (self, bits) {
-            (CacheScheme::Block32, 8) => (CacheType::Q8, CacheType::Q8),
-            (CacheScheme::Block32, 6) => (CacheType::Q6, CacheType::Q6),
-            (CacheScheme::Block32, _) => (CacheType::Q4, CacheType::Q4),
-            (CacheScheme::ChannelRotated, 8) => (CacheType::Q8c, CacheType::Q8r),
-            (CacheScheme::ChannelRotated, 6) => (CacheType::Q6c, CacheType::Q6r),
-            (CacheScheme::ChannelRotated, _) => (CacheType::Q4c, CacheType::Q4r),
+            (CacheScheme::Block32, 8) => (CacheFormat::Q8, CacheFormat::Q8),
+            (CacheScheme::Block32, 6) => (CacheFormat::Q6, CacheFormat::Q6),
+            (CacheScheme::Block32, _) => (CacheFormat::Q4, CacheFormat::Q4),
+            (CacheScheme::ChannelRotated, 8) => (CacheFormat::Q8c, CacheFormat::Q8r),
+            (CacheScheme::ChannelRotated, 6) => (CacheFormat::Q6c, CacheFormat::Q6r),
+            (CacheScheme::ChannelRotated, _) => (CacheFormat::Q4c, CacheFormat::Q4r),
         };
         match target {
-            Target::K => (k, CacheType::F16),
-            Target::V => (CacheType::F16, v),
+            Target::K => (k, CacheFormat::F16),
+            Target::V => (CacheFormat::F16, v),
             Target::KV => (k, v),
-            Target::Logits => (CacheType::F16, CacheType::F16),
+            Target::Logits => (CacheFormat::F16, CacheFormat::F16),
         }
     }
 
@@ -372,7 +372,7 @@ pub fn bench_model(
      -> Result<Pass, RuntimeError> {
         let (kt, vt) = match (s.target, s.cache_scheme) {
             (Some(t), Some(c)) => c.types(t, s.bits),
-            _ => (CacheType::F16, CacheType::F16),
+            _ => (CacheFormat::F16, CacheFormat::F16),
         };
         let lq = if s.target == Some(Target::Logits) { s.granularity.map(|g| (s.bits, g)) } else { None };
         let mut s = e.model.new_session(&mut e.backend, tokens.len(), tokens.len(), kt, vt)?;
