@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use duet_quant::GgmlType;
 use duet_quant::gguf::{GgufFile, GgufWriter, Value};
+use duet_runtime::gguf_names::{self, keys};
 
 use crate::error::ConvertError;
 use crate::hf_config::{HfConfig, RopeScaling};
@@ -277,31 +278,31 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
         tensors.push(PlannedTensor { name: o.name.clone(), dims: o.dims.clone(), ty, n_bytes, source: Source::Hf(o) });
     }
 
-    let arch = cfg.arch.gguf_name();
-    let a = |k: &str| format!("{arch}.{k}");
+    let arch = cfg.arch.name();
+    let a = |k: &str| gguf_names::key(cfg.arch, k);
     let name = opts.name.clone().unwrap_or_else(|| cfg.name.clone());
     let mut md: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
         ("general.name".into(), Value::String(name)),
         ("general.file_type".into(), Value::U32(opts.preset.file_type())),
         ("general.quantization_version".into(), Value::U32(2)),
-        (a("context_length"), Value::U32(cfg.max_position_embeddings as u32)),
-        (a("embedding_length"), Value::U32(cfg.hidden_size as u32)),
-        (a("block_count"), Value::U32(cfg.n_layers as u32)),
-        (a("feed_forward_length"), Value::U32(cfg.intermediate_size as u32)),
+        (a(keys::CONTEXT_LENGTH), Value::U32(cfg.max_position_embeddings as u32)),
+        (a(keys::EMBEDDING_LENGTH), Value::U32(cfg.hidden_size as u32)),
+        (a(keys::BLOCK_COUNT), Value::U32(cfg.n_layers as u32)),
+        (a(keys::FEED_FORWARD_LENGTH), Value::U32(cfg.intermediate_size as u32)),
         // Query heads (V2: both heads of every pair, as the runtime attends over them).
-        (a("attention.head_count"), Value::U32(cfg.q_heads() as u32)),
-        (a("attention.head_count_kv"), Value::U32(cfg.n_kv_heads as u32)),
-        (a("attention.key_length"), Value::U32(cfg.head_dim as u32)),
-        (a("attention.value_length"), Value::U32(cfg.head_dim as u32)),
-        (a("rope.dimension_count"), Value::U32(cfg.head_dim as u32)),
-        (a("rope.freq_base"), Value::F32(cfg.rope_theta)),
-        (a("attention.layer_norm_rms_epsilon"), Value::F32(cfg.rms_norm_eps)),
-        (a("vocab_size"), Value::U32(cfg.vocab_size as u32)),
+        (a(keys::HEAD_COUNT), Value::U32(cfg.q_heads() as u32)),
+        (a(keys::HEAD_COUNT_KV), Value::U32(cfg.n_kv_heads as u32)),
+        (a(keys::KEY_LENGTH), Value::U32(cfg.head_dim as u32)),
+        (a(keys::VALUE_LENGTH), Value::U32(cfg.head_dim as u32)),
+        (a(keys::ROPE_DIMENSION_COUNT), Value::U32(cfg.head_dim as u32)),
+        (a(keys::ROPE_FREQ_BASE), Value::F32(cfg.rope_theta)),
+        (a(keys::RMS_EPSILON), Value::F32(cfg.rms_norm_eps)),
+        (a(keys::VOCAB_SIZE), Value::U32(cfg.vocab_size as u32)),
     ];
     if let Some(RopeScaling::Linear { factor }) = cfg.rope_scaling {
-        md.push((a("rope.scaling.type"), Value::String("linear".into())));
-        md.push((a("rope.scaling.factor"), Value::F32(factor)));
+        md.push((a(keys::ROPE_SCALING_TYPE), Value::String("linear".into())));
+        md.push((a(keys::ROPE_SCALING_FACTOR), Value::F32(factor)));
     }
     if let (Some(dex), true) = (&cfg.dex, opts.keep_dex) {
         // One byte per (layer, head): 1 where DEX applies. Only duet reads this key.
@@ -311,7 +312,7 @@ fn prepare_hf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, Co
                 mask[l * cfg.n_heads + h] = 1;
             }
         }
-        md.push(("duet.dex.head_mask".into(), Value::Array(duet_quant::gguf::Array::U8(mask))));
+        md.push((gguf_names::DEX_HEAD_MASK.into(), Value::Array(duet_quant::gguf::Array::U8(mask))));
     }
     md.extend(tok.kvs);
     if !tok.eog_ids.is_empty() {
@@ -352,8 +353,8 @@ fn prepare_gguf(opts: &Options, imatrix: Option<Imatrix>) -> Result<Conversion, 
         return Err(ConvertError::corrupt(&opts.input, "the file changed while it was being read"));
     }
     let arch = file.get_str("general.architecture")?.to_string();
-    let n_layers = file.get_u32(&format!("{arch}.block_count"))? as usize;
-    let tied = file.tensor("output.weight").is_none();
+    let n_layers = file.get_u32(&format!("{arch}.{}", keys::BLOCK_COUNT))? as usize;
+    let tied = file.tensor(gguf_names::OUTPUT).is_none();
     let mut planner = Planner::new(opts.preset, n_layers, tied, imatrix.is_some(), &opts.overrides);
     let mut warnings = Vec::new();
     let mut tensors = Vec::with_capacity(file.tensors().len());

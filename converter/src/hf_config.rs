@@ -10,25 +10,8 @@ use serde_json::Value;
 
 use crate::error::ConvertError;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    DiffLlama,
-    /// DIFF Transformer V2: `num_attention_heads` h output heads, each from a pair of query
-    /// heads (q_proj has 2h·head_dim rows), and a lambda_proj per layer.
-    DiffLlamaV2,
-}
-
-impl Arch {
-    /// The GGUF `general.architecture` string.
-    pub fn gguf_name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::DiffLlama => "diffllama",
-            Arch::DiffLlamaV2 => "diffllama_v2",
-        }
-    }
-}
+/// The architecture, as the runtime names it in GGUF (one table: `duet_runtime::gguf_names`).
+pub use duet_runtime::model::Arch;
 
 /// RoPE frequency scaling.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -3,6 +3,8 @@
 //! Every output tensor records where its values come from and which exact transform turns
 //! the HF values into the GGUF ones, so conversion can stream one tensor at a time.
 
+use duet_runtime::gguf_names::{self as names, LayerTensor as T};
+
 use crate::error::ConvertError;
 use crate::hf_config::{Arch, HfConfig, RopeScaling, llama3_rope_factors};
 use crate::safetensors::Checkpoint;
@@ -76,55 +78,54 @@ pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<V
         out.push(OutTensor { name, dims: gguf_dims(shape), source, layer });
     };
 
-    push("token_embd.weight".into(), &[v, d], Source::Copy(expect("model.embed_tokens.weight".into(), &[v, d])?), None);
+    push(names::TOKEN_EMBD.into(), &[v, d], Source::Copy(expect("model.embed_tokens.weight".into(), &[v, d])?), None);
     if let Some(s @ RopeScaling::Llama3 { .. }) = cfg.rope_scaling {
-        push("rope_freqs.weight".into(), &[hd / 2], Source::Values(llama3_rope_factors(cfg.rope_theta, hd, s)), None);
+        push(names::ROPE_FREQS.into(), &[hd / 2], Source::Values(llama3_rope_factors(cfg.rope_theta, hd, s)), None);
     }
     for l in 0..cfg.n_layers {
         let p = format!("model.layers.{l}");
-        let b = format!("blk.{l}");
         let at = Some(l);
         push(
-            format!("{b}.attn_norm.weight"),
+            T::AttnNorm.name(l),
             &[d],
             Source::Copy(expect(format!("{p}.input_layernorm.weight"), &[d])?),
             at,
         );
         let q = expect(format!("{p}.self_attn.q_proj.weight"), &[nq * hd, d])?;
-        push(format!("{b}.attn_q.weight"), &[nq * hd, d], Source::PermuteRope { name: q, n_heads: nq }, at);
+        push(T::AttnQ.name(l), &[nq * hd, d], Source::PermuteRope { name: q, n_heads: nq }, at);
         let k = expect(format!("{p}.self_attn.k_proj.weight"), &[nkv * hd, d])?;
-        push(format!("{b}.attn_k.weight"), &[nkv * hd, d], Source::PermuteRope { name: k, n_heads: nkv }, at);
+        push(T::AttnK.name(l), &[nkv * hd, d], Source::PermuteRope { name: k, n_heads: nkv }, at);
         let vname = expect(format!("{p}.self_attn.v_proj.weight"), &[nkv * hd, d])?;
-        push(format!("{b}.attn_v.weight"), &[nkv * hd, d], Source::Copy(vname), at);
+        push(T::AttnV.name(l), &[nkv * hd, d], Source::Copy(vname), at);
         let wo = expect(format!("{p}.self_attn.o_proj.weight"), &[d, nh * hd])?;
         let dex_heads = cfg.dex.as_ref().map(|x| x.heads[l].clone()).unwrap_or_default();
         if dex_heads.is_empty() {
-            push(format!("{b}.attn_output.weight"), &[d, nh * hd], Source::Copy(wo), at);
+            push(T::AttnOutput.name(l), &[d, nh * hd], Source::Copy(wo), at);
         } else {
             let wd = expect(format!("{p}.self_attn.dex_proj.weight"), &[hd, hd])?;
             let lambda = expect(format!("{p}.self_attn.dex_lambda"), &[1])?;
             if opts.keep_dex {
-                push(format!("{b}.attn_output.weight"), &[d, nh * hd], Source::Copy(wo), at);
-                push(format!("{b}.attn_dex.weight"), &[hd, hd], Source::Copy(wd), at);
-                push(format!("{b}.attn_dex_lambda.weight"), &[1], Source::Copy(lambda), at);
+                push(T::AttnOutput.name(l), &[d, nh * hd], Source::Copy(wo), at);
+                push(T::AttnDex.name(l), &[hd, hd], Source::Copy(wd), at);
+                push(T::AttnDexLambda.name(l), &[1], Source::Copy(lambda), at);
             } else {
                 let src = Source::DexFold { wo, wd, lambda, heads: dex_heads, head_dim: hd };
-                push(format!("{b}.attn_output.weight"), &[d, nh * hd], src, at);
+                push(T::AttnOutput.name(l), &[d, nh * hd], src, at);
             }
         }
         if cfg.attention_bias {
             let qb = expect(format!("{p}.self_attn.q_proj.bias"), &[nq * hd])?;
-            push(format!("{b}.attn_q.bias"), &[nq * hd], Source::PermuteRope { name: qb, n_heads: nq }, at);
+            push(T::AttnQBias.name(l), &[nq * hd], Source::PermuteRope { name: qb, n_heads: nq }, at);
             let kb = expect(format!("{p}.self_attn.k_proj.bias"), &[nkv * hd])?;
-            push(format!("{b}.attn_k.bias"), &[nkv * hd], Source::PermuteRope { name: kb, n_heads: nkv }, at);
+            push(T::AttnKBias.name(l), &[nkv * hd], Source::PermuteRope { name: kb, n_heads: nkv }, at);
             push(
-                format!("{b}.attn_v.bias"),
+                T::AttnVBias.name(l),
                 &[nkv * hd],
                 Source::Copy(expect(format!("{p}.self_attn.v_proj.bias"), &[nkv * hd])?),
                 at,
             );
             push(
-                format!("{b}.attn_output.bias"),
+                T::AttnOutputBias.name(l),
                 &[d],
                 Source::Copy(expect(format!("{p}.self_attn.o_proj.bias"), &[d])?),
                 at,
@@ -132,52 +133,54 @@ pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<V
         }
         match cfg.arch {
             Arch::DiffLlama => {
-                for which in ["q1", "k1", "q2", "k2"] {
+                for (which, t) in
+                    [("q1", T::AttnLambdaQ1), ("k1", T::AttnLambdaK1), ("q2", T::AttnLambdaQ2), ("k2", T::AttnLambdaK2)]
+                {
                     let src = expect(format!("{p}.self_attn.lambda_{which}"), &[hd])?;
-                    push(format!("{b}.attn_lambda_{which}.weight"), &[hd], Source::Copy(src), at);
+                    push(t.name(l), &[hd], Source::Copy(src), at);
                 }
             }
             Arch::DiffLlamaV2 => {
                 // Always F32 (quant_plan keeps unknown tensors): h × hidden is tiny.
                 let src = expect(format!("{p}.self_attn.lambda_proj.weight"), &[nh, d])?;
-                push(format!("{b}.attn_lambda.weight"), &[nh, d], Source::Copy(src), at);
+                push(T::AttnLambda.name(l), &[nh, d], Source::Copy(src), at);
             }
             Arch::Llama => {}
         }
         push(
-            format!("{b}.ffn_norm.weight"),
+            T::FfnNorm.name(l),
             &[d],
             Source::Copy(expect(format!("{p}.post_attention_layernorm.weight"), &[d])?),
             at,
         );
         push(
-            format!("{b}.ffn_gate.weight"),
+            T::FfnGate.name(l),
             &[ff, d],
             Source::Copy(expect(format!("{p}.mlp.gate_proj.weight"), &[ff, d])?),
             at,
         );
         push(
-            format!("{b}.ffn_up.weight"),
+            T::FfnUp.name(l),
             &[ff, d],
             Source::Copy(expect(format!("{p}.mlp.up_proj.weight"), &[ff, d])?),
             at,
         );
         push(
-            format!("{b}.ffn_down.weight"),
+            T::FfnDown.name(l),
             &[d, ff],
             Source::Copy(expect(format!("{p}.mlp.down_proj.weight"), &[d, ff])?),
             at,
         );
         if cfg.mlp_bias {
-            for (hf, g, n) in [("gate_proj", "ffn_gate", ff), ("up_proj", "ffn_up", ff), ("down_proj", "ffn_down", d)] {
-                push(format!("{b}.{g}.bias"), &[n], Source::Copy(expect(format!("{p}.mlp.{hf}.bias"), &[n])?), at);
+            for (hf, t, n) in [("gate_proj", T::FfnGateBias, ff), ("up_proj", T::FfnUpBias, ff), ("down_proj", T::FfnDownBias, d)] {
+                push(t.name(l), &[n], Source::Copy(expect(format!("{p}.mlp.{hf}.bias"), &[n])?), at);
             }
         }
     }
-    push("output_norm.weight".into(), &[d], Source::Copy(expect("model.norm.weight".into(), &[d])?), None);
+    push(names::OUTPUT_NORM.into(), &[d], Source::Copy(expect("model.norm.weight".into(), &[d])?), None);
     // Tied models may still ship an lm_head copy; llama.cpp omits output.weight when tied.
     if !cfg.tie_word_embeddings {
-        push("output.weight".into(), &[v, d], Source::Copy(expect("lm_head.weight".into(), &[v, d])?), None);
+        push(names::OUTPUT.into(), &[v, d], Source::Copy(expect("lm_head.weight".into(), &[v, d])?), None);
     } else if ckpt.meta("lm_head.weight").is_some() {
         used.insert("lm_head.weight".to_string());
     }
@@ -188,7 +191,7 @@ pub fn plan(cfg: &HfConfig, ckpt: &Checkpoint, opts: MappingOptions) -> Result<V
         return Err(ConvertError::shape(format!(
             "the checkpoint has {} tensor(s) this {} config does not explain (e.g. {}): refusing to drop weights silently",
             unused.len(),
-            cfg.arch.gguf_name(),
+            cfg.arch.name(),
             shown.join(", ")
         )));
     }

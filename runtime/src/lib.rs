@@ -16,6 +16,7 @@ pub mod backend;
 pub mod cpu;
 pub mod engine;
 pub mod error;
+pub mod gguf_names;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod kv_cache;

@@ -4,6 +4,7 @@
 use duet_quant::gguf::GgufFile;
 
 use crate::error::RuntimeError;
+use crate::gguf_names::keys;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -62,11 +63,11 @@ impl ModelConfig {
                 "{label}: architecture '{arch_name}' is not supported (duet runs 'llama', 'diffllama' and 'diffllama_v2')"
             )));
         };
-        let key = |k: &str| format!("{arch_name}.{k}");
+        let key = |k: &str| crate::gguf_names::key(arch, k);
         let u = |k: &str| -> Result<usize, RuntimeError> { Ok(file.get_u32(&key(k))? as usize) };
-        let n_embd = u("embedding_length")?;
-        let n_heads = u("attention.head_count")?;
-        let n_kv_heads = match file.get_u32_opt(&key("attention.head_count_kv"))? {
+        let n_embd = u(keys::EMBEDDING_LENGTH)?;
+        let n_heads = u(keys::HEAD_COUNT)?;
+        let n_kv_heads = match file.get_u32_opt(&key(keys::HEAD_COUNT_KV))? {
             Some(n) => n as usize,
             None => n_heads,
         };
@@ -74,12 +75,12 @@ impl ModelConfig {
         if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
             return Err(bad(format!("{n_heads} attention heads cannot share {n_kv_heads} KV heads evenly")));
         }
-        let head_dim = match file.get_u32_opt(&key("attention.key_length"))? {
+        let head_dim = match file.get_u32_opt(&key(keys::KEY_LENGTH))? {
             Some(d) => d as usize,
             None if n_embd % n_heads == 0 => n_embd / n_heads,
             None => return Err(bad(format!("embedding length {n_embd} is not a multiple of {n_heads} heads"))),
         };
-        if let Some(vl) = file.get_u32_opt(&key("attention.value_length"))?
+        if let Some(vl) = file.get_u32_opt(&key(keys::VALUE_LENGTH))?
             && vl as usize != head_dim
         {
             return Err(bad(format!("value length {vl} differs from key length {head_dim}; not supported")));
@@ -94,19 +95,19 @@ impl ModelConfig {
                 "diffllama_v2 pairs its query heads (2i, 2i+1): attention.head_count {n_heads} is odd"
             )));
         }
-        let n_rot = match file.get_u32_opt(&key("rope.dimension_count"))? {
+        let n_rot = match file.get_u32_opt(&key(keys::ROPE_DIMENSION_COUNT))? {
             Some(n) => n as usize,
             None => head_dim,
         };
         if n_rot > head_dim || n_rot % 2 != 0 {
             return Err(bad(format!("rope dimension count {n_rot} does not fit head size {head_dim}")));
         }
-        let freq_scale = match file.get_str_opt(&key("rope.scaling.type"))? {
+        let freq_scale = match file.get_str_opt(&key(keys::ROPE_SCALING_TYPE))? {
             None | Some("none") => 1.0,
-            Some("linear") => 1.0 / file.get_f32(&key("rope.scaling.factor"))?,
+            Some("linear") => 1.0 / file.get_f32(&key(keys::ROPE_SCALING_FACTOR))?,
             Some(other) => return Err(RuntimeError::Unsupported(format!("{label}: rope scaling '{other}'"))),
         };
-        let n_vocab = match file.get_u32_opt(&key("vocab_size"))? {
+        let n_vocab = match file.get_u32_opt(&key(keys::VOCAB_SIZE))? {
             Some(n) => n as usize,
             None => match file.tensor("token_embd.weight").map(|t| t.dims()) {
                 Some([_, rows]) => *rows as usize,
@@ -122,16 +123,16 @@ impl ModelConfig {
             arch,
             n_vocab,
             n_embd,
-            n_ff: u("feed_forward_length")?,
-            n_layers: u("block_count")?,
+            n_ff: u(keys::FEED_FORWARD_LENGTH)?,
+            n_layers: u(keys::BLOCK_COUNT)?,
             n_heads,
             n_kv_heads,
             head_dim,
-            rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            n_ctx_train: u("context_length")?,
+            rms_eps: file.get_f32(&key(keys::RMS_EPSILON))?,
+            n_ctx_train: u(keys::CONTEXT_LENGTH)?,
             rope: RopeConfig {
                 n_rot,
-                freq_base: file.get_f32_opt(&key("rope.freq_base"))?.unwrap_or(10000.0),
+                freq_base: file.get_f32_opt(&key(keys::ROPE_FREQ_BASE))?.unwrap_or(10000.0),
                 freq_scale,
             },
         };

@@ -6,6 +6,7 @@ use duet_quant::gguf::GgufFile;
 
 use super::{Arch, Layer, Model, ModelConfig};
 use crate::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightRole, WeightView};
+use crate::gguf_names::{self as names, LayerTensor as T};
 use crate::error::RuntimeError;
 
 /// λ_init of DIFF layer `layer` (0-based): 0.8 − 0.6·exp(−0.3·layer).
@@ -104,11 +105,11 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
     let (d, hd, ff) = (c.n_embd, c.head_dim, c.n_ff);
     let (qd, kvd, od) = (c.q_dim(), c.kv_dim(), c.attn_out_dim());
 
-    let freq_factors = ld.values("rope_freqs.weight", c.rope.n_rot / 2)?;
+    let freq_factors = ld.values(names::ROPE_FREQS, c.rope.n_rot / 2)?;
     let rope =
         RopeSpec { n_rot: c.rope.n_rot, freq_base: c.rope.freq_base, freq_scale: c.rope.freq_scale, freq_factors };
 
-    let dex_mask: Option<Vec<u8>> = match file.get("duet.dex.head_mask") {
+    let dex_mask: Option<Vec<u8>> = match file.get(names::DEX_HEAD_MASK) {
         Some(duet_quant::gguf::Value::Array(duet_quant::gguf::Array::U8(m))) if m.len() == c.n_layers * c.n_heads => {
             Some(m.clone())
         }
@@ -121,21 +122,20 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
         None => None,
     };
 
-    let token_embd = ld.get("token_embd.weight", WeightRole::Embedding, d, c.n_vocab)?;
-    let output_norm = ld.get("output_norm.weight", WeightRole::Vector, d, 1)?;
-    let output = ld.opt("output.weight", WeightRole::Matrix, d, c.n_vocab)?;
+    let token_embd = ld.get(names::TOKEN_EMBD, WeightRole::Embedding, d, c.n_vocab)?;
+    let output_norm = ld.get(names::OUTPUT_NORM, WeightRole::Vector, d, 1)?;
+    let output = ld.opt(names::OUTPUT, WeightRole::Matrix, d, c.n_vocab)?;
 
     let mut layers = Vec::with_capacity(c.n_layers);
     for il in 0..c.n_layers {
-        let p = |n: &str| format!("blk.{il}.{n}");
         let kind = match c.arch {
             Arch::Llama => AttentionKind::Standard,
             // V2 attends like a Llama with n_heads query heads; its pairs meet afterwards.
             Arch::DiffLlamaV2 => AttentionKind::PairedHeads,
             Arch::DiffLlama => {
                 let mut vecs = Vec::with_capacity(4);
-                for which in ["q1", "k1", "q2", "k2"] {
-                    let name = p(&format!("attn_lambda_{which}.weight"));
+                for which in [T::AttnLambdaQ1, T::AttnLambdaK1, T::AttnLambdaQ2, T::AttnLambdaK2] {
+                    let name = which.name(il);
                     vecs.push(ld.values(&name, hd)?.ok_or_else(|| {
                         RuntimeError::BadModel(format!("{}: diffllama layer {il} has no '{name}'", file.label()))
                     })?);
@@ -147,7 +147,7 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
                 AttentionKind::Differential {
                     lambda,
                     lambda_init: li,
-                    sub_norm: ld.values(&p("attn_sub_norm.weight"), 2 * hd)?,
+                    sub_norm: ld.values(&T::AttnSubNorm.name(il), 2 * hd)?,
                 }
             }
         };
@@ -166,11 +166,12 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
                 if heads.is_empty() {
                     None
                 } else {
-                    let w_d = ld.get(&p("attn_dex.weight"), WeightRole::HeadMatrix, hd, hd)?;
-                    let lambda = ld.values(&p("attn_dex_lambda.weight"), 1)?.ok_or_else(|| {
+                    let w_d = ld.get(&T::AttnDex.name(il), WeightRole::HeadMatrix, hd, hd)?;
+                    let lambda = ld.values(&T::AttnDexLambda.name(il), 1)?.ok_or_else(|| {
                         RuntimeError::BadModel(format!(
-                            "{}: DEX layer {il} has no attn_dex_lambda.weight",
-                            file.label()
+                            "{}: DEX layer {il} has no {}",
+                            file.label(),
+                            T::AttnDexLambda.name(il)
                         ))
                     })?[0];
                     Some((w_d, lambda, heads))
@@ -180,7 +181,7 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
         };
         // q, k, v (and V2's λ) read the same normalised input, gate and up likewise: each
         // group loaded together, so that a backend may multiply it in one pass.
-        let (q, k, v, lam) = (p("attn_q.weight"), p("attn_k.weight"), p("attn_v.weight"), p("attn_lambda.weight"));
+        let (q, k, v, lam) = (T::AttnQ.name(il), T::AttnK.name(il), T::AttnV.name(il), T::AttnLambda.name(il));
         let mut qkv = vec![(q.as_str(), d, qd), (k.as_str(), d, kvd), (v.as_str(), d, kvd)];
         if c.arch == Arch::DiffLlamaV2 {
             qkv.push((lam.as_str(), d, c.n_heads / 2));
@@ -188,29 +189,29 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
         let mut qkv = ld.group(&qkv)?.into_iter();
         let (wq, wk, wv) = (qkv.next().expect("q"), qkv.next().expect("k"), qkv.next().expect("v"));
         let lambda_proj = qkv.next();
-        let (gate, up) = (p("ffn_gate.weight"), p("ffn_up.weight"));
+        let (gate, up) = (T::FfnGate.name(il), T::FfnUp.name(il));
         let mut ffn = ld.group(&[(gate.as_str(), d, ff), (up.as_str(), d, ff)])?.into_iter();
         let (w_gate, w_up) = (ffn.next().expect("gate"), ffn.next().expect("up"));
         layers.push(Layer {
-            attn_norm: ld.get(&p("attn_norm.weight"), WeightRole::Vector, d, 1)?,
+            attn_norm: ld.get(&T::AttnNorm.name(il), WeightRole::Vector, d, 1)?,
             wq,
             wk,
             wv,
-            wo: ld.get(&p("attn_output.weight"), WeightRole::Matrix, od, d)?,
-            bq: ld.opt(&p("attn_q.bias"), WeightRole::Vector, qd, 1)?,
-            bk: ld.opt(&p("attn_k.bias"), WeightRole::Vector, kvd, 1)?,
-            bv: ld.opt(&p("attn_v.bias"), WeightRole::Vector, kvd, 1)?,
-            bo: ld.opt(&p("attn_output.bias"), WeightRole::Vector, d, 1)?,
+            wo: ld.get(&T::AttnOutput.name(il), WeightRole::Matrix, od, d)?,
+            bq: ld.opt(&T::AttnQBias.name(il), WeightRole::Vector, qd, 1)?,
+            bk: ld.opt(&T::AttnKBias.name(il), WeightRole::Vector, kvd, 1)?,
+            bv: ld.opt(&T::AttnVBias.name(il), WeightRole::Vector, kvd, 1)?,
+            bo: ld.opt(&T::AttnOutputBias.name(il), WeightRole::Vector, d, 1)?,
             attention,
             lambda_proj,
             dex,
-            ffn_norm: ld.get(&p("ffn_norm.weight"), WeightRole::Vector, d, 1)?,
+            ffn_norm: ld.get(&T::FfnNorm.name(il), WeightRole::Vector, d, 1)?,
             w_gate,
             w_up,
-            w_down: ld.get(&p("ffn_down.weight"), WeightRole::Matrix, ff, d)?,
-            b_gate: ld.opt(&p("ffn_gate.bias"), WeightRole::Vector, ff, 1)?,
-            b_up: ld.opt(&p("ffn_up.bias"), WeightRole::Vector, ff, 1)?,
-            b_down: ld.opt(&p("ffn_down.bias"), WeightRole::Vector, d, 1)?,
+            w_down: ld.get(&T::FfnDown.name(il), WeightRole::Matrix, ff, d)?,
+            b_gate: ld.opt(&T::FfnGateBias.name(il), WeightRole::Vector, ff, 1)?,
+            b_up: ld.opt(&T::FfnUpBias.name(il), WeightRole::Vector, ff, 1)?,
+            b_down: ld.opt(&T::FfnDownBias.name(il), WeightRole::Vector, d, 1)?,
         });
     }
     Ok(Model { config: c, file: Arc::clone(&file), token_embd, output_norm, output, layers, rope })
