@@ -47,7 +47,8 @@ impl ParamField for [[u32; 4]; 2] {
 }
 
 macro_rules! params {
-    ($($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident: $ty:ty),* $(,)? })*) => {$(
+    ($($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident: $ty:ty),* $(,)? })*) => {
+    $(
         $(#[$m])*
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
@@ -63,7 +64,10 @@ macro_rules! params {
                 offset: std::mem::offset_of!($name, $field),
             }),*];
         }
-    )*};
+    )*
+        /// The name of every parameter struct, in definition order.
+        pub const PARAMS_STRUCTS: &[&str] = &[$(stringify!($name)),*];
+    };
 }
 
 params! {

@@ -39,15 +39,34 @@ fn every_variant_validates() {
         all.len(),
         failures.join("\n")
     );
-    // 11 weight types × (matmul, embed, and the matvec's 4 epilogues in 4 default shapes —
-    // hardware and software, with and without subgroups — 3 of them also with a folded
-    // RMSNorm), the 2 × 12 matvec shapes for
-    // Q4_0's store (of which 4 are default shapes), 10 plain ops (logit_reduce, kv_window,
-    // rotate and pair_combine included), 8 RoPE-and-write passes (f16 and f32 K and V
-    // caches, for one sequence and for rows of several), 11 cache writes, 11 logit-absmax
-    // readers, 4 × 121 attend steps, 2 × 4 batched decode steps (plain caches) and 3
-    // combine steps, plus the f16 forms of the 11 matmuls.
-    assert_eq!(all.len(), 11 * (2 + 4 * 4 + 3 * 4) + (24 - 4) + 10 + 8 + 11 + 11 + 4 * 121 + 2 * 4 + 3 + 11);
+    // What the registry must cover, derived from the vocabularies rather than counted by
+    // hand: every weight type's matmul, embedding and matvec, every cache format's write,
+    // logit absmax and attention (as K and as V, standard and DIFF, decode and prefill), and
+    // every kernel's parameter struct (so every kind of op).
+    use duet_shaders::{AttnShape, CacheFormat, Op, PARAMS_STRUCTS, WEIGHT_TYPES};
+    let ops: Vec<Op> = all.iter().map(|v| v.op).collect();
+    for t in WEIGHT_TYPES {
+        assert!(ops.contains(&Op::MatMul(t)) && ops.contains(&Op::Embed(t)), "{t}");
+        assert!(ops.iter().any(|o| matches!(o, Op::MatVec { ty, .. } if *ty == t)), "matvec {t}");
+    }
+    for c in CacheFormat::ALL {
+        assert!(ops.contains(&Op::KvWrite(c)) && ops.contains(&Op::LogitAbsmax(c)), "{c}");
+        for diff in [false, true] {
+            for shape in [AttnShape::Decode, AttnShape::Prefill] {
+                for other in CacheFormat::ALL {
+                    for (k, v) in [(c, other), (other, c)] {
+                        assert!(ops.contains(&Op::Attention { diff, shape, k, v }), "attention {c}");
+                    }
+                }
+            }
+        }
+    }
+    let structs: std::collections::BTreeSet<&str> = ops.iter().map(|o| o.params().0).collect();
+    assert_eq!(structs, PARAMS_STRUCTS.iter().copied().collect());
+    // Every op that computes in f16 has its f16 form too.
+    for o in ops.iter().filter(|o| o.uses_f16()) {
+        assert!(all.iter().any(|v| v.op == *o && v.f16), "{o:?} lacks its f16 form");
+    }
 }
 
 #[test]
