@@ -94,3 +94,22 @@ fn the_converter_builds_without_wgpu() {
         assert!(!tree.lines().any(|l| l.starts_with(gpu)), "duet-convert depends on {gpu}:\n{tree}");
     }
 }
+
+/// Files stay a few hundred lines; one past ~600 says at its top why it is one file, with
+/// its length ("(~680 lines)").
+#[test]
+fn long_library_files_say_why() {
+    let mut offenders = Vec::new();
+    for dir in ["src", "quant/src", "runtime/src", "shaders/src", "converter/src"] {
+        for f in sources(&root().join(dir)) {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let lines = text.lines().count();
+            let top: String = text.lines().take(25).collect::<Vec<_>>().join("\n");
+            let says = top.contains("(~") && top.contains(" lines)");
+            if lines > 620 && !says {
+                offenders.push(format!("{} ({lines} lines)", f.display()));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "long files without a reason at their top:\n{}", offenders.join("\n"));
+}

@@ -13,6 +13,8 @@
 //!
 //! and `integer_parts_are_exact` checks the exactness directly: with all scales ±1 and small
 //! integer activations every float operation is exact, and packed == scalar bit for bit.
+//!
+//! One file (~720 lines) because every test here uses the bound derived above.
 
 use std::ops::Range;
 

@@ -2,6 +2,9 @@
 //! streamed into a temporary file beside the target (crate::output: a random name created
 //! exclusively, removed on error, drop or signal), which replaces the target only once
 //! complete and synced — and only if the target is absent or a regular file.
+//!
+//! Longer than most files (~630 lines): validation and writing share the one layout
+//! computation (offsets, alignment, padding) that must agree byte for byte with the reader.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
