@@ -667,3 +667,69 @@ fn batches_shrink_to_the_buffer_limit() {
     assert!(err.contains("lower --batch-size to 16"), "{err}");
     let _ = std::fs::remove_file(&path);
 }
+
+/// ggml's test-backend-ops, for duet: every kind of GPU kernel (one per parameter struct,
+/// `duet_shaders::PARAMS_STRUCTS`) runs here in a model pass compared with the CPU backend,
+/// so a new kernel cannot ship with only naga's validation. The passes: DiffLlama over f16
+/// and over per-channel K / rotated V caches with 6-bit logits per head, Llama with DEX kept,
+/// DIFF V2 (40 tokens of prefill, then decode). Bounds as the quantized caches'.
+#[test]
+fn every_kernel_kind_runs_against_the_cpu() {
+    use CacheFormat::*;
+    let test = "every_kernel_kind_runs_against_the_cpu";
+    let Some(mut g) = gpu(test, false) else { return };
+    let mut failures = Vec::new();
+    let runs: [(&str, bool, CacheFormat, CacheFormat, Option<(u32, LogitGranularity)>); 4] = [
+        ("diffllama-gqa", false, F16, F16, None),
+        ("diffllama-gqa", false, Q4c, Q4r, Some((6, LogitGranularity::Head))),
+        ("llama-dex", true, Q8, F16, None),
+        ("diffllama-v2-gqa", false, F16, Q8, Some((8, LogitGranularity::Row))),
+    ];
+    for (name, keep_dex, kt, vt, attn) in runs {
+        let reference = LogitsFile::read(&fixture(name).join("reference.logits")).unwrap();
+        let (tokens, v) = (&reference.tokens, reference.n_vocab);
+        let path = convert(name, Preset::F32, keep_dex);
+        let cpu = logits_with(&mut CpuBackend::new(2), &path, tokens, 40, kt, vt, attn);
+        let got = logits_with(&mut g, &path, tokens, 40, kt, vt, attn);
+        let c = compare(&cpu, &got, v);
+        eprintln!("{name:<18} K {kt} V {vt} logits {attn:?}: vs CPU KL {:.2e} top-1 {:.3}", c.mean_kl, c.top1);
+        if c.mean_kl > 1e-5 || c.top1 < 0.95 {
+            failures.push(format!("{name} K {kt} V {vt}"));
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    // DIFF V2 with its branches observed (each pair combined by its own kernel rather than
+    // inside attention), and only the last position's logits (the last row copied out).
+    let reference = LogitsFile::read(&fixture("diffllama-v2-gqa").join("reference.logits")).unwrap();
+    let path = convert("diffllama-v2-gqa", Preset::F32, false);
+    let cpu = last_logits_observing_branches(&mut CpuBackend::new(2), &path, &reference.tokens[..40]);
+    let got = last_logits_observing_branches(&mut g, &path, &reference.tokens[..40]);
+    let c = compare(&cpu, &got, reference.n_vocab);
+    eprintln!("diffllama-v2-gqa   branches observed, last logits: vs CPU KL {:.2e} top-1 {:.3}", c.mean_kl, c.top1);
+    if c.mean_kl > 1e-5 || c.top1 < 0.95 {
+        failures.push("diffllama-v2-gqa, branches observed".into());
+    }
+    let _ = std::fs::remove_file(&path);
+    assert!(failures.is_empty(), "outside the bounds: {failures:?}");
+    let run = g.kernel_kinds_run();
+    let missing: Vec<&str> = duet_shaders::PARAMS_STRUCTS.iter().copied().filter(|k| !run.contains(k)).collect();
+    assert!(missing.is_empty(), "kernels no comparison with the CPU ran: {missing:?}");
+}
+
+/// The last position's logits of `tokens` in one batch, with an observer that wants every
+/// layer's DIFF V2 branches (so that the model combines the pairs after attention).
+fn last_logits_observing_branches<B: Backend>(b: &mut B, path: &Path, tokens: &[u32]) -> Vec<f32> {
+    struct Branches;
+    impl duet_runtime::observe::Observer for Branches {
+        fn wants(&self, probe: duet_runtime::observe::Probe, _layer: usize) -> bool {
+            probe == duet_runtime::observe::Probe::AttnBranches
+        }
+        fn observe(&mut self, _: duet_runtime::observe::Probe, _: usize, _: usize, _: &[f32], _: usize, _: usize) {}
+    }
+    let model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
+    let mut s = model.new_session(b, 128, 64, CacheFormat::F16, CacheFormat::F16).unwrap();
+    b.set_observer(Some(Box::new(Branches)));
+    let out = model.forward(b, &mut s, tokens, Logits::Last).unwrap();
+    b.set_observer(None);
+    out
+}

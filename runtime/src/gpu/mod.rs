@@ -75,6 +75,9 @@ pub struct GpuBackend {
     /// A read-back error met while observing (observe cannot return one), reported by the
     /// next `read_rows`.
     observe_error: Option<RuntimeError>,
+    /// The kinds of kernel dispatched so far, by parameter struct (tests/gpu_model.rs checks
+    /// that a comparison with the CPU backend runs every kind).
+    kinds_run: std::collections::BTreeSet<&'static str>,
 }
 
 /// A RoPE (cos, sin) table: the spec's key (n_rot, base, scale, factors hash), the
@@ -114,6 +117,7 @@ impl GpuBackend {
             largest_tensor: 0,
             observer: None,
             observe_error: None,
+            kinds_run: Default::default(),
         };
         b.prepare(&[Op::RmsNorm, Op::Rope, Op::SwiGlu, Op::Add, Op::CopyRow])?;
         Ok(b)
@@ -164,6 +168,12 @@ impl GpuBackend {
     /// Dispatches recorded so far.
     pub fn dispatches(&self) -> usize {
         self.rec.dispatches
+    }
+
+    /// The kinds of kernel dispatched so far, named by their parameter structs
+    /// ([`duet_shaders::PARAMS_STRUCTS`] lists them all).
+    pub fn kernel_kinds_run(&self) -> &std::collections::BTreeSet<&'static str> {
+        &self.kinds_run
     }
 
     /// Dispatches so far that wait for an earlier one of their pass (a pipeline barrier).
@@ -243,6 +253,7 @@ impl GpuBackend {
         weight_bytes: u64,
     ) {
         assert_eq!(P::NAME, op.params().0, "the parameters of {op:?}");
+        self.kinds_run.insert(P::NAME);
         let v = Variant::new(op, self.ctx.f16);
         let pipeline = self.pipes.get(&self.ctx.device, v);
         let words: &[u32] = bytemuck::cast_slice(bytemuck::bytes_of(params));
