@@ -9,14 +9,18 @@
 //! thread is stopped there instead: it raises its flag and sleeps for good, holding at most
 //! the budget. [`run_with_budget`] runs the work on such a thread and reports the overrun
 //! (or a time limit) as an error; its caller keeps the error, so that a template that
-//! overran once is not run again (one parked thread per template at most). The work must
+//! overran once is not run again (one parked thread per template at most). The same check
+//! bounds the work's stack depth: a recursion without end (a template formatting a
+//! namespace stored inside itself) would overflow the stack, which aborts the program; it
+//! allocates at every level, so the allocator stops it at [`STACK_LIMIT`] of its 32 MiB
+//! stack. The work must
 //! take no lock that other threads need (a parked thread keeps it): minijinja's rendering
 //! takes none; a panic's own allocations (its message, a backtrace) are let through.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 /// The system allocator, counting what a budgeted thread allocates.
@@ -25,11 +29,48 @@ pub struct BudgetAlloc;
 /// Set by the first allocation through [`BudgetAlloc`]: whether budgets hold in this program.
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
+/// What a budgeted thread's flag says: still within its budget, or stopped for which reason.
+const RUNNING: u8 = 0;
+const PAST_MEMORY: u8 = 1;
+const PAST_DEPTH: u8 = 2;
+
+/// The stack of a budgeted thread, and how deep its work may reach into it: a value that
+/// contains itself (a template's namespace stored inside itself) is formatted by recursion
+/// without end, and a stack overflow aborts the whole program. Each level of such a
+/// recursion allocates, so the allocator sees the depth before the guard page is reached.
+const STACK: usize = 32 << 20;
+const STACK_LIMIT: usize = 24 << 20;
+
 thread_local! {
     /// (bytes held, limit) of this thread's budget; limit 0: none.
     static HELD: Cell<(isize, isize)> = const { Cell::new((0, 0)) };
-    /// The flag this thread raises when it overruns its budget.
-    static OVERRUN: Cell<*const AtomicBool> = const { Cell::new(std::ptr::null()) };
+    /// The flag this thread raises when it overruns its budget ([`PAST_MEMORY`], [`PAST_DEPTH`]).
+    static OVERRUN: Cell<*const AtomicU8> = const { Cell::new(std::ptr::null()) };
+    /// The stack pointer where the budgeted work started (0: not budgeted).
+    static STACK_TOP: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The stack pointer (the real one: a local's address may lie on AddressSanitizer's fake
+/// stack instead).
+#[inline(always)]
+fn stack_pointer() -> usize {
+    let sp: usize;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: reads a register.
+    unsafe {
+        std::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: reads a register.
+    unsafe {
+        std::arch::asm!("mov {}, sp", out(reg) sp, options(nomem, nostack, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let local = 0u8;
+        sp = std::hint::black_box(&local) as *const u8 as usize;
+    }
+    sp
 }
 
 /// Notes that allocations go through [`BudgetAlloc`] (read first: a store on every
@@ -47,16 +88,18 @@ fn charge(delta: isize) {
         return;
     }
     let now = held.saturating_add(delta);
+    let top = STACK_TOP.try_with(Cell::get).unwrap_or(0);
+    let too_deep = delta > 0 && top != 0 && top.saturating_sub(stack_pointer()) > STACK_LIMIT;
     // A panicking thread is ending its work anyway; stopping it while it formats its
     // message (a backtrace takes megabytes) would park it holding stderr's lock.
-    if delta > 0 && now > limit && !std::thread::panicking() {
+    if delta > 0 && (now > limit || too_deep) && !std::thread::panicking() {
         // Stop before allocating: raise the flag (no allocation), then sleep without end
         // (nanosleep allocates nothing); this thread's memory stays held, within the budget.
         if let Ok(flag) = OVERRUN.try_with(Cell::get)
             && !flag.is_null()
         {
             // SAFETY: run_with_budget keeps the flag's Arc alive inside this thread's closure.
-            unsafe { (*flag).store(true, Ordering::Release) };
+            unsafe { (*flag).store(if too_deep { PAST_DEPTH } else { PAST_MEMORY }, Ordering::Release) };
         }
         loop {
             std::thread::sleep(Duration::from_secs(1 << 20));
@@ -101,6 +144,9 @@ pub fn installed() -> bool {
 pub enum Overrun {
     /// It would have held more than this many bytes at once.
     Memory(usize),
+    /// It recursed deeper than its stack allows (e.g. formatting a value that contains
+    /// itself).
+    Depth,
     /// It ran longer than this.
     Time(Duration),
     /// It panicked.
@@ -115,15 +161,17 @@ pub fn run_with_budget<T: Send + 'static>(
     time: Duration,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Overrun> {
-    let flag = Arc::new(AtomicBool::new(false));
+    let flag = Arc::new(AtomicU8::new(RUNNING));
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let thread_flag = Arc::clone(&flag);
-    let spawned = std::thread::Builder::new().name("duet budgeted work".into()).spawn(move || {
+    let spawned = std::thread::Builder::new().name("duet budgeted work".into()).stack_size(STACK).spawn(move || {
         OVERRUN.with(|f| f.set(Arc::as_ptr(&thread_flag)));
         HELD.with(|h| h.set((0, bytes.min(isize::MAX as usize) as isize)));
+        STACK_TOP.with(|t| t.set(stack_pointer()));
         let out = work();
         // The result may be dropped by a caller that gave up: its memory is not charged here.
         HELD.with(|h| h.set((0, 0)));
+        STACK_TOP.with(|t| t.set(0));
         let _ = tx.send(out);
         drop(thread_flag);
     });
@@ -137,8 +185,10 @@ pub fn run_with_budget<T: Send + 'static>(
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(Overrun::Panic),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
         }
-        if flag.load(Ordering::Acquire) {
-            return Err(Overrun::Memory(bytes));
+        match flag.load(Ordering::Acquire) {
+            PAST_MEMORY => return Err(Overrun::Memory(bytes)),
+            PAST_DEPTH => return Err(Overrun::Depth),
+            _ => {}
         }
         if start.elapsed() > time {
             return Err(Overrun::Time(time));
@@ -170,6 +220,25 @@ mod tests {
             (0..64).map(|_| std::hint::black_box(vec![0u8; mb]).len()).sum::<usize>()
         });
         assert_eq!(churn, Ok(64 * mb));
+    }
+
+    /// Recursion that allocates at every level stops at the depth budget, before the
+    /// thread's stack overflows (which would abort the program).
+    #[test]
+    fn work_recursing_without_end_stops_at_its_depth_budget() {
+        assert!(installed(), "the unit tests install the budgeting allocator");
+        fn down(n: u64) -> u64 {
+            let v = std::hint::black_box(vec![n; 4]);
+            if v[0] == u64::MAX { 0 } else { down(v[0] + 1) + v[1] }
+        }
+        let r = run_with_budget(1 << 30, Duration::from_secs(30), || down(0));
+        assert_eq!(r, Err(Overrun::Depth));
+        // A deep but bounded recursion (a few MiB of stack) is within it.
+        fn bounded(n: u64) -> u64 {
+            let v = std::hint::black_box(vec![n; 4]);
+            if n == 20_000 { v[0] } else { bounded(n + 1) + v[1] - n }
+        }
+        assert_eq!(run_with_budget(1 << 30, Duration::from_secs(30), || bounded(0)), Ok(20_000));
     }
 
     #[test]

@@ -192,6 +192,9 @@ impl ChatTemplate {
                     b >> 20
                 )
             }
+            Err(Overrun::Depth) => {
+                "the model's chat template nests a value too deeply to render (a namespace stored inside itself?); it is not run again".to_string()
+            }
             Err(Overrun::Time(t)) => {
                 format!("the model's chat template ran longer than {} s; it is not run again", t.as_secs())
             }
@@ -368,6 +371,24 @@ mod tests {
             assert!(start.elapsed() < TEMPLATE_TIME, "{t}: stopped by the memory budget, not the clock");
             let again = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
             assert_eq!(again, e, "a template that overran is not run again");
+        }
+    }
+
+    /// A namespace stored inside itself (found by the chat_template_budget fuzz target) is
+    /// formatted by a recursion without end: it stops at the depth budget with an error
+    /// instead of overflowing the stack, which aborted the program.
+    #[test]
+    fn a_value_that_contains_itself_is_an_error_not_a_stack_overflow() {
+        assert!(crate::mem_budget::installed(), "the unit tests install the budgeting allocator");
+        let templates = [
+            "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns,s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+            "{% set ns = namespace() %}{% set ns.me = [ns] %}{{ ns }}",
+            "{% set a = namespace() %}{% set b = namespace(a=a) %}{% set a.b = b %}{{ a|tojson }}",
+        ];
+        for t in templates {
+            let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
+            let e = ct.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
+            assert!(e.contains("nests a value too deeply"), "{t}: {e}");
         }
     }
 
