@@ -263,7 +263,7 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
         }
     }
     let mut backend = CpuBackend::new(args.threads);
-    backend.set_kv_jitter(super::environment::settings().kv_jitter)?;
+    backend.set_kv_jitter(super::environment::settings().kv_jitter);
     backend.set_act_precision(match args.cpu_acts {
         CpuActs::Auto => ActPrecision::Auto,
         CpuActs::Q8x2 => ActPrecision::Q8x2,
