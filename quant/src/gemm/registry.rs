@@ -124,7 +124,7 @@ impl GemmKernels {
     }
 }
 
-pub(super) static CHOSEN_GEMM: OnceLock<Option<GemmKernels>> = OnceLock::new();
+static CHOSEN_GEMM: OnceLock<Option<GemmKernels>> = OnceLock::new();
 
 /// The packed kernel set of this process: the fastest this CPU has if any beats the
 /// per-row kernels, or what [`choose_gemm_kernels`] chose (decided once, at first use).

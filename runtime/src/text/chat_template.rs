@@ -175,7 +175,11 @@ impl ChatTemplate {
                     return Err(format!(
                         "the model's chat template rendered more than {} bytes, more than duet takes{}",
                         limits.output,
-                        if limits.output == TEMPLATE_MAX_OUTPUT { " (4 MiB, about a million tokens)" } else { "" }
+                        if limits.output == TEMPLATE_MAX_OUTPUT {
+                            format!(" ({} MiB, about a million tokens)", TEMPLATE_MAX_OUTPUT >> 20)
+                        } else {
+                            String::new()
+                        }
                     ));
                 }
                 return Err(describe(&e));
