@@ -57,11 +57,12 @@ fn logits_with<B: Backend>(
     attn_logits: Option<(u32, LogitGranularity)>,
 ) -> Vec<f32> {
     let model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
-    let mut s = model.new_session(b, 128, 64, kt, vt).unwrap();
+    let mut s = model.new_session(b, 128, kt, vt).unwrap();
+    let mut ctx = model.new_context(b, 64).unwrap();
     model.set_logit_quant(&mut s, attn_logits).unwrap();
-    let mut out = model.forward(b, &mut s, &tokens[..split], Logits::All).unwrap();
+    let mut out = model.decode_one(b, &mut ctx, &mut s, &tokens[..split], Logits::All).unwrap();
     for &t in &tokens[split..] {
-        out.extend(model.forward(b, &mut s, &[t], Logits::All).unwrap());
+        out.extend(model.decode_one(b, &mut ctx, &mut s, &[t], Logits::All).unwrap());
     }
     out
 }
@@ -263,11 +264,12 @@ fn submitting_in_pieces_changes_nothing() {
             Err(e) => return no_gpu(test, &format!("no usable GPU adapter ({e})")),
         };
         let model = Model::load(&mut b, Arc::clone(&file)).unwrap();
-        let mut s = model.new_session(&mut b, 64, 16, CacheFormat::F16, CacheFormat::F16).unwrap();
-        let mut logits = model.forward(&mut b, &mut s, &tokens[..9], Logits::Last).unwrap();
+        let mut s = model.new_session(&mut b, 64, CacheFormat::F16, CacheFormat::F16).unwrap();
+        let mut ctx = model.new_context(&mut b, 16).unwrap();
+        let mut logits = model.decode_one(&mut b, &mut ctx, &mut s, &tokens[..9], Logits::Last).unwrap();
         for i in 9..tokens.len() {
             let (subs, dispatches) = (b.submissions(), b.dispatches());
-            logits.extend(model.forward(&mut b, &mut s, &tokens[i..i + 1], Logits::Last).unwrap());
+            logits.extend(model.decode_one(&mut b, &mut ctx, &mut s, &tokens[i..i + 1], Logits::Last).unwrap());
             let d = b.dispatches() - dispatches;
             let want = if every == 7 { d / 7 + 1 } else { 1 };
             assert_eq!(b.submissions() - subs, want, "token {i}: {d} dispatches, submitted every {every}");
@@ -287,26 +289,27 @@ fn no_pipeline_or_layout_after_first_token() {
     let Some(mut b) = gpu(test, false) else { return };
     let path = convert("diffllama-gqa", Preset::Q4KM, false);
     let model = Model::load(&mut b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
-    let mut s = model.new_session(&mut b, 128, 32, CacheFormat::F16, CacheFormat::F32).unwrap();
+    let mut s = model.new_session(&mut b, 128, CacheFormat::F16, CacheFormat::F32).unwrap();
+    let mut ctx = model.new_context(&mut b, 32).unwrap();
     let n_vocab = model.config.n_vocab as u32;
     let tokens: Vec<u32> = (0..60).map(|i| (i * 37 + 5) % n_vocab).collect();
-    model.forward(&mut b, &mut s, &tokens[..9], Logits::Last).unwrap();
+    model.decode_one(&mut b, &mut ctx, &mut s, &tokens[..9], Logits::Last).unwrap();
     let (pipelines, layouts) = (b.pipelines_created(), b.layouts_created());
     eprintln!("{test}: {pipelines} pipelines, {layouts} layouts after the first token");
     // Decode steps.
-    model.forward(&mut b, &mut s, &tokens[9..10], Logits::Last).unwrap();
+    model.decode_one(&mut b, &mut ctx, &mut s, &tokens[9..10], Logits::Last).unwrap();
     let (subs, groups) = (b.submissions(), b.bind_groups_created());
     let dispatches = b.dispatches();
     for i in 10..20 {
-        model.forward(&mut b, &mut s, &tokens[i..i + 1], Logits::Last).unwrap();
+        model.decode_one(&mut b, &mut ctx, &mut s, &tokens[i..i + 1], Logits::Last).unwrap();
     }
     assert!(b.dispatches() - dispatches < 10 * SUBMIT_EVERY, "this model's tokens fit one submission");
     assert_eq!(b.submissions(), subs + 10, "one submission per decoded token");
     assert_eq!(b.bind_groups_created(), groups, "decode steps reuse their bind groups");
     // Another prefill (more tokens than one batch), all logits, a reset.
-    model.forward(&mut b, &mut s, &tokens[20..60], Logits::All).unwrap();
+    model.decode_one(&mut b, &mut ctx, &mut s, &tokens[20..60], Logits::All).unwrap();
     s.reset();
-    model.forward(&mut b, &mut s, &tokens[..33], Logits::Last).unwrap();
+    model.decode_one(&mut b, &mut ctx, &mut s, &tokens[..33], Logits::Last).unwrap();
     assert_eq!(b.pipelines_created(), pipelines, "a pipeline was created after the first token");
     assert_eq!(b.layouts_created(), layouts, "a layout was created after the first token");
     let _ = std::fs::remove_file(&path);
@@ -334,11 +337,12 @@ fn kernel_profile_times_every_dispatch() {
     assert!(plain.take_kernel_times().is_none(), "an unprofiled backend has no kernel times");
 
     let model = Model::load(&mut timed, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
-    let mut s = model.new_session(&mut timed, 64, 16, CacheFormat::F16, CacheFormat::F16).unwrap();
-    model.forward(&mut timed, &mut s, &tokens[..16], Logits::Last).unwrap();
+    let mut s = model.new_session(&mut timed, 64, CacheFormat::F16, CacheFormat::F16).unwrap();
+    let mut ctx = model.new_context(&mut timed, 16).unwrap();
+    model.decode_one(&mut timed, &mut ctx, &mut s, &tokens[..16], Logits::Last).unwrap();
     timed.take_kernel_times();
     let dispatches = timed.dispatches();
-    model.forward(&mut timed, &mut s, &tokens[16..17], Logits::Last).unwrap();
+    model.decode_one(&mut timed, &mut ctx, &mut s, &tokens[16..17], Logits::Last).unwrap();
     let times = timed.take_kernel_times().unwrap();
     eprintln!("{test}: {times:?}");
     let total: u64 = times.iter().filter(|t| !t.on_host).map(|t| t.calls).sum();
@@ -382,11 +386,12 @@ fn decode_calls(
     };
     let path = convert(fixture, Preset::Q8_0, false);
     let model = Model::load(&mut b, Arc::new(GgufFile::open(&path).unwrap())).unwrap();
-    let mut s = model.new_session(&mut b, 64, 16, CacheFormat::F16, CacheFormat::F16).unwrap();
+    let mut s = model.new_session(&mut b, 64, CacheFormat::F16, CacheFormat::F16).unwrap();
+    let mut ctx = model.new_context(&mut b, 16).unwrap();
     let tokens: Vec<u32> = (0..17).map(|i| (i * 37 + 5) % 200).collect();
-    model.forward(&mut b, &mut s, &tokens[..16], Logits::Last).unwrap();
+    model.decode_one(&mut b, &mut ctx, &mut s, &tokens[..16], Logits::Last).unwrap();
     b.take_kernel_times();
-    model.forward(&mut b, &mut s, &tokens[16..], Logits::Last).unwrap();
+    model.decode_one(&mut b, &mut ctx, &mut s, &tokens[16..], Logits::Last).unwrap();
     let _ = std::fs::remove_file(&path);
     Some((b.take_kernel_times().unwrap(), model.config.n_layers as u64))
 }
@@ -633,7 +638,7 @@ fn cli_kernel_sweep() {
 }
 
 /// A small buffer limit (GpuOptions::max_binding, 16 KiB here) makes a batch's logits too
-/// big for one tensor: forward shrinks the batches so they fit and gives the same logits as
+/// big for one tensor: decode splits the batch into steps whose logits fit and gives the same logits as
 /// an unlimited run, and a session whose activations cannot fit is refused with advice
 /// instead of a panic.
 #[test]
@@ -648,8 +653,9 @@ fn batches_shrink_to_the_buffer_limit() {
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 320).collect();
     let run = |b: &mut GpuBackend, max_batch: usize| {
         let model = Model::load(b, Arc::clone(&file)).unwrap();
-        let mut s = model.new_session(b, 64, max_batch, CacheFormat::F32, CacheFormat::F32)?;
-        model.forward(b, &mut s, &tokens, Logits::All)
+        let mut s = model.new_session(b, 64, CacheFormat::F32, CacheFormat::F32)?;
+        let mut ctx = model.new_context(b, max_batch)?;
+        model.decode_one(b, &mut ctx, &mut s, &tokens, Logits::All)
     };
     let want = run(&mut free, 16).unwrap();
     // 16 rows of 256-wide activations fit in 16 KiB; 16 rows of 320 logits (20 KiB) do not.
@@ -727,9 +733,10 @@ fn last_logits_observing_branches<B: Backend>(b: &mut B, path: &Path, tokens: &[
         fn observe(&mut self, _: duet_runtime::observe::Probe, _: usize, _: usize, _: &[f32], _: usize, _: usize) {}
     }
     let model = Model::load(b, Arc::new(GgufFile::open(path).unwrap())).unwrap();
-    let mut s = model.new_session(b, 128, 64, CacheFormat::F16, CacheFormat::F16).unwrap();
+    let mut s = model.new_session(b, 128, CacheFormat::F16, CacheFormat::F16).unwrap();
+    let mut ctx = model.new_context(b, 64).unwrap();
     b.set_observer(Some(Box::new(Branches)));
-    let out = model.forward(b, &mut s, tokens, Logits::Last).unwrap();
+    let out = model.decode_one(b, &mut ctx, &mut s, tokens, Logits::Last).unwrap();
     b.set_observer(None);
     out
 }

@@ -94,8 +94,9 @@ fn check(fixture: &str) {
     let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 11) % model.config.n_vocab as u32).collect();
     let acts = Arc::new(Mutex::new(Acts::default()));
     b.set_observer(Some(Box::new(Arc::clone(&acts))));
-    let mut s = model.new_session(&mut b, n, n, CacheFormat::F32, CacheFormat::F32).unwrap();
-    model.forward(&mut b, &mut s, &tokens, Logits::Last).unwrap();
+    let mut s = model.new_session(&mut b, n, CacheFormat::F32, CacheFormat::F32).unwrap();
+    let mut ctx = model.new_context(&mut b, n).unwrap();
+    model.decode_one(&mut b, &mut ctx, &mut s, &tokens, Logits::Last).unwrap();
     b.set_observer(None);
     let _ = std::fs::remove_file(&path);
     let acts = acts.lock().unwrap();

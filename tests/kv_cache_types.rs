@@ -28,10 +28,11 @@ fn logits(path: &Path, tokens: &[u32], batch: usize, k: CacheFormat, v: CacheFor
     let model = Model::load(&mut b, file).unwrap();
     let mut spec = model.cache_spec(tokens.len(), k, v);
     spec.resolve();
-    let mut s = model.new_session(&mut b, tokens.len(), batch, spec.k_type, spec.v_type).unwrap();
+    let mut s = model.new_session(&mut b, tokens.len(), spec.k_type, spec.v_type).unwrap();
+    let mut ctx = model.new_context(&mut b, batch).unwrap();
     let mut out = Vec::new();
     for chunk in tokens.chunks(batch) {
-        out.extend(model.forward(&mut b, &mut s, chunk, Logits::All).unwrap());
+        out.extend(model.decode_one(&mut b, &mut ctx, &mut s, chunk, Logits::All).unwrap());
     }
     let at = Placement::new(s.pages(), tokens.len());
     let cache = s.lock_cache();

@@ -179,9 +179,10 @@ fn logit_quantization_belongs_to_the_session_not_the_model() {
     let mut b = CpuBackend::new(2);
     let model = Model::load(&mut b, Arc::new(GgufFile::open(&gguf).unwrap())).unwrap();
     let run = |b: &mut CpuBackend, quant: Option<(u32, LogitGranularity)>| {
-        let mut s = model.new_session(b, 64, 64, CacheFormat::F32, CacheFormat::F32).unwrap();
+        let mut s = model.new_session(b, 64, CacheFormat::F32, CacheFormat::F32).unwrap();
+        let mut ctx = model.new_context(b, 64).unwrap();
         model.set_logit_quant(&mut s, quant).unwrap();
-        model.forward(b, &mut s, tokens, Logits::All).unwrap()
+        model.decode_one(b, &mut ctx, &mut s, tokens, Logits::All).unwrap()
     };
     let plain = run(&mut b, None);
     let quantized = run(&mut b, Some((4, LogitGranularity::Row)));

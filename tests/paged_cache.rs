@@ -31,7 +31,8 @@ fn prompt(n_vocab: u32, len: usize, seed: u32, from: usize) -> Vec<u32> {
 
 /// Logits of every position of `batches` fed in turn.
 fn feed<B: Backend>(b: &mut B, m: &Model<B>, s: &mut Session<B>, batches: &[&[u32]]) -> Vec<f32> {
-    batches.iter().flat_map(|t| m.forward(b, s, t, Logits::All).unwrap()).collect()
+    let mut ctx = m.new_context(b, BATCH).unwrap();
+    batches.iter().flat_map(|t| m.decode_one(b, &mut ctx, s, t, Logits::All).unwrap()).collect()
 }
 
 fn pages_in_use<B: Backend>(s: &Session<B>) -> usize {
@@ -60,13 +61,13 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
         let what = format!("{what} {kt}/{vt}");
         // Cold runs, each in a cache of its own.
         let cold = |b: &mut B, batches: &[&[u32]]| {
-            let mut s = m.new_session(b, N_CTX, BATCH, kt, vt).unwrap();
+            let mut s = m.new_session(b, N_CTX, kt, vt).unwrap();
             feed(b, &m, &mut s, batches)
         };
         let cold_q = cold(b, &[&q[..64], &q[64..]]);
         let cold_r = cold(b, &[&p[..20], &p[20..50]]);
 
-        let mut s = m.new_sessions(b, 3, N_CTX, BATCH, kt, vt).unwrap();
+        let mut s = m.new_sessions(b, 3, N_CTX, kt, vt).unwrap();
         let (first, rest) = s.split_at_mut(1);
         let (a, bb) = (&mut first[0], &mut rest[0]);
         // a: p, in batches of 64 and 6: pages 0, 1, 2.
@@ -97,7 +98,7 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
         assert_eq!(pages_in_use(&c), 0, "{what}");
         drop(c);
         // In a cache of two sequences, y's pages come out interleaved with x's.
-        let mut more = m.new_sessions(b, 2, N_CTX, BATCH, kt, vt).unwrap();
+        let mut more = m.new_sessions(b, 2, N_CTX, kt, vt).unwrap();
         let (x, y) = more.split_at_mut(1);
         let (x, y) = (&mut x[0], &mut y[0]);
         feed(b, &m, x, &[&q[..10]]);

@@ -104,7 +104,7 @@ fn eight_requests_through_three_slots_each_get_their_reply_alone() {
         .collect();
     run_to_idle(&mut s);
     for (i, ev) in together.iter().enumerate() {
-        // The CPU computes a batched row exactly as a single one (tests/decode_many.rs), so
+        // The CPU computes a batched row exactly as a single one (tests/batch_decode.rs), so
         // greedy replies are identical.
         assert_eq!((text(ev), done(ev).expect("finished")), alone[i], "prompt {i}: {:?}", PROMPTS[i]);
     }
@@ -213,6 +213,50 @@ fn a_shared_prompt_prefix_is_evaluated_once_and_changes_nothing() {
 /// one slot: the second slot takes the prefix's whole pages from the first (held by both,
 /// not evaluated again), and both reply as from an empty cache. On the CPU and, where there
 /// is an adapter, on the GPU.
+/// `duet serve --device gpu`: four requests in four slots of one f16 cache run as batches
+/// of four decoding sequences (the GPU's one-pass attention over their page tables,
+/// tests/batch_decode.rs) and prompts' pieces together, and each gets the greedy reply it
+/// gets alone.
+#[test]
+fn four_requests_decoded_together_on_the_gpu_each_get_their_reply_alone() {
+    let test = "four_requests_decoded_together_on_the_gpu_each_get_their_reply_alone";
+    let gpu = || {
+        duet_runtime::gpu::GpuBackend::new(&duet_runtime::gpu::GpuOptions { f16: Some(false), ..Default::default() })
+    };
+    if let Err(e) = gpu() {
+        return duet_test_support::no_gpu(test, &e.to_string());
+    }
+    let path = convert("diffllama-gqa", Preset::F32, false);
+    let opts = EngineOptions { n_ctx: 96, batch: 16, ..EngineOptions::default() };
+    let new = |slots| Scheduler::new(Engine::load(gpu().unwrap(), &path, &opts).unwrap(), slots, 8).unwrap();
+    let prompts = &PROMPTS[..4];
+    let alone: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = new(1);
+            let (req, ev) = request(p, 12, &[]);
+            s.submit(req).unwrap();
+            run_to_idle(&mut s);
+            (text(&ev), done(&ev).expect("finished"))
+        })
+        .collect();
+    assert!(alone.iter().filter(|(t, _)| !t.is_empty()).count() >= 3, "replies to compare: {alone:?}");
+    let mut s = new(4);
+    let together: Vec<Events> = prompts
+        .iter()
+        .map(|p| {
+            let (req, ev) = request(p, 12, &[]);
+            s.submit(req).unwrap();
+            ev
+        })
+        .collect();
+    run_to_idle(&mut s);
+    for (i, ev) in together.iter().enumerate() {
+        assert_eq!((text(ev), done(ev).expect("finished")), alone[i], "GPU, prompt {i}: {:?}", prompts[i]);
+    }
+    std::fs::remove_file(&path).unwrap();
+}
+
 fn shared_prefix_check<B: duet_runtime::backend::Backend>(make: &dyn Fn() -> B, what: &str) {
     use duet_runtime::kv_cache::CacheFormat;
     let path = convert("llama-gqa", Preset::F32, false);

@@ -60,8 +60,9 @@ fn load(path: &Path) -> (CpuBackend, Model<CpuBackend>) {
 fn agreement(path: &Path, reference: &TopK, precision: ActPrecision) -> (f64, f64) {
     let (mut b, model) = load(path);
     b.set_act_precision(precision);
-    let mut s = model.new_session(&mut b, 512, 512, CacheFormat::F16, CacheFormat::F16).unwrap();
-    let logits = model.forward(&mut b, &mut s, &reference.tokens, Logits::All).unwrap();
+    let mut s = model.new_session(&mut b, 512, CacheFormat::F16, CacheFormat::F16).unwrap();
+    let mut ctx = model.new_context(&mut b, 512).unwrap();
+    let logits = model.decode_one(&mut b, &mut ctx, &mut s, &reference.tokens, Logits::All).unwrap();
     score(reference, &logits, 0, &format!("{precision:?} activations"))
 }
 
@@ -71,11 +72,12 @@ fn agreement(path: &Path, reference: &TopK, precision: ActPrecision) -> (f64, f6
 fn decode_agreement(path: &Path, reference: &TopK, precision: ActPrecision, prompt: usize) -> (f64, f64) {
     let (mut b, model) = load(path);
     b.set_act_precision(precision);
-    let mut s = model.new_session(&mut b, 512, 512, CacheFormat::F16, CacheFormat::F16).unwrap();
+    let mut s = model.new_session(&mut b, 512, CacheFormat::F16, CacheFormat::F16).unwrap();
+    let mut ctx = model.new_context(&mut b, 512).unwrap();
     let tokens = &reference.tokens;
-    let mut logits = model.forward(&mut b, &mut s, &tokens[..prompt], Logits::Last).unwrap();
+    let mut logits = model.decode_one(&mut b, &mut ctx, &mut s, &tokens[..prompt], Logits::Last).unwrap();
     for &t in &tokens[prompt..] {
-        logits.extend(model.forward(&mut b, &mut s, &[t], Logits::Last).unwrap());
+        logits.extend(model.decode_one(&mut b, &mut ctx, &mut s, &[t], Logits::Last).unwrap());
     }
     let what = format!("{precision:?} activations, {prompt}-token prompt then decoding");
     score(reference, &logits, prompt - 1, &what)
@@ -154,13 +156,14 @@ fn greedy_completions_agree_for_all_sixteen_tokens() {
             |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
         let (prompt, want) = (ids("prompt_ids"), ids("greedy_ids"));
         assert_eq!(want.len(), 16, "greedy.json holds 16 tokens per prompt");
-        let mut s = model.new_session(&mut b, 64, 64, CacheFormat::F32, CacheFormat::F32).unwrap();
-        let mut logits = model.forward(&mut b, &mut s, &prompt, Logits::Last).unwrap();
+        let mut s = model.new_session(&mut b, 64, CacheFormat::F32, CacheFormat::F32).unwrap();
+        let mut ctx = model.new_context(&mut b, 64).unwrap();
+        let mut logits = model.decode_one(&mut b, &mut ctx, &mut s, &prompt, Logits::Last).unwrap();
         let mut got = Vec::new();
         for _ in 0..want.len() {
             let t = argmax(&logits) as u32;
             got.push(t);
-            logits = model.forward(&mut b, &mut s, &[t], Logits::Last).unwrap();
+            logits = model.decode_one(&mut b, &mut ctx, &mut s, &[t], Logits::Last).unwrap();
         }
         assert_eq!(got, want, "prompt {:?}", case["prompt"]);
     }

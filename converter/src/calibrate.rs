@@ -55,7 +55,8 @@ pub fn calibrate_gguf(
     }
     let ctx = cal.ctx.max(2).min(model.config.n_ctx_train.max(2));
     let mut session =
-        model.new_session(&mut b, ctx, ctx, CacheFormat::F32, CacheFormat::F32).map_err(|e| runtime_err(gguf, e))?;
+        model.new_session(&mut b, ctx, CacheFormat::F32, CacheFormat::F32).map_err(|e| runtime_err(gguf, e))?;
+    let mut context = model.new_context(&mut b, ctx).map_err(|e| runtime_err(gguf, e))?;
     let calibrator = Arc::new(Mutex::new(Calibrator::new(&model.config)));
     b.set_observer(Some(Box::new(Arc::clone(&calibrator))));
     let chunks: Vec<&[u32]> = tokens.chunks(ctx).collect();
@@ -63,7 +64,7 @@ pub fn calibrate_gguf(
     for chunk in chunks {
         progress.tensor("calibration", duet_quant::GgmlType::F32, chunk.len() as u64);
         session.reset();
-        model.forward(&mut b, &mut session, chunk, Logits::All).map_err(|e| runtime_err(gguf, e))?;
+        model.decode_one(&mut b, &mut context, &mut session, chunk, Logits::All).map_err(|e| runtime_err(gguf, e))?;
         progress.advance(chunk.len() as u64);
     }
     b.set_observer(None);

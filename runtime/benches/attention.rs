@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend};
+use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, SeqSpan};
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::kv_cache::{CacheFormat, KvCacheSpec};
 use duet_runtime::kv_pages::{SeqPages, pages_for};
@@ -91,7 +91,8 @@ fn main() {
                     k.data.copy_from_slice(&values(rows * kv_dim, 2 + p0 as u32));
                     v.data.copy_from_slice(&values(rows * kv_dim, 3 + p0 as u32));
                     let mut out = b.new_tensor(rows, q_dim);
-                    b.attention(&q, &k, &v, &mut cache, seq, 0, p0, &spec, &mut out);
+                    let span = [SeqSpan::whole(seq, rows, p0, &spec)];
+                    b.attention(&mut q, &mut k, &v, &mut cache, 0, &span, None, None, &mut out);
                 }
                 cache
             })
@@ -107,7 +108,8 @@ fn main() {
         for round in 0..310 {
             for (i, cache) in caches.iter_mut().enumerate() {
                 let t0 = Instant::now();
-                b.attention(&q, &k, &v, cache, seq, 0, ctx, &spec, &mut out);
+                let span = [SeqSpan::whole(seq, 1, ctx, &spec)];
+                b.attention(&mut q, &mut k, &v, cache, 0, &span, None, None, &mut out);
                 if round >= 10 {
                     times[i].push(t0.elapsed().as_secs_f64() * 1e6);
                 }

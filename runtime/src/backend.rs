@@ -162,8 +162,8 @@ pub struct Normed<'a, T, W> {
     pub xn: &'a mut T,
 }
 
-/// One sequence's rows in a batch of several: batch rows `first..first + rows` are its
-/// positions `pos0..`, attended as `spec` says (the session's run settings).
+/// One sequence's rows in a batch ([`Backend::attention`]): batch rows `first..first + rows`
+/// are its positions `pos0..`, attended as `spec` says (the session's run settings).
 #[derive(Clone, Copy)]
 pub struct SeqSpan<'a> {
     pub seq: SeqPages<'a>,
@@ -171,6 +171,13 @@ pub struct SeqSpan<'a> {
     pub rows: usize,
     pub pos0: usize,
     pub spec: &'a AttentionSpec,
+}
+
+impl<'a> SeqSpan<'a> {
+    /// A batch of one sequence: all `rows` rows are its positions `pos0..`.
+    pub fn whole(seq: SeqPages<'a>, rows: usize, pos0: usize, spec: &'a AttentionSpec) -> Self {
+        SeqSpan { seq, first: 0, rows, pos0, spec }
+    }
 }
 
 pub trait Backend {
@@ -284,84 +291,29 @@ pub trait Backend {
     fn add_bias(&mut self, x: &mut Self::Tensor, bias: &Self::Weight);
     /// Rotates adjacent pairs of each head; row r is at position pos0 + r.
     fn rope(&mut self, x: &mut Self::Tensor, n_heads: usize, head_dim: usize, pos0: usize, rope: &RopeSpec);
-    /// Stores k, v (rows at positions pos0.. of sequence `seq`, whose pages cover them) in
-    /// the cache of `layer`, then computes causal attention of q over the sequence's
-    /// positions 0..=pos for each row.
+    /// The attention step of layer `layer` for a batch: for each sequence's rows (`spans`,
+    /// in batch-row order, covering every row of `q`, `k`, `v`), RoPE on its rows of `q`
+    /// and `k` at its positions `pos0..` (where `rope` is given; None: they are rotated
+    /// already, e.g. so that an observer saw them), its K and V rows stored in `cache`
+    /// (whose pages cover them), then causal attention of each query row over its
+    /// sequence's positions 0..=pos into `out`, with the span's settings (`spec`). With
+    /// `pairs` (DIFF V2: the gates λ before their sigmoid, and the combined heads' tensor),
+    /// [`Backend::pair_combine`] follows into `pairs.1`, `out` then scratch: a backend may
+    /// merge the pairs as it combines attention's partial results. Every span's result is
+    /// that of the span alone; a backend attends all spans in one pass where it can.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &mut self,
-        q: &Self::Tensor,
-        k: &Self::Tensor,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
         v: &Self::Tensor,
         cache: &mut Self::KvCache,
-        seq: SeqPages,
         layer: usize,
-        pos0: usize,
-        spec: &AttentionSpec,
+        spans: &[SeqSpan<'_>],
+        rope: Option<&RopeSpec>,
+        pairs: Option<(&Self::Tensor, &mut Self::Tensor)>,
         out: &mut Self::Tensor,
     );
-    /// RoPE on `q` and `k` (rows at positions pos0..), then [`Backend::attention`]: what a
-    /// layer does when no observer looks at the rotated rows, so that a backend may rotate
-    /// them as it writes the cache. Default: the two RoPEs, then attention.
-    #[allow(clippy::too_many_arguments)]
-    fn rope_attention(
-        &mut self,
-        q: &mut Self::Tensor,
-        k: &mut Self::Tensor,
-        v: &Self::Tensor,
-        cache: &mut Self::KvCache,
-        seq: SeqPages,
-        layer: usize,
-        pos0: usize,
-        rope: &RopeSpec,
-        spec: &AttentionSpec,
-        out: &mut Self::Tensor,
-    ) {
-        self.rope(q, spec.n_heads, spec.head_dim, pos0, rope);
-        self.rope(k, spec.n_kv_heads, spec.head_dim, pos0, rope);
-        self.attention(q, k, v, cache, seq, layer, pos0, spec, out);
-    }
-    /// DIFF V2's attention: [`Backend::rope_attention`] of its 2·n_pairs query heads into
-    /// `att`, then [`Backend::pair_combine`] with `gate` into `out` (`att` is then scratch):
-    /// a backend may merge the pairs as it combines attention's partial results. Default:
-    /// those two steps.
-    #[allow(clippy::too_many_arguments)]
-    fn rope_attention_pairs(
-        &mut self,
-        q: &mut Self::Tensor,
-        k: &mut Self::Tensor,
-        v: &Self::Tensor,
-        cache: &mut Self::KvCache,
-        seq: SeqPages,
-        layer: usize,
-        pos0: usize,
-        rope: &RopeSpec,
-        spec: &AttentionSpec,
-        (gate, att, out): (&Self::Tensor, &mut Self::Tensor, &mut Self::Tensor),
-    ) {
-        self.rope_attention(q, k, v, cache, seq, layer, pos0, rope, spec, att);
-        self.pair_combine(att, gate, spec.head_dim, out);
-    }
-    /// RoPE, K/V store and attention for several sequences' rows of one batch at once, all
-    /// in `cache` (`q`, `k`, `v` before RoPE; `spans` in batch-row order, covering all rows):
-    /// the result of [`Backend::rope`] and [`Backend::attention`] on each span alone, in one
-    /// pass whose work is spread over all sequences' heads together. Returns false, having
-    /// done nothing, where the backend has no such pass (the caller then runs each span on
-    /// its own). No activation probes.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_spans(
-        &mut self,
-        _q: &mut Self::Tensor,
-        _k: &mut Self::Tensor,
-        _v: &Self::Tensor,
-        _cache: &mut Self::KvCache,
-        _layer: usize,
-        _spans: &[SeqSpan<'_>],
-        _rope: &RopeSpec,
-        _out: &mut Self::Tensor,
-    ) -> bool {
-        false
-    }
     /// DEX: for each adapted head h, `o_h ← o_h − λ·o_h·W_D` (`w_d` is head_dim × head_dim).
     fn dex(&mut self, x: &mut Self::Tensor, w_d: &Self::Weight, lambda: f32, heads: &[usize], head_dim: usize);
     /// DIFF V2's combine step: for each row and pair i (head_dim values each),

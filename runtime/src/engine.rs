@@ -1,6 +1,7 @@
-//! A loaded model ready to generate: backend, weights, tokenizer, chat template and one
-//! session whose K/V cache is reused across calls (a new prompt that starts with the
-//! cached tokens only evaluates the rest).
+//! A loaded model ready to generate: backend, weights, tokenizer, chat template, and one
+//! slot — a session whose K/V cache is reused across calls (a new prompt that starts with
+//! the cached tokens only evaluates the rest) and the batch context that runs it, through
+//! the same [`Model::decode`] as the server's scheduler runs its slots.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use duet_quant::gguf::GgufFile;
 use crate::backend::Backend;
 use crate::error::RuntimeError;
 use crate::kv_cache::CacheFormat;
-use crate::model::{LogitGranularity, Logits, Model, Session};
+use crate::model::{BatchContext, LogitGranularity, Logits, Model, Session};
 use crate::sampler::Sampler;
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
 
@@ -70,6 +71,8 @@ pub struct Engine<B: Backend> {
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
     pub session: Session<B>,
+    /// Runs the session's batches (up to the options' batch size of prompt tokens a step).
+    pub context: BatchContext<B>,
     /// Tokens whose K/V are in the session's cache, in order.
     cached: Vec<u32>,
     /// What loading changed from the options, and why (e.g. a cache type this model's
@@ -108,9 +111,10 @@ impl<B: Backend> Engine<B> {
         }
         let batch = opts.batch.min(n_ctx);
         backend.check_session(&model.config, &spec, batch)?;
-        let mut session = model.new_session(&mut backend, n_ctx, batch, spec.k_type, spec.v_type)?;
+        let context = model.new_context(&mut backend, batch)?;
+        let mut session = model.new_session(&mut backend, n_ctx, spec.k_type, spec.v_type)?;
         model.set_logit_quant(&mut session, opts.attn_logits)?;
-        Ok(Engine { backend, model, tokenizer, template, session, cached: Vec::new(), notes })
+        Ok(Engine { backend, model, tokenizer, template, session, context, cached: Vec::new(), notes })
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -149,15 +153,20 @@ impl<B: Backend> Engine<B> {
         }
         let common = self.session.truncate(common);
         self.cached.truncate(common);
-        let logits = self.model.forward(&mut self.backend, &mut self.session, &tokens[common..], Logits::Last)?;
-        self.cached.extend_from_slice(&tokens[common..]);
+        let logits = self.eval(&tokens[common..], Logits::Last)?;
         Ok((logits, common))
     }
 
     /// Evaluates one more token after the cached ones.
     pub fn step(&mut self, token: u32) -> Result<Vec<f32>, RuntimeError> {
-        let logits = self.model.forward(&mut self.backend, &mut self.session, &[token], Logits::Last)?;
-        self.cached.push(token);
+        self.eval(&[token], Logits::Last)
+    }
+
+    /// Runs `tokens` after the cached ones (a batch of this one sequence), which then hold
+    /// them too, and returns their logits as `want` says.
+    pub fn eval(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, RuntimeError> {
+        let logits = self.model.decode_one(&mut self.backend, &mut self.context, &mut self.session, tokens, want)?;
+        self.cached.extend_from_slice(tokens);
         Ok(logits)
     }
 

@@ -33,6 +33,22 @@ pub enum Probe {
     OutputIn,
 }
 
+impl Probe {
+    pub const ALL: [Probe; 11] = [
+        Probe::AttnIn,
+        Probe::Q,
+        Probe::K,
+        Probe::V,
+        Probe::AttnOut,
+        Probe::PairGates,
+        Probe::AttnBranches,
+        Probe::FfnIn,
+        Probe::FfnDownIn,
+        Probe::Hidden,
+        Probe::OutputIn,
+    ];
+}
+
 /// Sees activations at the probe points of a forward pass (see [`Backend::set_observer`](crate::backend::Backend::set_observer)).
 pub trait Observer: Send {
     /// Whether `observe` wants `probe` of `layer` at all. The GPU backend reads a tensor

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use duet_quant::GgmlType;
 use duet_quant::gguf::{GgufFile, GgufWriter};
-use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightRole, WeightView};
+use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, SeqSpan, WeightRole, WeightView};
 use duet_runtime::cpu::{CpuBackend, CpuTensor};
 use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor, GpuTune};
 use duet_runtime::kv_cache::{CacheLayout, CacheFormat, KvCacheSpec};
@@ -523,7 +523,7 @@ fn attention_case(
     attention_case_rope(p, rng, spec, (kt, vt), steps, check, None)
 }
 
-/// [`attention_case`], with `rope` through `rope_attention` (RoPE on Q and K first; the
+/// [`attention_case`], with `rope` given to the attention step (RoPE on Q and K first; the
 /// rotated Q and K rows compared too).
 fn attention_case_rope(
     p: &mut Pair,
@@ -557,21 +557,16 @@ fn attention_case_rope(
         let (mut kc, mut kg) = p.tensor(n, hkv * hd, &kvv);
         let (vc, vg) = p.tensor(n, hkv * hd, &vv);
         let (mut oc, mut og) = p.tensor(n, h * hd, &[]);
-        match rope {
-            None => {
-                p.cpu.attention(&qc, &kc, &vc, &mut cc, seq, 1, pos0, spec, &mut oc);
-                p.gpu.attention(&qg, &kg, &vg, &mut cg, seq, 1, pos0, spec, &mut og);
-            }
-            Some(r) => {
-                p.cpu.rope_attention(&mut qc, &mut kc, &vc, &mut cc, seq, 1, pos0, r, spec, &mut oc);
-                p.gpu.rope_attention(&mut qg, &mut kg, &vg, &mut cg, seq, 1, pos0, r, spec, &mut og);
-                for (what, (g, c)) in [("Q", p.read(&qc, &qg)), ("K", p.read(&kc, &kg))] {
-                    // The same f32 arithmetic on the same table: the same bits on lavapipe,
-                    // a rounding apart where a compiler fuses a·cos − b·sin (NMSE 1.05e-15
-                    // on an H200).
-                    let e = nmse(&g, &c);
-                    assert!(e <= 1e-13, "rope_attention's rotated {what} rows {n} at {pos0}: nmse {e:.3e}");
-                }
+        let span = [SeqSpan::whole(seq, n, pos0, spec)];
+        p.cpu.attention(&mut qc, &mut kc, &vc, &mut cc, 1, &span, rope, None, &mut oc);
+        p.gpu.attention(&mut qg, &mut kg, &vg, &mut cg, 1, &span, rope, None, &mut og);
+        if rope.is_some() {
+            for (what, (g, c)) in [("Q", p.read(&qc, &qg)), ("K", p.read(&kc, &kg))] {
+                // The same f32 arithmetic on the same table: the same bits on lavapipe, a
+                // rounding apart where a compiler fuses a·cos − b·sin (NMSE 1.05e-15 on an
+                // H200).
+                let e = nmse(&g, &c);
+                assert!(e <= 1e-13, "attention's rotated {what} rows {n} at {pos0}: nmse {e:.3e}");
             }
         }
         let (g, c) = p.read(&oc, &og);
@@ -763,30 +758,9 @@ fn rope_attention_pairs_matches_cpu() {
             let (gc, gg) = p.tensor(n, h / 2, &gates);
             let (mut ac, mut ag) = p.tensor(n, h * hd, &[]);
             let (mut oc, mut og) = p.tensor(n, h / 2 * hd, &[]);
-            p.cpu.rope_attention_pairs(
-                &mut qc,
-                &mut kc,
-                &vc,
-                &mut cc,
-                seq,
-                0,
-                pos0,
-                &rope,
-                &spec,
-                (&gc, &mut ac, &mut oc),
-            );
-            p.gpu.rope_attention_pairs(
-                &mut qg,
-                &mut kg,
-                &vg,
-                &mut cg,
-                seq,
-                0,
-                pos0,
-                &rope,
-                &spec,
-                (&gg, &mut ag, &mut og),
-            );
+            let span = [SeqSpan::whole(seq, n, pos0, &spec)];
+            p.cpu.attention(&mut qc, &mut kc, &vc, &mut cc, 0, &span, Some(&rope), Some((&gc, &mut oc)), &mut ac);
+            p.gpu.attention(&mut qg, &mut kg, &vg, &mut cg, 0, &span, Some(&rope), Some((&gg, &mut og)), &mut ag);
             let (g, c) = p.read(&oc, &og);
             let e = nmse(&g, &c);
             eprintln!("{test}: K {kt} V {vt} rows {n} at {pos0}: nmse {e:.2e}");
@@ -937,12 +911,15 @@ fn absmax_cache_write_edge_rows() {
         let kv = KvCacheSpec { n_layers: 1, n_ctx: n, n_seqs: 1, kv_dim, head_dim: hd, k_type: ty, v_type: ty };
         let mut cache = g.new_kv_cache(&kv).unwrap();
         let pages: Vec<u32> = (0..pages_for(n) as u32).collect();
-        let qt = g.new_tensor(n, h * hd);
+        let mut qt = g.new_tensor(n, h * hd);
         g.upload(&qt, &vec![0.0; n * h * hd]);
-        let kt = g.new_tensor(n, kv_dim);
+        let mut kt = g.new_tensor(n, kv_dim);
         g.upload(&kt, &kvv);
+        let vt = g.new_tensor(n, kv_dim);
+        g.upload(&vt, &kvv);
         let mut out = g.new_tensor(n, h * hd);
-        g.attention(&qt, &kt, &kt, &mut cache, SeqPages { pages: &pages, slot: 0 }, 0, 0, &spec, &mut out);
+        let span = [SeqSpan::whole(SeqPages { pages: &pages, slot: 0 }, n, 0, &spec)];
+        g.attention(&mut qt, &mut kt, &vt, &mut cache, 0, &span, None, None, &mut out);
         for is_v in [false, true] {
             let got = g.read_kv_rows(&cache, 0, is_v, 0..n).unwrap();
             let rb = got.len() / n;
@@ -1001,11 +978,13 @@ fn rotated_and_channel_cache_write_edge_rows() {
         let mut pos0 = 0;
         for batch in [41].into_iter().chain(std::iter::repeat_n(1, n - 41)) {
             let vals = rows[pos0..pos0 + batch].concat();
-            let (qc, qg) = p.tensor(batch, h * hd, &vec![0.5; batch * h * hd]);
-            let (kc, kg) = p.tensor(batch, kv_dim, &vals);
+            let (mut qc, mut qg) = p.tensor(batch, h * hd, &vec![0.5; batch * h * hd]);
+            let (mut kc, mut kg) = p.tensor(batch, kv_dim, &vals);
+            let (vc, vg) = p.tensor(batch, kv_dim, &vals);
             let (mut oc, mut og) = p.tensor(batch, h * hd, &[]);
-            p.cpu.attention(&qc, &kc, &kc, &mut cc, seq, 0, pos0, &spec, &mut oc);
-            p.gpu.attention(&qg, &kg, &kg, &mut cg, seq, 0, pos0, &spec, &mut og);
+            let span = [SeqSpan::whole(seq, batch, pos0, &spec)];
+            p.cpu.attention(&mut qc, &mut kc, &vc, &mut cc, 0, &span, None, None, &mut oc);
+            p.gpu.attention(&mut qg, &mut kg, &vg, &mut cg, 0, &span, None, None, &mut og);
             pos0 += batch;
             if batch > 1 || pos0 == n {
                 for is_v in [false, true] {

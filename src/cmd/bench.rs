@@ -13,7 +13,7 @@ use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::Engine;
 use duet_runtime::gpu::profile::KernelTime;
-use duet_runtime::model::Logits;
+use duet_runtime::model::{Batch, Logits};
 
 use super::common::{ModelArgs, load_engine, require_model, with_engine};
 use super::info::human_bytes;
@@ -222,7 +222,7 @@ fn timed_runs<B: Backend>(
     for rep in 0..=args.reps {
         engine.reset();
         if args.depth > 0 {
-            engine.model.forward(&mut engine.backend, &mut engine.session, &tokens[..args.depth], Logits::Last)?;
+            engine.eval(&tokens[..args.depth], Logits::Last)?;
         }
         // Kernel times so far (the warm-up, the prompt before a decode at depth) are not the test's.
         engine.backend.take_kernel_times();
@@ -230,10 +230,10 @@ fn timed_runs<B: Backend>(
         let t0 = Instant::now();
         if prompt {
             let batch = &tokens[args.depth..args.depth + n];
-            engine.model.forward(&mut engine.backend, &mut engine.session, batch, Logits::Last)?;
+            engine.eval(batch, Logits::Last)?;
         } else {
             for &t in &tokens[args.depth..args.depth + n] {
-                engine.model.forward(&mut engine.backend, &mut engine.session, &[t], Logits::Last)?;
+                engine.eval(&[t], Logits::Last)?;
             }
         }
         let dt = t0.elapsed().as_secs_f64();
@@ -308,7 +308,7 @@ impl KernelTally {
 }
 
 /// Aggregate decode tokens/s of `args.parallel` sequences decoding `n` tokens each together
-/// (Model::decode_many), after `args.depth` prompt tokens each: one warm-up, then -r runs;
+/// (one [`Model::decode`](duet_runtime::model::Model::decode) batch a step, as `duet serve` runs its slots), after `args.depth` prompt tokens each: one warm-up, then -r runs;
 /// kernel times and dispatch counts as [`timed_runs`]'.
 fn decode_parallel<B: Backend>(
     engine: &mut Engine<B>,
@@ -321,15 +321,14 @@ fn decode_parallel<B: Backend>(
     let spec = engine.session.cache_spec.clone();
     let (m, b) = (&engine.model, &mut engine.backend);
     // Slots of one cache, as `duet serve` makes them.
-    let mut sessions =
-        m.new_sessions(b, args.parallel, engine.session.n_ctx, engine.session.max_batch, spec.k_type, spec.v_type)?;
-    let mut batch = m.new_decode_batch(b, args.parallel);
+    let mut sessions = m.new_sessions(b, args.parallel, engine.session.n_ctx, spec.k_type, spec.v_type)?;
+    let ctx = &mut engine.context;
     let mut rates = Vec::with_capacity(args.reps);
     for rep in 0..=args.reps {
         for s in &mut sessions {
             s.reset();
             if args.depth > 0 {
-                m.forward(b, s, &tokens[..args.depth], Logits::Last)?;
+                m.decode(b, ctx, Batch::one(s, &tokens[..args.depth], Logits::Last))?;
             }
         }
         b.take_kernel_times();
@@ -338,8 +337,11 @@ fn decode_parallel<B: Backend>(
         for i in 0..n {
             // Each stream its own token: sequences differ, as a server's do.
             let step: Vec<u32> = (0..args.parallel).map(|j| tokens[(args.depth + i + j) % tokens.len()]).collect();
-            let mut refs: Vec<&mut duet_runtime::model::Session<B>> = sessions.iter_mut().collect();
-            m.decode_many(b, &mut batch, &mut refs, &step)?;
+            let mut batch = Batch::new();
+            for (s, t) in sessions.iter_mut().zip(&step) {
+                batch.push(s, std::slice::from_ref(t), Logits::Last);
+            }
+            m.decode(b, ctx, batch)?;
         }
         let dt = t0.elapsed().as_secs_f64();
         if rep > 0 {

@@ -108,7 +108,7 @@ fn evaluate<B: Backend>(engine: &mut Engine<B>, args: &Args, base: Option<&Logit
     let n_chunks = tokens.len().div_ceil(n_ctx);
     for (ci, chunk) in tokens.chunks(n_ctx).enumerate() {
         engine.reset();
-        let logits = engine.model.forward(&mut engine.backend, &mut engine.session, chunk, Logits::All)?;
+        let logits = engine.eval(chunk, Logits::All)?;
         let start = ci * n_ctx;
         let first_scored = if args.score_second_half { chunk.len() / 2 } else { 0 };
         for t in 0..chunk.len() {

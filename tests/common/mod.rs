@@ -115,10 +115,11 @@ pub fn cpu_logits_with(path: &Path, tokens: &[u32], batch: usize, acts: duet_run
     let mut b = CpuBackend::new(2);
     b.set_act_precision(acts);
     let model = Model::load(&mut b, file).unwrap();
-    let mut s = model.new_session(&mut b, tokens.len().max(1), batch, CacheFormat::F32, CacheFormat::F32).unwrap();
+    let mut s = model.new_session(&mut b, tokens.len().max(1), CacheFormat::F32, CacheFormat::F32).unwrap();
+    let mut ctx = model.new_context(&mut b, batch).unwrap();
     let mut out = Vec::new();
     for chunk in tokens.chunks(batch) {
-        out.extend(model.forward(&mut b, &mut s, chunk, Logits::All).unwrap());
+        out.extend(model.decode_one(&mut b, &mut ctx, &mut s, chunk, Logits::All).unwrap());
     }
     out
 }

@@ -23,10 +23,9 @@ pub use kernel_choice::{KernelChoice, choose_kernels};
 pub use matmul::ActPrecision;
 pub use tensor::{CpuTensor, CpuWeight, Storage};
 
-use crate::backend::{AttentionSpec, Backend, RopeSpec, SeqSpan, WeightRole, WeightView};
+use crate::backend::{Backend, RopeSpec, SeqSpan, WeightRole, WeightView};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
-use crate::kv_pages::SeqPages;
 use matmul::ActCache;
 use pool::ThreadPool;
 
@@ -245,52 +244,44 @@ impl Backend for CpuBackend {
 
     fn attention(
         &mut self,
-        q: &CpuTensor,
-        k: &CpuTensor,
-        v: &CpuTensor,
-        cache: &mut CpuKvCache,
-        seq: SeqPages,
-        layer: usize,
-        pos0: usize,
-        spec: &AttentionSpec,
-        out: &mut CpuTensor,
-    ) {
-        cache.store(&seq, layer, pos0, k.view(), v.view());
-        let capture = matches!(spec.kind, crate::backend::AttentionKind::Differential { .. })
-            && self.observer.as_ref().is_some_and(|o| o.wants(crate::backend::Probe::AttnBranches, layer));
-        let mut branches = if capture { vec![0f32; q.rows * 2 * q.cols] } else { Vec::new() };
-        let b = capture.then_some(branches.as_mut_slice());
-        attention::attention(&self.pool, cache, seq, layer, q.view(), q.rows, pos0, spec, out.view_mut(), b);
-        if let Some(o) = self.observer.as_mut().filter(|_| capture) {
-            o.observe(crate::backend::Probe::AttnBranches, layer, pos0, &branches, q.rows, 2 * q.cols);
-        }
-    }
-
-    fn attention_spans(
-        &mut self,
         q: &mut CpuTensor,
         k: &mut CpuTensor,
         v: &CpuTensor,
         cache: &mut CpuKvCache,
         layer: usize,
         spans: &[SeqSpan<'_>],
-        rope: &RopeSpec,
+        rope: Option<&RopeSpec>,
+        pairs: Option<(&CpuTensor, &mut CpuTensor)>,
         out: &mut CpuTensor,
-    ) -> bool {
-        let thetas = self.thetas(rope).to_vec();
-        let Some(hd) = spans.first().map(|s| s.spec.head_dim) else { return true };
-        let (q_cols, kv_cols) = (q.cols, k.cols);
+    ) {
+        let Some(first) = spans.first() else { return };
+        let spec = first.spec;
+        let (hd, q_cols, kv_cols) = (spec.head_dim, q.cols, k.cols);
+        let thetas = rope.map(|r| self.thetas(r).to_vec());
         for s in spans {
             let rows = s.first..s.first + s.rows;
-            let qr = &mut q.view_mut()[rows.start * q_cols..rows.end * q_cols];
-            ops::rope_rows(qr, q_cols, q_cols / hd, hd, s.pos0, &thetas, rope.freq_scale);
             let kr = &mut k.view_mut()[rows.start * kv_cols..rows.end * kv_cols];
-            ops::rope_rows(kr, kv_cols, kv_cols / hd, hd, s.pos0, &thetas, rope.freq_scale);
+            if let (Some(r), Some(thetas)) = (rope, &thetas) {
+                let qr = &mut q.view_mut()[rows.start * q_cols..rows.end * q_cols];
+                ops::rope_rows(qr, q_cols, q_cols / hd, hd, s.pos0, thetas, r.freq_scale);
+                ops::rope_rows(kr, kv_cols, kv_cols / hd, hd, s.pos0, thetas, r.freq_scale);
+            }
             let vr = &v.view()[rows.start * kv_cols..rows.end * kv_cols];
             cache.store(&s.seq, layer, s.pos0, kr, vr);
         }
-        attention::attention_spans(&self.pool, cache, layer, q.view(), spans, out.view_mut(), None);
-        true
+        // DIFF's two branches, captured where an observer wants them (one sequence a step
+        // then: the model runs observed sequences alone).
+        let capture = matches!(spec.kind, crate::backend::AttentionKind::Differential { .. })
+            && self.observer.as_ref().is_some_and(|o| o.wants(crate::backend::Probe::AttnBranches, layer));
+        let mut branches = if capture { vec![0f32; q.rows * 2 * q.cols] } else { Vec::new() };
+        let b = capture.then_some(branches.as_mut_slice());
+        attention::attention_spans(&self.pool, cache, layer, q.view(), spans, out.view_mut(), b);
+        if let Some(o) = self.observer.as_mut().filter(|_| capture) {
+            o.observe(crate::backend::Probe::AttnBranches, layer, first.pos0, &branches, q.rows, 2 * q.cols);
+        }
+        if let Some((gate, combined)) = pairs {
+            self.pair_combine(out, gate, hd, combined);
+        }
     }
 
     fn dex(&mut self, x: &mut CpuTensor, w_d: &CpuWeight, lambda: f32, heads: &[usize], head_dim: usize) {

@@ -299,50 +299,15 @@ pub(super) fn prepare_rows(
     sync_page_table(b, cache, seq)
 }
 
+/// One sequence's attention step: RoPE on `q` and `k` (where `rope` is given; else they are
+/// rotated already), K and V into the cache, then attention into `out`; with `pairs`
+/// (DIFF V2's gates), the query-head pairs merged as the combine step writes them (where V
+/// is not rotated: its output is rotated back per head first), `out` then scratch and the
+/// combined heads in `pairs.1`. Into plain caches (f16, f32) with fusion on, one kernel
+/// rotates Q and K and writes K and V ([`Op::RopeKv`]): one dispatch, not four. The
+/// rotated cache types take rotated copies of K with Q, and of V.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
-    b: &mut GpuBackend,
-    q: &GpuTensor,
-    k: &GpuTensor,
-    v: &GpuTensor,
-    cache: &mut GpuKvCache,
-    seq: SeqPages,
-    layer: usize,
-    pos0: usize,
-    spec: &AttentionSpec,
-    out: &mut GpuTensor,
-) {
-    let rows = q.rows;
-    let kv_dim = cache.kv_dim;
-    let pt_base = prepare_rows(b, cache, &seq, rows, pos0, spec);
-    // Rotated copies where the cache types ask for them: K with Q, V alone.
-    let (hd, rot) = (spec.head_dim, hadamard::block_size(spec.head_dim));
-    let q_dim = spec.n_heads * hd;
-    let (mut qb, mut kb, mut vb) = (Arc::clone(&q.buf), Arc::clone(&k.buf), Arc::clone(&v.buf));
-    if cache.k_elem.rotated() {
-        qb = scratch(b, 0, (rows * q_dim * 4) as u64);
-        kb = scratch(b, 1, (rows * kv_dim * 4) as u64);
-        rotate(b, &q.buf, &qb, rows, q_dim, rot, None, 0);
-        rotate(b, &k.buf, &kb, rows, kv_dim, rot, None, 0);
-    }
-    if cache.v_elem.rotated() {
-        vb = scratch(b, 2, (rows * kv_dim * 4) as u64);
-        rotate(b, &v.buf, &vb, rows, kv_dim, rot, None, 0);
-    }
-    // Store the new K and V rows.
-    let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
-    write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot), pos0);
-    write_rows(b, &vb, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
-    attend(b, &qb, &Place::of(rows, pos0, pt_base, seq.slot), cache, layer, spec, None, out);
-}
-
-/// RoPE on `q` and `k`, then attention; with `pairs` (DIFF V2's gates), the query-head
-/// pairs merged as the combine step writes them (where V is not rotated: its output is
-/// rotated back per head first), `out` then the combined heads. Into plain caches (f16,
-/// f32) with fusion on, one kernel rotates Q and K and writes K and V ([`Op::RopeKv`]): one
-/// dispatch, not four.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_attention(
     b: &mut GpuBackend,
     q: &mut GpuTensor,
     k: &mut GpuTensor,
@@ -351,7 +316,7 @@ pub fn rope_attention(
     seq: SeqPages,
     layer: usize,
     pos0: usize,
-    rope: &RopeSpec,
+    rope: Option<&RopeSpec>,
     spec: &AttentionSpec,
     pairs: Option<(&GpuTensor, &mut GpuTensor)>,
     out: &mut GpuTensor,
@@ -362,41 +327,45 @@ pub fn rope_attention(
     let (gate, att_out) = match pairs {
         Some((gate, combined)) if pairs_fused => (Some(gate), combined),
         Some((gate, combined)) => {
-            rope_attention(b, q, k, v, cache, seq, layer, pos0, rope, spec, None, out);
+            attention(b, q, k, v, cache, seq, layer, pos0, rope, spec, None, out);
             return super::ops::pair_combine(b, out, gate, spec.head_dim, combined);
         }
         None => (None, out),
     };
-    if !(b.ctx.fuse && plain) {
+    let fused_write = b.ctx.fuse && plain && rope.is_some();
+    if let (false, Some(rope)) = (fused_write, rope) {
         super::ops::rope(b, q, spec.n_heads, spec.head_dim, pos0, rope);
         super::ops::rope(b, k, spec.n_kv_heads, spec.head_dim, pos0, rope);
-        if gate.is_none() {
-            return attention(b, q, k, v, cache, seq, layer, pos0, spec, att_out);
-        }
     }
     let rows = q.rows;
     let pt_base = prepare_rows(b, cache, &seq, rows, pos0, spec);
-    let (q_dim, kv_dim) = (spec.n_heads * spec.head_dim, cache.kv_dim);
-    assert!(q.cols == q_dim && k.cols == kv_dim && v.cols == kv_dim, "rope_attention: q, k, v widths");
-    let qb = if b.ctx.fuse && plain {
-        let at = RopeKvAt { rows, pos0, pt_base, by_row: false, n_pos: pos0 + rows };
-        rope_kv(b, (q, k, v), cache, layer, rope, spec.head_dim, at);
-        Arc::clone(&q.buf)
-    } else {
-        // Rotated already; the K cache may want rotated copies (V is not rotated here).
-        let mut qb = Arc::clone(&q.buf);
-        let mut kb = Arc::clone(&k.buf);
-        if cache.k_elem.rotated() {
-            let rot = hadamard::block_size(spec.head_dim);
-            qb = scratch(b, 0, (rows * q_dim * 4) as u64);
-            kb = scratch(b, 1, (rows * kv_dim * 4) as u64);
-            rotate(b, &q.buf, &qb, rows, q_dim, rot, None, 0);
-            rotate(b, &k.buf, &kb, rows, kv_dim, rot, None, 0);
+    let (hd, q_dim, kv_dim) = (spec.head_dim, spec.n_heads * spec.head_dim, cache.kv_dim);
+    assert!(q.cols == q_dim && k.cols == kv_dim && v.cols == kv_dim, "attention: q, k, v widths");
+    let qb = match rope {
+        Some(rope) if fused_write => {
+            let at = RopeKvAt { rows, pos0, pt_base, by_row: false, n_pos: pos0 + rows };
+            rope_kv(b, (q, k, v), cache, layer, rope, hd, at);
+            Arc::clone(&q.buf)
         }
-        let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
-        write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot), pos0);
-        write_rows(b, &v.buf, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
-        qb
+        _ => {
+            // Rotated copies where the cache types ask for them: K with Q, V alone.
+            let rot = hadamard::block_size(hd);
+            let (mut qb, mut kb, mut vb) = (Arc::clone(&q.buf), Arc::clone(&k.buf), Arc::clone(&v.buf));
+            if cache.k_elem.rotated() {
+                qb = scratch(b, 0, (rows * q_dim * 4) as u64);
+                kb = scratch(b, 1, (rows * kv_dim * 4) as u64);
+                rotate(b, &q.buf, &qb, rows, q_dim, rot, None, 0);
+                rotate(b, &k.buf, &kb, rows, kv_dim, rot, None, 0);
+            }
+            if cache.v_elem.rotated() {
+                vb = scratch(b, 2, (rows * kv_dim * 4) as u64);
+                rotate(b, &v.buf, &vb, rows, kv_dim, rot, None, 0);
+            }
+            let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
+            write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot), pos0);
+            write_rows(b, &vb, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
+            qb
+        }
     };
     attend(b, &qb, &Place::of(rows, pos0, pt_base, seq.slot), cache, layer, spec, gate, att_out);
 }

@@ -36,10 +36,9 @@ pub use record::SUBMIT_EVERY;
 pub use tune::GpuTune;
 pub use wgpu::{AdapterInfo, Backend as WgpuBackend, DeviceType};
 
-use crate::backend::{AttentionSpec, Backend, Normed, RopeSpec, SeqSpan, WeightView};
+use crate::backend::{Backend, Normed, RopeSpec, SeqSpan, WeightView};
 use crate::error::RuntimeError;
 use crate::kv_cache::KvCacheSpec;
-use crate::kv_pages::SeqPages;
 use buffers::{Allocator, Buf};
 use device::GpuContext;
 use pipelines::{LayoutKind, Pipelines};
@@ -68,6 +67,8 @@ pub struct GpuBackend {
     /// Attention's scratch buffers, grown to fit: the rotated cache types' copies (Q, K, V,
     /// attention output) and the attend step's partials (attention::scratch).
     attn_scratch: Vec<Option<Arc<Buf>>>,
+    /// One sequence's rows at a time, for batches the one-pass attention does not take.
+    span_scratch: Option<attention_rows::SpanScratch>,
     /// Bytes of the largest activation tensor made so far.
     largest_tensor: u64,
     /// Sees the probes it wants, read back to the host as they are reached.
@@ -114,6 +115,7 @@ impl GpuBackend {
             dummy,
             split_dummy,
             attn_scratch: Vec::new(),
+            span_scratch: None,
             largest_tensor: 0,
             observer: None,
             observe_error: None,
@@ -418,63 +420,17 @@ impl Backend for GpuBackend {
 
     fn attention(
         &mut self,
-        q: &GpuTensor,
-        k: &GpuTensor,
-        v: &GpuTensor,
-        cache: &mut GpuKvCache,
-        seq: SeqPages,
-        layer: usize,
-        pos0: usize,
-        spec: &AttentionSpec,
-        out: &mut GpuTensor,
-    ) {
-        attention::attention(self, q, k, v, cache, seq, layer, pos0, spec, out)
-    }
-
-    fn rope_attention(
-        &mut self,
-        q: &mut GpuTensor,
-        k: &mut GpuTensor,
-        v: &GpuTensor,
-        cache: &mut GpuKvCache,
-        seq: SeqPages,
-        layer: usize,
-        pos0: usize,
-        rope: &RopeSpec,
-        spec: &AttentionSpec,
-        out: &mut GpuTensor,
-    ) {
-        attention::rope_attention(self, q, k, v, cache, seq, layer, pos0, rope, spec, None, out)
-    }
-
-    fn rope_attention_pairs(
-        &mut self,
-        q: &mut GpuTensor,
-        k: &mut GpuTensor,
-        v: &GpuTensor,
-        cache: &mut GpuKvCache,
-        seq: SeqPages,
-        layer: usize,
-        pos0: usize,
-        rope: &RopeSpec,
-        spec: &AttentionSpec,
-        (gate, att, out): (&GpuTensor, &mut GpuTensor, &mut GpuTensor),
-    ) {
-        attention::rope_attention(self, q, k, v, cache, seq, layer, pos0, rope, spec, Some((gate, out)), att)
-    }
-
-    fn attention_spans(
-        &mut self,
         q: &mut GpuTensor,
         k: &mut GpuTensor,
         v: &GpuTensor,
         cache: &mut GpuKvCache,
         layer: usize,
         spans: &[SeqSpan<'_>],
-        rope: &RopeSpec,
+        rope: Option<&RopeSpec>,
+        pairs: Option<(&GpuTensor, &mut GpuTensor)>,
         out: &mut GpuTensor,
-    ) -> bool {
-        attention_rows::attention_spans(self, q, k, v, cache, layer, spans, rope, out)
+    ) {
+        attention_rows::attention_spans(self, q, k, v, cache, layer, spans, rope, pairs, out)
     }
 
     fn dex(&mut self, x: &mut GpuTensor, w_d: &GpuWeight, lambda: f32, heads: &[usize], head_dim: usize) {

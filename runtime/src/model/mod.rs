@@ -3,16 +3,16 @@
 //! output may pass a combine step (DIFF V2's head pairs, DEX) before attn_output, written
 //! once against [`Backend`].
 
-mod forward;
+mod batch;
 mod load;
+mod step;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use duet_quant::gguf::GgufFile;
 
 pub use crate::model_config::{Arch, ModelConfig, RopeConfig};
-use forward::Acts;
-pub use forward::DecodeBatch;
+pub use batch::{Batch, BatchContext, BatchSeq};
 
 use crate::backend::{AttentionSpec, Backend, LogitQuant, LogitScale, RopeSpec};
 use crate::error::RuntimeError;
@@ -108,7 +108,8 @@ pub(crate) fn locked<C>(cache: &Mutex<SharedCache<C>>) -> MutexGuard<'_, SharedC
 }
 
 /// Per-conversation state: its pages of a (possibly shared) K/V cache, the number of cached
-/// positions, and scratch activations sized for the largest batch.
+/// positions and its run settings. (The activations a batch flows through belong to the
+/// [`BatchContext`] that runs it.)
 pub struct Session<B: Backend> {
     /// Each layer's attention as this session runs it: the model's (`Layer::attention`,
     /// never with logit quantization) plus the session's run settings
@@ -123,8 +124,6 @@ pub struct Session<B: Backend> {
     pub cache_spec: KvCacheSpec,
     pub n_past: usize,
     pub n_ctx: usize,
-    pub max_batch: usize,
-    acts: Acts<B>,
 }
 
 impl<B: Backend> Model<B> {
@@ -202,11 +201,10 @@ impl<B: Backend> Model<B> {
         &self,
         b: &mut B,
         n_ctx: usize,
-        max_batch: usize,
         k_type: CacheFormat,
         v_type: CacheFormat,
     ) -> Result<Session<B>, RuntimeError> {
-        let mut one = self.new_sessions(b, 1, n_ctx, max_batch, k_type, v_type)?;
+        let mut one = self.new_sessions(b, 1, n_ctx, k_type, v_type)?;
         Ok(one.pop().expect("one session made"))
     }
 
@@ -218,32 +216,11 @@ impl<B: Backend> Model<B> {
         b: &mut B,
         n: usize,
         n_ctx: usize,
-        max_batch: usize,
         k_type: CacheFormat,
         v_type: CacheFormat,
     ) -> Result<Vec<Session<B>>, RuntimeError> {
-        let c = &self.config;
         let spec = KvCacheSpec { n_seqs: n.max(1), ..self.cache_spec(n_ctx, k_type, v_type) };
         spec.check()?;
-        let mb = max_batch.max(1);
-        if let Some(limit) = b.max_tensor_bytes() {
-            let widest = [c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff].into_iter().max().unwrap_or(0);
-            if (c.n_vocab * 4) as u64 > limit {
-                return Err(RuntimeError::Device(format!(
-                    "one row of logits ({} values) exceeds the largest buffer {} binds ({limit} bytes)",
-                    c.n_vocab,
-                    b.describe()
-                )));
-            }
-            if (mb * widest * 4) as u64 > limit {
-                return Err(RuntimeError::Device(format!(
-                    "a batch of {mb} tokens needs activations of {} bytes, more than {} binds at once ({limit} bytes): lower --batch-size to {} or less",
-                    mb * widest * 4,
-                    b.describe(),
-                    limit as usize / (widest * 4)
-                )));
-            }
-        }
         let kv = b.new_kv_cache(&spec)?;
         let mut pool = PagePool::new(spec.n_pages(), spec.n_seqs);
         let slots: Vec<usize> = (0..spec.n_seqs).map(|_| pool.take_slot().expect("a slot per session")).collect();
@@ -258,8 +235,6 @@ impl<B: Backend> Model<B> {
                 cache_spec: spec.clone(),
                 n_past: 0,
                 n_ctx,
-                max_batch: mb,
-                acts: Acts::new(b, c, mb),
             })
             .collect())
     }

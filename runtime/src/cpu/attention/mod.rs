@@ -25,8 +25,7 @@ pub use plain::keep_to_avx2;
 
 use super::SharedMut;
 use super::pool::ThreadPool;
-use crate::backend::{AttentionKind, AttentionSpec, SeqSpan};
-use crate::kv_pages::SeqPages;
+use crate::backend::{AttentionKind, SeqSpan};
 use logit_quant::Lq;
 
 /// Softmax attention probabilities of one query head over cache positions 0..=pos of one
@@ -58,27 +57,6 @@ fn weighted_values(at: &Placement, p: &[f32], v: &CacheRows, kv_dim: usize, v_of
     hadamard::rotate_blocks(out, v.rotation());
 }
 
-/// Attention for `rows` query rows (row r at position pos0 + r) of sequence `seq` in layer
-/// `layer` (its positions 0..pos0 + rows are stored).
-/// `q` is rows × (n_heads·head_dim); `out` the same shape. For DIFF, `branches` (rows ×
-/// 2·n_heads·head_dim) receives each head pair's `[A1·V | A2·V]` when given.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    pool: &ThreadPool,
-    cache: &CpuKvCache,
-    seq: SeqPages,
-    layer: usize,
-    q: &[f32],
-    rows: usize,
-    pos0: usize,
-    spec: &AttentionSpec,
-    out: &mut [f32],
-    branches: Option<&mut [f32]>,
-) {
-    let span = SeqSpan { seq, first: 0, rows, pos0, spec };
-    attention_spans(pool, cache, layer, q, &[span], out, branches);
-}
-
 /// What every query row of one span needs: where its positions are and how its logits are
 /// quantized, per head.
 struct SpanPlan<'a> {
@@ -92,9 +70,10 @@ struct SpanPlan<'a> {
 /// Attention for several sequences' query rows of one batch (`spans`, in row order; their
 /// positions up to pos0 + rows are stored) as one pool job over every (row, head) of all of
 /// them, so that decoding many sequences costs one dispatch per layer and keeps every
-/// thread busy. `q` and `out` are batch rows × (n_heads·head_dim); `branches` as
-/// [`attention`]'s. The model's shape is the first span's (every span's spec differs at
-/// most in its run settings).
+/// thread busy. `q` and `out` are batch rows × (n_heads·head_dim). For DIFF, `branches`
+/// (rows × 2·n_heads·head_dim) receives each head pair's `[A1·V | A2·V]` when given. The
+/// model's shape is the first span's (every span's spec differs at most in its run
+/// settings).
 pub fn attention_spans(
     pool: &ThreadPool,
     cache: &CpuKvCache,
@@ -215,9 +194,27 @@ pub fn attention_spans(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{LogitQuant, LogitScale};
+    use crate::backend::{AttentionSpec, LogitQuant, LogitScale};
     use crate::kv_cache::{CacheFormat, KvCacheSpec};
+    use crate::kv_pages::SeqPages;
     use logit_quant::absmax;
+
+    /// One sequence's `rows` query rows at `pos0`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        pool: &ThreadPool,
+        cache: &CpuKvCache,
+        seq: SeqPages,
+        layer: usize,
+        q: &[f32],
+        rows: usize,
+        pos0: usize,
+        spec: &AttentionSpec,
+        out: &mut [f32],
+        branches: Option<&mut [f32]>,
+    ) {
+        attention_spans(pool, cache, layer, q, &[SeqSpan::whole(seq, rows, pos0, spec)], out, branches);
+    }
 
     const N_HEADS: usize = 4;
     const N_KV: usize = 2;

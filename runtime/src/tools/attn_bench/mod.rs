@@ -375,11 +375,12 @@ pub fn bench_model(
             _ => (CacheFormat::F16, CacheFormat::F16),
         };
         let lq = if s.target == Some(Target::Logits) { s.granularity.map(|g| (s.bits, g)) } else { None };
-        let mut s = e.model.new_session(&mut e.backend, tokens.len(), tokens.len(), kt, vt)?;
+        let mut s = e.model.new_session(&mut e.backend, tokens.len(), kt, vt)?;
+        let mut ctx = e.model.new_context(&mut e.backend, tokens.len())?;
         e.model.set_logit_quant(&mut s, lq)?;
         let capture = Arc::new(Mutex::new(Capture { calibrator, ..Capture::default() }));
         e.backend.set_observer(Some(Box::new(Arc::clone(&capture))));
-        let logits = e.model.forward(&mut e.backend, &mut s, tokens, Logits::All);
+        let logits = e.model.decode_one(&mut e.backend, &mut ctx, &mut s, tokens, Logits::All);
         e.backend.set_observer(None);
         let capture = std::mem::take(&mut *capture.lock().unwrap_or_else(|p| p.into_inner()));
         Ok(Pass { logits: logits?, capture })

@@ -1,6 +1,6 @@
 //! The multi-sequence engine behind `duet serve`: requests queue, are admitted into a fixed
 //! number of slots (each a [`crate::model::Session`], its positions in pages of one shared K/V cache), and run
-//! together — every step is a forward pass ([`crate::model::Model::forward_many`]) over up to
+//! together — every step is one batch ([`crate::model::Model::decode`]) over up to
 //! a chunk of prompt tokens of newly admitted requests (pieces of several prompts when they
 //! are short), then one over the next token of every decoding slot, so new requests join the
 //! running batch and prompts interleave with decoding (continuous batching). Sampling, stop

@@ -8,7 +8,7 @@ use crate::backend::Backend;
 use crate::engine::Engine;
 use crate::error::RuntimeError;
 use crate::kv_pages::PAGE;
-use crate::model::{DecodeBatch, Model, Session};
+use crate::model::{Batch, BatchContext, Logits, Model, Session};
 use crate::sampler::Sampler;
 use crate::tools::serve::metrics::Metrics;
 use crate::tools::serve::prompt::{Encoded, PromptEncoder};
@@ -71,7 +71,8 @@ pub struct Scheduler<B: Backend> {
     active: Vec<Option<Active>>,
     queue: VecDeque<Waiting>,
     max_queue: usize,
-    batch: DecodeBatch<B>,
+    /// Runs every pass: the engine's context, grown to hold every slot's next token.
+    context: BatchContext<B>,
     /// Prompt tokens evaluated per step, beside the decoding slots' tokens (one prompt's
     /// chunk or pieces of several).
     chunk: usize,
@@ -86,10 +87,10 @@ impl<B: Backend> Scheduler<B> {
     /// settings) sharing one paged K/V cache, at most `max_queue` requests waiting while
     /// every slot is busy.
     pub fn new(engine: Engine<B>, slots: usize, max_queue: usize) -> Result<Scheduler<B>, RuntimeError> {
-        let Engine { mut backend, model, tokenizer, template, session, .. } = engine;
+        let Engine { mut backend, model, tokenizer, template, session, context, .. } = engine;
         let slots = slots.max(1);
         let n_ctx = session.n_ctx;
-        let chunk = session.max_batch;
+        let chunk = context.cap();
         let spec = session.cache_spec.clone();
         let attention = session.attention.clone();
         // Engine::load checked one session; refuse all of them together before allocating
@@ -101,12 +102,17 @@ impl<B: Backend> Scheduler<B> {
                 "{slots} slots of {n_ctx} tokens do not fit (the contexts of all slots together: {e}); lower --parallel or -c"
             ))
         })?;
-        let mut sessions = model.new_sessions(&mut backend, slots, n_ctx, chunk, spec.k_type, spec.v_type)?;
+        let mut sessions = model.new_sessions(&mut backend, slots, n_ctx, spec.k_type, spec.v_type)?;
         for s in &mut sessions {
             s.attention.clone_from(&attention);
         }
         // A pass holds up to `chunk` prompt tokens, or every slot's next token.
-        let batch = model.new_decode_batch(&mut backend, slots.max(chunk));
+        let context = if slots > chunk {
+            drop(context);
+            model.new_context(&mut backend, slots)?
+        } else {
+            context
+        };
         let metrics = Arc::new(Mutex::new(Metrics { slots, ..Default::default() }));
         Ok(Scheduler {
             backend,
@@ -118,7 +124,7 @@ impl<B: Backend> Scheduler<B> {
             active: (0..slots).map(|_| None).collect(),
             queue: VecDeque::new(),
             max_queue,
-            batch,
+            context,
             chunk,
             n_ctx,
             metrics,
@@ -309,16 +315,14 @@ impl<B: Backend> Scheduler<B> {
         }
         *worked = true;
         let t0 = Instant::now();
-        let mut next = rows.iter().map(|(i, _)| *i).peekable();
-        let mut sessions: Vec<&mut Session<B>> = Vec::with_capacity(rows.len());
+        let mut next = rows.iter().peekable();
+        let mut batch = Batch::new();
         for (i, s) in self.sessions.iter_mut().enumerate() {
-            if next.peek() == Some(&i) {
-                next.next();
-                sessions.push(s);
+            if let Some((_, tokens)) = next.next_if(|(j, _)| *j == i) {
+                batch.push(s, tokens, Logits::Last);
             }
         }
-        let chunks: Vec<&[u32]> = rows.iter().map(|(_, t)| t.as_slice()).collect();
-        let logits = self.model.forward_many(&mut self.backend, &mut self.batch, &mut sessions, &chunks)?;
+        let logits = self.model.decode(&mut self.backend, &mut self.context, batch)?;
         // The pages this pass took are counted before its tokens reach a client (a client
         // that reads /metrics after its first token sees its request's pages).
         self.update_page_gauges();
