@@ -206,9 +206,9 @@ pub trait Backend {
         None
     }
 
-    /// Refuses, before anything is allocated, a session this backend cannot hold: a K/V
-    /// cache of `cache` and batches of `max_batch` tokens for a model of `config` (the error
-    /// names the sizes and the largest context that fits).
+    /// Refuses, before anything is allocated, sessions this backend cannot hold: a K/V
+    /// cache of `cache` and a batch context of `max_batch` rows for a model of `config` (the
+    /// error names the sizes and the largest context that fits).
     fn check_session(
         &self,
         _config: &ModelConfig,

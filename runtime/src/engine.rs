@@ -165,9 +165,17 @@ impl<B: Backend> Engine<B> {
     /// Runs `tokens` after the cached ones (a batch of this one sequence), which then hold
     /// them too, and returns their logits as `want` says.
     pub fn eval(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, RuntimeError> {
-        let logits = self.model.decode_one(&mut self.backend, &mut self.context, &mut self.session, tokens, want)?;
-        self.cached.extend_from_slice(tokens);
-        Ok(logits)
+        match self.model.decode_one(&mut self.backend, &mut self.context, &mut self.session, tokens, want) {
+            Ok(logits) => {
+                self.cached.extend_from_slice(tokens);
+                Ok(logits)
+            }
+            Err(e) => {
+                // decode gave the session back its positions, or fewer.
+                self.cached.truncate(self.session.n_past);
+                Err(e)
+            }
+        }
     }
 
     /// Generates after `prompt` until an end-of-generation token, `max_new` tokens, a full

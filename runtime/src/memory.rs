@@ -16,9 +16,10 @@ pub fn available_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Bytes a session of `n_ctx` positions and batches of `max_batch` tokens allocates besides
-/// the weights: the K/V cache, the activations of one batch, one row of logits per batch
-/// token (perplexity keeps them all) and the attention scores (one row of n_ctx per thread).
+/// Bytes sessions of `cache` (n_ctx positions, n_seqs sequences) run by a batch context of
+/// `max_batch` rows allocate besides the weights: the K/V cache, the context's activations,
+/// one row of logits per row (perplexity keeps them all) and the attention scores (one row
+/// of n_ctx per thread).
 pub fn session_bytes(c: &ModelConfig, cache: &KvCacheSpec, max_batch: usize, threads: usize) -> u64 {
     let b = max_batch as u64;
     let widths = 3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff;

@@ -322,7 +322,12 @@ fn decode_parallel<B: Backend>(
     let (m, b) = (&engine.model, &mut engine.backend);
     // Slots of one cache, as `duet serve` makes them.
     let mut sessions = m.new_sessions(b, args.parallel, engine.session.n_ctx, spec.k_type, spec.v_type)?;
-    let ctx = &mut engine.context;
+    // Every stream's token in one step, however small -b is.
+    let mut own = (args.parallel > engine.context.cap()).then(|| m.new_context(b, args.parallel)).transpose()?;
+    let ctx = match own.as_mut() {
+        Some(c) => c,
+        None => &mut engine.context,
+    };
     let mut rates = Vec::with_capacity(args.reps);
     for rep in 0..=args.reps {
         for s in &mut sessions {

@@ -136,9 +136,10 @@ fn rotate(
 }
 
 /// Makes the page-table row of `seq`'s slot hold its pages (a queued write, which lands
-/// before the next submission; the work recorded before it that read this row belongs to
-/// earlier forward passes, which were submitted when their results were read). Returns the
-/// row's first entry.
+/// before the next submission, so before work recorded earlier that is not submitted yet:
+/// within a batch a row only gains entries, for positions that work did not read, and a
+/// row changes otherwise — truncated, shared — only between batches, each of which ends
+/// with a read of its logits, a submission). Returns the row's first entry.
 pub(super) fn sync_page_table(b: &mut GpuBackend, cache: &mut GpuKvCache, seq: &SeqPages) -> u32 {
     let base = seq.slot * cache.pages_per_seq;
     assert!(seq.pages.len() <= cache.pages_per_seq && seq.slot < cache.n_seqs, "page table out of range");

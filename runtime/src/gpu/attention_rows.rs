@@ -96,8 +96,10 @@ fn decode_rows(
         table.extend([s.pos0 as u32, pt_base]);
     }
     if cache.rows_uploaded != table {
-        // Lands before the next submission; the work recorded before it that read the table
-        // belongs to earlier forward passes, submitted when their logits were read.
+        // Lands before the next submission. The work recorded before it that read the
+        // table belongs to earlier steps, submitted already: a step this pass takes has a
+        // row that wants logits (its first sequence's one row is its last token, plan_step)
+        // and so ends with their read.
         let offset = (4 * cache.rows_table) as u64;
         b.ctx.queue.write_buffer(&cache.page_tables.buffer, offset, bytemuck::cast_slice(&table));
         cache.rows_uploaded = table;

@@ -102,6 +102,11 @@ impl<B: Backend> Model<B> {
     /// each with its session's cache, positions and run settings. A sequence's result is
     /// that of running it alone up to arithmetic order (batched products may round the same
     /// values in another order).
+    ///
+    /// A batch refused before it runs changes nothing. One that fails in a later step (out
+    /// of cache pages, a device error) gives each session back its positions from before
+    /// the batch ([`Session::truncate`]: where a per-channel cache or a shared page keeps
+    /// fewer, fewer; the caller compares `n_past`).
     pub fn decode(
         &self,
         b: &mut B,
@@ -140,7 +145,17 @@ impl<B: Backend> Model<B> {
             if parts.is_empty() {
                 break;
             }
-            let logits = self.run_step(b, &mut ctx.acts, seqs, &parts)?;
+            let logits = match self.run_step(b, &mut ctx.acts, seqs, &parts) {
+                Ok(l) => l,
+                Err(e) => {
+                    for (s, &d) in seqs.iter_mut().zip(&done) {
+                        // (A failed step advanced no session: n_past counts completed steps.)
+                        let before = s.session.n_past - d;
+                        s.session.truncate(before);
+                    }
+                    return Err(e);
+                }
+            };
             let n_vocab = self.config.n_vocab;
             let mut at = 0;
             for p in &parts {

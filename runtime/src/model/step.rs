@@ -173,19 +173,36 @@ impl<B: Backend> Model<B> {
         let narrowed = self.run_layers(b, a, &tokens, probes, &outs, &mut attend);
         drop(cache);
         drop(sessions);
+        let logits = self.logits(b, a, &outs, tokens.len(), narrowed, probes)?;
+        // Positions count once the step's results are in (a failed step advances nobody).
         for p in parts {
             seqs[p.seq].session.n_past += p.len;
         }
+        Ok(logits)
+    }
+
+    /// The logits of step rows `outs` (of `rows`) after [`Model::run_layers`] (which
+    /// `narrowed` them or not); probes as there.
+    fn logits(
+        &self,
+        b: &mut B,
+        a: &mut Acts<B>,
+        outs: &[usize],
+        rows: usize,
+        narrowed: bool,
+        probes: Option<usize>,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let c = &self.config;
         let n_out = outs.len();
         if n_out == 0 {
             return Ok(Vec::new());
         }
         // The rows that want logits: gathered already (the narrowed last layer), all rows,
         // or gathered now.
-        if !narrowed && n_out < tokens.len() {
-            gather(b, &a.x, &outs, &mut a.outs);
+        if !narrowed && n_out < rows {
+            gather(b, &a.x, outs, &mut a.outs);
         }
-        let fin = if narrowed || n_out < tokens.len() { &a.outs } else { &a.x };
+        let fin = if narrowed || n_out < rows { &a.outs } else { &a.x };
         let output = self.output.as_ref().unwrap_or(&self.token_embd);
         if a.logits_rows < n_out {
             a.logits = b.new_tensor(n_out, c.n_vocab);
@@ -213,9 +230,9 @@ impl<B: Backend> Model<B> {
     /// head pairs (its last argument) and returning true, fills `a.pairs`' combined heads
     /// instead (`a.att` then scratch). Probes report positions from `probes` (None: rows of
     /// several sequences, not reported). Only the rows `outs` want logits: the last layer's
-    /// feed-forward block runs on those rows alone where they are fewer (none: it is
-    /// skipped); then they are the result, in `a.outs` (outs × n_embd), `a.x`'s rows are
-    /// stale, and this returns true.
+    /// feed-forward block runs on those rows alone where they are fewer — then they are the
+    /// result, in `a.outs` (outs × n_embd), `a.x`'s rows are stale, and this returns true —
+    /// and not at all where there are none (false: nothing is the result).
     fn run_layers(
         &self,
         b: &mut B,

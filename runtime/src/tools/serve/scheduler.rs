@@ -97,7 +97,7 @@ impl<B: Backend> Scheduler<B> {
         // (the engine's own cache is given back first).
         drop(session);
         let all = crate::kv_cache::KvCacheSpec { n_seqs: slots, ..spec.clone() };
-        backend.check_session(&model.config, &all, chunk).map_err(|e| {
+        backend.check_session(&model.config, &all, chunk.max(slots)).map_err(|e| {
             RuntimeError::OutOfMemory(format!(
                 "{slots} slots of {n_ctx} tokens do not fit (the contexts of all slots together: {e}); lower --parallel or -c"
             ))
@@ -109,7 +109,9 @@ impl<B: Backend> Scheduler<B> {
         // A pass holds up to `chunk` prompt tokens, or every slot's next token.
         let context = if slots > chunk {
             drop(context);
-            model.new_context(&mut backend, slots)?
+            model.new_context(&mut backend, slots).map_err(|e| {
+                RuntimeError::Device(format!("a step of every slot's next token ({slots} rows) does not fit: {e}; lower --parallel"))
+            })?
         } else {
             context
         };
