@@ -13,7 +13,10 @@
 #   bench_llama_parse    -> "pp tg" of a `llama-bench` table on stdin
 #   bench_median, bench_ratio A B -> the median of the numbers on stdin, "A/B×"
 #   bench_duet NAME      -> path of a copy of a fresh release build of duet, so that a
-#                           rebuild while a benchmark runs cannot change what it measures
+#                           rebuild while a benchmark runs cannot change what it measures;
+#                           with DUET_BIN=/path/to/duet, a copy of that build instead (an
+#                           older commit's, for before/after tables), named DUET_LABEL
+#   bench_duet_label     -> what the tables call duet: DUET_LABEL, else HEAD's short hash
 #   bench_random_llama DIR ARGS... -> makes a random-weight model with
 #                           converter/bench/make_random_llama.py (needs numpy: $PYTHON, else
 #                           python3, else models/.venv's; a clear error when none has it)
@@ -26,7 +29,16 @@ bench_say() { printf '== %s\n' "$*" >&2; }
 # (Chained with &&: a command substitution does not inherit set -e, and a failed build must
 # not hand back an old copy.)
 bench_duet() {
+  if [ -n "${DUET_BIN:-}" ]; then
+    [ -n "${DUET_LABEL:-}" ] || { bench_say "DUET_BIN needs DUET_LABEL (e.g. the commit it was built from)"; return 1; }
+    cp "$DUET_BIN" "$BENCH/duet-$1-prebuilt" && echo "$BENCH/duet-$1-prebuilt"
+    return
+  fi
   cargo build --release --bin duet -q >&2 && cp target/release/duet "$BENCH/duet-$1" && echo "$BENCH/duet-$1"
+}
+
+bench_duet_label() {
+  if [ -n "${DUET_BIN:-}" ]; then echo "$DUET_LABEL (prebuilt)"; else git rev-parse --short HEAD; fi
 }
 
 bench_random_llama() {

@@ -68,7 +68,7 @@ bw=$( (bandwidth; bandwidth; bandwidth) | bench_median)
 
 limits=
 [ "${SIMD:-native}" = avx2 ] && limits=" (both programs limited to SIMD=avx2)"
-echo "Machine: $(bench_machine)$limits; memory read bandwidth $bw GB/s (2 threads). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
+echo "Machine: $(bench_machine)$limits; memory read bandwidth $bw GB/s (2 threads). duet $(bench_duet_label), llama.cpp 0c1e57098; -p 128 -n 32 -r 5 -t 2, $rounds rounds."
 echo
 echo "| model | llama.cpp pp128 | duet pp128 | ratio | llama.cpp tg32 | duet tg32 | ratio | duet tg weights GB/s (of bandwidth) | duet \`--cpu-acts auto\` pp128 | ratio | tg32 | ratio |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"

@@ -29,7 +29,7 @@ kv_bytes() { # model k v -> "MiB (ratio× f16)" at 4,096 positions
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD)."
+echo "Machine: $(bench_machine). duet $(bench_duet_label)."
 echo
 echo "| model | K / V cache | KV cache at 4,096 positions | tg32 @ d4096 (t/s) | vs f16 |"
 echo "|---|---|---|---|---|"

@@ -57,7 +57,7 @@ for _ in $(seq 1 "$PAIRS"); do
     --host 127.0.0.1 --port "$PORT"
 done
 
-echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD), llama.cpp 0c1e57098."
+echo "Machine: $(bench_machine). duet $(bench_duet_label), llama.cpp 0c1e57098."
 echo "duet serve flags: ${DUET_ARGS:-(defaults)}."
 echo "SmolLM2-135M-Instruct Q4_1, CPU, $THREADS threads, $STREAMS slots × $CTX tokens, $TOKENS tokens per reply, greedy; medians of $PAIRS × $ROUNDS rounds."
 echo
