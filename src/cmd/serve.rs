@@ -89,6 +89,9 @@ struct App {
     api_key: Option<String>,
     defaults: SamplerConfig,
     next_id: AtomicU64,
+    /// Begins every response id: this server's start time and process, so that ids are not
+    /// reused across restarts (clients and logs key on them).
+    id_prefix: String,
     /// Host header names accepted (lower case, no port); None: any.
     hosts: Option<Vec<String>>,
     /// A request body must arrive within this.
@@ -204,6 +207,10 @@ pub fn run(args: Args) -> Result<()> {
         api_key: args.api_key.clone(),
         defaults: args.sampling.config(),
         next_id: AtomicU64::new(1),
+        id_prefix: {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            format!("{:012x}", (nanos as u64 ^ ((std::process::id() as u64) << 40)) & 0xffff_ffff_ffff)
+        },
         hosts,
         body_timeout: std::time::Duration::from_secs(args.body_timeout.max(1)),
     });
@@ -400,7 +407,7 @@ async fn complete(State(app): State<Arc<App>>, req: axum::extract::Request, kind
     let n = app.next_id.fetch_add(1, Ordering::Relaxed);
     // Requests without a seed each get their own.
     req.sampling.seed = req.seed.unwrap_or_else(|| app.defaults.seed.wrapping_add(n));
-    let id = format!("{}-{n}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
+    let id = format!("{}-{}{n:06}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, app.id_prefix);
     let (tx, rx) = mpsc::unbounded_channel();
     let work = GenRequest {
         prompt: req.prompt.clone(),

@@ -1,6 +1,7 @@
 //! The OpenAI API's JSON for `duet serve`: requests of `/v1/chat/completions` and
-//! `/v1/completions` checked field by field (a wrong type is a 400 naming the field), and the
-//! response, stream-chunk and error bodies. No HTTP here.
+//! `/v1/completions` checked field by field (a wrong type is a 400 naming the field; a field
+//! duet does not implement is a 400 naming it, never accepted and ignored: [`FIELDS`]), and
+//! the response, stream-chunk and error bodies. No HTTP here.
 
 use serde_json::{Map, Value, json};
 
@@ -65,12 +66,123 @@ fn integer(o: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
     }
 }
 
+/// What duet does with a request field it knows.
+#[derive(Clone, Copy)]
+pub enum Field {
+    /// Implemented: [`parse`] reads it.
+    Used,
+    /// Without effect on the reply by its definition: `model` (duet serves one model),
+    /// `user` and `metadata` (the caller's labels for a provider's records).
+    Inert,
+    /// Not implemented: accepted only at values that ask for nothing more than duet does
+    /// (the check, and those values in words for the error), refused otherwise.
+    Only(fn(&Value) -> bool, &'static str),
+}
+
+fn is_null_or_one(v: &Value) -> bool {
+    v.is_null() || v.as_u64() == Some(1)
+}
+fn is_null_or_zero(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(0.0)
+}
+fn is_null_or_false(v: &Value) -> bool {
+    v.is_null() || v == &Value::Bool(false)
+}
+fn is_null_false_or_zero(v: &Value) -> bool {
+    is_null_or_false(v) || v.as_u64() == Some(0)
+}
+fn is_null_or_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
+}
+fn is_text_format(v: &Value) -> bool {
+    v.is_null() || (v.as_object().is_some_and(|o| o.len() == 1) && v["type"] == "text")
+}
+fn is_no_tool_choice(v: &Value) -> bool {
+    v.is_null() || v == "none" || v == "auto"
+}
+fn is_null_or_bool(v: &Value) -> bool {
+    v.is_null() || v.is_boolean()
+}
+fn is_usage_option(v: &Value) -> bool {
+    // The last chunk always carries the usage.
+    v.is_null() || v.as_object().is_some_and(|o| o.iter().all(|(k, x)| k == "include_usage" && x.is_boolean()))
+}
+
+/// Every request field duet knows, for which endpoints (None: both), and what it does with
+/// it; a field not listed here is refused with a 400 naming it.
+pub const FIELDS: &[(&str, Option<Kind>, Field)] = &[
+    ("messages", Some(Kind::Chat), Field::Used),
+    ("prompt", Some(Kind::Completion), Field::Used),
+    ("temperature", None, Field::Used),
+    ("top_p", None, Field::Used),
+    ("top_k", None, Field::Used),
+    ("min_p", None, Field::Used),
+    ("repeat_penalty", None, Field::Used),
+    ("repeat_last_n", None, Field::Used),
+    ("seed", None, Field::Used),
+    ("max_tokens", None, Field::Used),
+    ("max_completion_tokens", Some(Kind::Chat), Field::Used),
+    ("stop", None, Field::Used),
+    ("stream", None, Field::Used),
+    ("stream_options", None, Field::Only(is_usage_option, "null or {\"include_usage\": true|false}")),
+    ("ignore_eos", None, Field::Used),
+    ("model", None, Field::Inert),
+    ("user", None, Field::Inert),
+    ("metadata", None, Field::Inert),
+    ("n", None, Field::Only(is_null_or_one, "1")),
+    ("best_of", Some(Kind::Completion), Field::Only(is_null_or_one, "1")),
+    ("logprobs", None, Field::Only(is_null_false_or_zero, "false (chat) or 0 (completions)")),
+    ("top_logprobs", Some(Kind::Chat), Field::Only(is_null_or_zero, "0")),
+    ("response_format", Some(Kind::Chat), Field::Only(is_text_format, "{\"type\": \"text\"}")),
+    ("tools", Some(Kind::Chat), Field::Only(is_null_or_empty, "an empty list")),
+    ("tool_choice", Some(Kind::Chat), Field::Only(is_no_tool_choice, "\"none\" or \"auto\" without tools")),
+    ("parallel_tool_calls", Some(Kind::Chat), Field::Only(is_null_or_bool, "true or false without tools")),
+    ("frequency_penalty", None, Field::Only(is_null_or_zero, "0")),
+    ("presence_penalty", None, Field::Only(is_null_or_zero, "0")),
+    ("logit_bias", None, Field::Only(is_null_or_empty, "an empty map")),
+    ("echo", Some(Kind::Completion), Field::Only(is_null_or_false, "false")),
+    ("suffix", Some(Kind::Completion), Field::Only(is_null_or_empty, "null or \"\"")),
+    ("store", Some(Kind::Chat), Field::Only(is_null_or_false, "false")),
+];
+
+/// Refuses a field of `o` that `kind`'s endpoint does not implement, naming it.
+fn check_fields(kind: Kind, o: &Map<String, Value>) -> Result<(), ApiError> {
+    let endpoint = match kind {
+        Kind::Chat => "/v1/chat/completions",
+        Kind::Completion => "/v1/completions",
+    };
+    for (key, value) in o {
+        let known = FIELDS.iter().find(|(name, k, _)| name == key && k.is_none_or(|k| k == kind));
+        match known {
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "'{key}' is not a field duet implements for {endpoint} (duet refuses what it would otherwise ignore; the README's serve section lists the fields)"
+                )));
+            }
+            Some((_, _, Field::Only(accepts, allowed))) if !accepts(value) => {
+                return Err(ApiError::bad_request(format!(
+                    "'{key}' is not implemented by duet: it is accepted only as {allowed}, got {value}"
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 /// Parses the body of a request to `kind`'s endpoint; unset sampling fields come from
 /// `defaults` (the server's flags).
 pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiRequest, ApiError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
     let Value::Object(o) = v else { return Err(ApiError::bad_request("the body must be a JSON object")) };
+    check_fields(kind, &o)?;
     let prompt = match kind {
         Kind::Chat => {
             let Some(Value::Array(msgs)) = o.get("messages") else {
@@ -81,6 +193,11 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
             }
             let mut out = Vec::with_capacity(msgs.len());
             for (i, m) in msgs.iter().enumerate() {
+                if m.get("tool_calls").is_some_and(|t| !is_null_or_empty(t)) || m.get("role") == Some(&json!("tool")) {
+                    return Err(ApiError::bad_request(format!(
+                        "'messages[{i}]': tool calls and tool messages are not implemented by duet"
+                    )));
+                }
                 let role = m.get("role").and_then(Value::as_str);
                 let content = match m.get("content") {
                     Some(Value::String(s)) => Some(s.clone()),
@@ -123,6 +240,24 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
             return Err(ApiError::bad_request(format!("'top_p' must be in (0, 1], got {p}")));
         }
         sampling.top_p = p as f32;
+    }
+    if let Some(k) = integer(&o, "top_k")? {
+        sampling.top_k = k.min(u32::MAX as u64) as usize;
+    }
+    if let Some(p) = number(&o, "min_p")? {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(ApiError::bad_request(format!("'min_p' must be in [0, 1], got {p}")));
+        }
+        sampling.min_p = p as f32;
+    }
+    if let Some(r) = number(&o, "repeat_penalty")? {
+        if !(r > 0.0 && r <= f32::MAX as f64) {
+            return Err(ApiError::bad_request(format!("'repeat_penalty' must be more than 0, got {r}")));
+        }
+        sampling.repeat_penalty = r as f32;
+    }
+    if let Some(n) = integer(&o, "repeat_last_n")? {
+        sampling.repeat_last_n = n.min(u32::MAX as u64) as usize;
     }
     let seed = integer(&o, "seed")?;
     let max_tokens = match integer(&o, "max_completion_tokens")?.or(integer(&o, "max_tokens")?) {
@@ -249,6 +384,61 @@ mod tests {
             let b: Value = serde_json::from_str(&e.body()).unwrap();
             assert_eq!(b["error"]["type"], "invalid_request_error");
         }
+    }
+
+    #[test]
+    fn fields_duet_does_not_implement_are_refused_by_name() {
+        let d = SamplerConfig::default();
+        let chat = |extra: &str| format!(r#"{{"messages":[{{"role":"user","content":"x"}}]{extra}}}"#);
+        // Accepted: what asks for nothing more than duet does.
+        for extra in [
+            r#","model":"m","user":"u","n":1,"logprobs":false,"top_logprobs":0,"frequency_penalty":0"#,
+            r#","presence_penalty":0.0,"logit_bias":{},"tools":[],"tool_choice":"none","store":false"#,
+            r#","response_format":{"type":"text"},"stream_options":{"include_usage":true},"metadata":{"a":"b"}"#,
+        ] {
+            parse(Kind::Chat, chat(extra).as_bytes(), &d).unwrap_or_else(|e| panic!("{extra}: {}", e.message));
+        }
+        let ok = parse(Kind::Chat, chat(r#","top_k":5,"min_p":0.2,"repeat_penalty":1.3,"repeat_last_n":9"#).as_bytes(), &d)
+            .unwrap();
+        let s = &ok.sampling;
+        assert_eq!((s.top_k, s.min_p, s.repeat_penalty, s.repeat_last_n), (5, 0.2, 1.3, 9));
+        // Refused, each naming its field.
+        for (extra, field) in [
+            (r#","n":3"#, "'n'"),
+            (r#","logprobs":true"#, "'logprobs'"),
+            (r#","top_logprobs":2"#, "'top_logprobs'"),
+            (r#","response_format":{"type":"json_object"}"#, "'response_format'"),
+            (r#","response_format":{"type":"json_schema","json_schema":{}}"#, "'response_format'"),
+            (r#","tools":[{"type":"function","function":{"name":"f"}}]"#, "'tools'"),
+            (r#","tool_choice":"required""#, "'tool_choice'"),
+            (r#","frequency_penalty":0.5"#, "'frequency_penalty'"),
+            (r#","presence_penalty":1"#, "'presence_penalty'"),
+            (r#","logit_bias":{"5":100}"#, "'logit_bias'"),
+            (r#","grammar":"root ::= x""#, "'grammar'"),
+            (r#","json_schema":{}"#, "'json_schema'"),
+            (r#","prompt":"x""#, "'prompt'"),
+            (r#","echo":false"#, "'echo'"),
+            (r#","min_p":2"#, "'min_p' must be in [0, 1]"),
+            (r#","repeat_penalty":0"#, "'repeat_penalty' must be more than 0"),
+            (r#","top_k":-1"#, "'top_k' must be a non-negative integer"),
+        ] {
+            let e = parse(Kind::Chat, chat(extra).as_bytes(), &d).unwrap_err();
+            assert_eq!(e.status, 400);
+            assert!(e.message.contains(field), "{extra}: {}", e.message);
+        }
+        let tool_turn = br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}]}"#;
+        let e = parse(Kind::Chat, tool_turn, &d).unwrap_err();
+        assert!(e.message.contains("tool calls"), "{}", e.message);
+        for (body, field) in [
+            (&br#"{"prompt":"x","echo":true}"#[..], "'echo'"),
+            (br#"{"prompt":"x","best_of":2}"#, "'best_of'"),
+            (br#"{"prompt":"x","logprobs":3}"#, "'logprobs'"),
+            (br#"{"prompt":"x","messages":[]}"#, "'messages'"),
+        ] {
+            let e = parse(Kind::Completion, body, &d).unwrap_err();
+            assert!(e.message.contains(field), "{}: {}", String::from_utf8_lossy(body), e.message);
+        }
+        parse(Kind::Completion, br#"{"prompt":"x","echo":false,"best_of":1,"logprobs":null,"suffix":""}"#, &d).unwrap();
     }
 
     #[test]
