@@ -53,8 +53,23 @@ enum Command {
 fn main() -> ExitCode {
     // SAFETY: first thing in main, before any thread exists.
     unsafe { duet_runtime::gpu::device::prepare_loader_environment() };
-    let cli = Cli::parse();
-    let result = cmd::environment::init().and_then(|()| match cli.command {
+    // llama.cpp spells --n-gpu-layers `-ngl`, which clap would read as -n gl.
+    let argv = std::env::args_os().map(|a| match a.to_str() {
+        Some("-ngl") => "--n-gpu-layers".into(),
+        Some(s) if s.starts_with("-ngl=") => format!("--n-gpu-layers={}", &s[5..]).into(),
+        _ => a,
+    });
+    let mut cli = Cli::parse_from(argv);
+    let settled = match &mut cli.command {
+        Command::AttnMap(a) => a.model.settle_device(),
+        Command::Bench(a) => a.model.settle_device(),
+        Command::Chat(a) => a.model.settle_device(),
+        Command::Perplexity(a) => a.model.settle_device(),
+        Command::Run(a) => a.model.settle_device(),
+        Command::Serve(a) => a.model.settle_device(),
+        Command::AttnBench(_) | Command::Convert(_) | Command::Info(_) | Command::Needle(_) => Ok(()),
+    };
+    let result = settled.and_then(|()| cmd::environment::init()).and_then(|()| match cli.command {
         Command::AttnBench(args) => cmd::attn_bench::run(args),
         Command::AttnMap(args) => cmd::attn_map::run(args),
         Command::Bench(args) => cmd::bench::run(args),

@@ -412,3 +412,25 @@ fn environment_settings_are_read_by_the_cli_and_checked() {
         assert!(help.contains(var), "--help lacks {var}");
     }
 }
+
+/// llama.cpp's spellings: `-ngl N` (0: the CPU, else the GPU) and `-s` for the seed; a
+/// `-ngl` that disagrees with `--device` is an error, not a silent choice.
+#[test]
+fn llama_cpp_flag_spellings() {
+    let m = fixture_gguf();
+    let ms = m.to_str().unwrap();
+    let sampled = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", ms, "-p", "Call me", "-n", "6", "--temp", "1.5"];
+        args.extend(extra);
+        let o = duet(&args);
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (a, err) = sampled(&["-ngl", "0", "-s", "7"]);
+    assert!(err.contains("CPU"), "-ngl 0 runs on the CPU: {err}");
+    let (b, _) = sampled(&["--n-gpu-layers=0", "--seed", "7"]);
+    assert_eq!(a, b, "-s is --seed");
+    let seeds: Vec<String> = (8..12).map(|s| sampled(&["-ngl", "0", "-s", &s.to_string()]).0).collect();
+    assert!(seeds.iter().any(|o| o != &a), "other seeds, other samples: {a:?} {seeds:?}");
+    assert_clean_failure(&duet(&["run", "-m", ms, "-p", "x", "-ngl", "99", "--device", "cpu"]), &["disagree"]);
+}

@@ -56,6 +56,10 @@ pub struct ModelArgs {
     /// Metal or DX12 adapter, software ones such as lavapipe included) or cpu
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
+    /// llama.cpp's -ngl: 0 runs on the CPU, any other number on the GPU (duet runs every
+    /// layer on one device: --device cpu or gpu say the same)
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", value_name = "N")]
+    pub n_gpu_layers: Option<u32>,
     #[arg(long = "gpu-tune", value_name = "KEY=VALUE,...", value_parser = parse_gpu_tune, help = GpuTune::HELP)]
     pub gpu_tune: Option<GpuTune>,
     /// Time every GPU kernel (set by `duet bench --gpu-profile`; not a flag of its own).
@@ -64,6 +68,27 @@ pub struct ModelArgs {
     /// GPU dispatches per submission (set by `duet bench --gpu-submit-every`).
     #[arg(skip)]
     pub gpu_submit_every: Option<usize>,
+}
+
+impl ModelArgs {
+    /// Makes `device` say what `--n-gpu-layers` asked for (an error where the two disagree).
+    pub fn settle_device(&mut self) -> Result<()> {
+        let wanted = match self.n_gpu_layers {
+            None => return Ok(()),
+            Some(0) => Device::Cpu,
+            Some(_) => Device::Gpu,
+        };
+        match (self.device, wanted) {
+            (Device::Auto, w) => self.device = w,
+            (d, w) if d == w => {}
+            (d, _) => anyhow::bail!(
+                "--n-gpu-layers {} and --device {} disagree: -ngl 0 means the CPU, any other number the GPU",
+                self.n_gpu_layers.unwrap_or(0),
+                if d == Device::Cpu { "cpu" } else { "gpu" }
+            ),
+        }
+        Ok(())
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,7 +190,7 @@ pub struct SamplingArgs {
     #[arg(long, default_value_t = 64)]
     pub repeat_last_n: usize,
     /// Random seed (same seed, same output) [default: random]
-    #[arg(long)]
+    #[arg(short = 's', long)]
     pub seed: Option<u64>,
 }
 

@@ -106,6 +106,7 @@ pub fn run(args: Args) -> Result<()> {
             cpu_acts: CpuActs::Q8x2,
             attn_logits: None,
             device: args.device,
+            n_gpu_layers: None,
             gpu_profile: false,
             gpu_submit_every: None,
             gpu_tune: None,
