@@ -70,6 +70,26 @@ fn run_to_idle<B: duet_runtime::backend::Backend>(s: &mut Scheduler<B>) {
     panic!("the scheduler never became idle");
 }
 
+/// Submits a greedy request of 12 tokens per prompt, runs `s` until it is idle, and returns
+/// each request's events.
+fn submit_all<B: duet_runtime::backend::Backend>(s: &mut Scheduler<B>, prompts: &[&str]) -> Vec<Events> {
+    let events = prompts
+        .iter()
+        .map(|p| {
+            let (req, ev) = request(p, 12, &[]);
+            s.submit(req).unwrap();
+            ev
+        })
+        .collect();
+    run_to_idle(s);
+    events
+}
+
+/// A finished request's text and how it ended.
+fn reply(ev: &Events) -> (String, (FinishReason, usize, usize)) {
+    (text(ev), done(ev).expect("finished"))
+}
+
 const PROMPTS: [&str; 8] = [
     "Call me Ishmael.",
     "It was the best of times, it was the worst of times, it was the age of wisdom",
@@ -84,29 +104,15 @@ const PROMPTS: [&str; 8] = [
 #[test]
 fn eight_requests_through_three_slots_each_get_their_reply_alone() {
     let path = convert("llama-gqa", Preset::F32, false);
-    let mut alone = Vec::new();
-    let mut s = scheduler(&path, 1, 8);
-    for p in PROMPTS {
-        let (req, ev) = request(p, 12, &[]);
-        s.submit(req).unwrap();
-        run_to_idle(&mut s);
-        alone.push((text(&ev), done(&ev).expect("finished")));
-    }
+    let mut one = scheduler(&path, 1, 8);
+    let alone: Vec<_> = PROMPTS.iter().map(|p| reply(&submit_all(&mut one, &[p])[0])).collect();
     assert!(alone.iter().filter(|(t, _)| !t.is_empty()).count() >= 6, "replies to compare: {alone:?}");
     let mut s = scheduler(&path, 3, 8);
-    let together: Vec<Events> = PROMPTS
-        .iter()
-        .map(|p| {
-            let (req, ev) = request(p, 12, &[]);
-            s.submit(req).unwrap();
-            ev
-        })
-        .collect();
-    run_to_idle(&mut s);
+    let together = submit_all(&mut s, &PROMPTS);
     for (i, ev) in together.iter().enumerate() {
         // The CPU computes a batched row exactly as a single one (tests/batch_decode.rs), so
         // greedy replies are identical.
-        assert_eq!((text(ev), done(ev).expect("finished")), alone[i], "prompt {i}: {:?}", PROMPTS[i]);
+        assert_eq!(reply(ev), alone[i], "prompt {i}: {:?}", PROMPTS[i]);
     }
     let m = s.metrics().lock().unwrap().clone();
     assert_eq!((m.requests_total, m.requests_finished, m.active, m.queue_length), (8, 8, 0, 0));
@@ -230,29 +236,11 @@ fn four_requests_decoded_together_on_the_gpu_each_get_their_reply_alone() {
     let opts = EngineOptions { n_ctx: 96, batch: 16, ..EngineOptions::default() };
     let new = |slots| Scheduler::new(Engine::load(gpu().unwrap(), &path, &opts).unwrap(), slots, 8).unwrap();
     let prompts = &PROMPTS[..4];
-    let alone: Vec<_> = prompts
-        .iter()
-        .map(|p| {
-            let mut s = new(1);
-            let (req, ev) = request(p, 12, &[]);
-            s.submit(req).unwrap();
-            run_to_idle(&mut s);
-            (text(&ev), done(&ev).expect("finished"))
-        })
-        .collect();
+    let alone: Vec<_> = prompts.iter().map(|p| reply(&submit_all(&mut new(1), &[p])[0])).collect();
     assert!(alone.iter().filter(|(t, _)| !t.is_empty()).count() >= 3, "replies to compare: {alone:?}");
-    let mut s = new(4);
-    let together: Vec<Events> = prompts
-        .iter()
-        .map(|p| {
-            let (req, ev) = request(p, 12, &[]);
-            s.submit(req).unwrap();
-            ev
-        })
-        .collect();
-    run_to_idle(&mut s);
+    let together = submit_all(&mut new(4), prompts);
     for (i, ev) in together.iter().enumerate() {
-        assert_eq!((text(ev), done(ev).expect("finished")), alone[i], "GPU, prompt {i}: {:?}", prompts[i]);
+        assert_eq!(reply(ev), alone[i], "GPU, prompt {i}: {:?}", prompts[i]);
     }
     std::fs::remove_file(&path).unwrap();
 }
