@@ -34,6 +34,7 @@ fn request(prompt: &str, max_tokens: usize, stop: &[&str]) -> (GenRequest, Event
         max_tokens: Some(max_tokens),
         stop: stop.iter().map(|s| s.to_string()).collect(),
         ignore_eos: false,
+        grammar: None,
         sink: Box::new(move |e| {
             sink_events.lock().unwrap().push(e);
             true

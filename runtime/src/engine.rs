@@ -43,6 +43,9 @@ pub struct GenStats {
     pub prompt_time: Duration,
     pub generated: usize,
     pub gen_time: Duration,
+    /// From the call to the first generated token's text (the prompt's evaluation and the
+    /// first draw).
+    pub first_token_time: Option<Duration>,
     pub stop: StopReason,
 }
 
@@ -63,6 +66,21 @@ pub enum StopReason {
     EndOfGeneration,
     ContextFull,
     Interrupted,
+    /// The schema or grammar the output followed admits nothing more.
+    GrammarComplete,
+}
+
+impl StopReason {
+    /// Why generation stopped, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            StopReason::Limit => "reached the token limit",
+            StopReason::EndOfGeneration => "the model ended its reply",
+            StopReason::ContextFull => "the context is full",
+            StopReason::Interrupted => "interrupted",
+            StopReason::GrammarComplete => "the schema or grammar is complete",
+        }
+    }
 }
 
 pub struct Engine<B: Backend> {
@@ -179,8 +197,10 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Generates after `prompt` until an end-of-generation token, `max_new` tokens, a full
-    /// context, or `on_text` returning false. `on_text` receives text as soon as it is
-    /// complete UTF-8. The generated tokens end up in the cache (an end token too).
+    /// context, the end of `sampler`'s grammar, or `on_text` returning false. `on_text`
+    /// receives text as soon as it is complete UTF-8. The generated tokens end up in the
+    /// cache (an end token too). A grammar's next mask is computed on a helper thread while
+    /// the forward pass runs.
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -204,6 +224,9 @@ impl<B: Backend> Engine<B> {
             }
             check_logits(&logits, out.len())?;
             let tok = sampler.sample(&mut logits, &history);
+            if let Some(e) = sampler.error() {
+                return Err(RuntimeError::Grammar(e.to_string()));
+            }
             if self.tokenizer.is_eog(tok) {
                 stats.stop = StopReason::EndOfGeneration;
                 break;
@@ -211,15 +234,27 @@ impl<B: Backend> Engine<B> {
             out.push(tok);
             history.push(tok);
             let text = stream.push(&self.tokenizer, tok)?;
+            stats.first_token_time.get_or_insert_with(|| t0.elapsed());
             if !text.is_empty() && !on_text(&text) {
                 stats.stop = StopReason::Interrupted;
+                break;
+            }
+            if sampler.is_complete() {
+                stats.stop = StopReason::GrammarComplete;
                 break;
             }
             if self.cached.len() >= self.n_ctx() {
                 stats.stop = StopReason::ContextFull;
                 break;
             }
-            logits = self.step(tok)?;
+            logits = if sampler.is_constrained() {
+                std::thread::scope(|scope| {
+                    scope.spawn(|| sampler.prepare());
+                    self.step(tok)
+                })?
+            } else {
+                self.step(tok)?
+            };
         }
         let rest = stream.flush(&self.tokenizer)?;
         if !rest.is_empty() {

@@ -16,6 +16,9 @@ pub enum RuntimeError {
     Tokenizer(String),
     #[error("chat template: {0}")]
     Template(String),
+    /// Structured output: a grammar that failed while a reply followed it.
+    #[error("structured output: {0}")]
+    Grammar(String),
     /// Not enough memory for what was asked (a context too large), found before allocating.
     #[error("{0}")]
     OutOfMemory(String),

@@ -17,6 +17,7 @@ pub mod cpu;
 pub mod engine;
 pub mod error;
 pub mod gguf_names;
+pub mod grammar;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod kv_cache;

@@ -1,6 +1,9 @@
-//! Token sampling: greedy, or repetition penalty → top-k → top-p → min-p → temperature →
+//! Token sampling: a grammar's mask (structured output, [`crate::grammar`]), the penalties
+//! (repetition, frequency, presence), then greedy, or top-k → top-p → min-p → temperature →
 //! a draw, in llama.cpp's order. The random stream is seeded, so the same seed gives the
 //! same output.
+
+use crate::grammar::Constraint;
 
 #[derive(Clone, Debug)]
 pub struct SamplerConfig {
@@ -14,8 +17,12 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// Divide positive (multiply negative) logits of recent tokens by this (1: off).
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtract this × a token's count among the recent tokens from its logit (0: off).
+    pub frequency_penalty: f32,
+    /// Subtract this from the logit of every token among the recent ones (0: off).
+    pub presence_penalty: f32,
     pub seed: u64,
 }
 
@@ -29,6 +36,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0x5eed,
         }
     }
@@ -71,29 +80,91 @@ impl Pcg32 {
 pub struct Sampler {
     pub cfg: SamplerConfig,
     rng: Pcg32,
+    /// The grammar the output follows, if any.
+    constraint: Option<Constraint>,
+    /// What went wrong in the grammar (the draw after it is an end of generation).
+    constraint_error: Option<String>,
 }
 
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Sampler {
         let rng = Pcg32::new(cfg.seed);
-        Sampler { cfg, rng }
+        Sampler { cfg, rng, constraint: None, constraint_error: None }
     }
 
-    /// Picks the next token from `logits` (modified in place by the penalty); `recent` are
-    /// the tokens seen so far (prompt and output).
+    /// Holds the output to `c`'s grammar.
+    pub fn with_constraint(mut self, c: Option<Constraint>) -> Sampler {
+        self.constraint = c;
+        self
+    }
+
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// Computes the grammar's mask for the next draw, if there is a grammar and the mask is
+    /// not known yet: run it beside the forward pass that makes the next logits.
+    pub fn prepare(&mut self) {
+        if let Some(c) = &mut self.constraint
+            && let Err(e) = c.prepare()
+        {
+            self.constraint_error.get_or_insert(e);
+        }
+    }
+
+    /// The grammar admits nothing more: the output is complete.
+    pub fn is_complete(&self) -> bool {
+        self.constraint.as_ref().is_some_and(Constraint::is_complete)
+    }
+
+    /// Why the grammar failed, if it did (the output then ends where it failed).
+    pub fn error(&self) -> Option<&str> {
+        self.constraint_error.as_deref()
+    }
+
+    /// Picks the next token from `logits` (modified in place by the mask and the
+    /// penalties); `recent` are the tokens seen so far (prompt and output).
     pub fn sample(&mut self, logits: &mut [f32], recent: &[u32]) -> u32 {
+        if let Some(c) = &mut self.constraint
+            && let Err(e) = c.apply(logits)
+        {
+            self.constraint_error.get_or_insert(e);
+        }
+        self.penalize(logits, recent);
+        let tok = self.draw(logits);
+        if let Some(c) = &mut self.constraint
+            && let Err(e) = c.commit(tok)
+        {
+            self.constraint_error.get_or_insert(e);
+        }
+        tok
+    }
+
+    /// The repetition, frequency and presence penalties over the last `repeat_last_n`
+    /// tokens of `recent`.
+    fn penalize(&self, logits: &mut [f32], recent: &[u32]) {
         let c = &self.cfg;
-        if c.repeat_penalty != 1.0 && c.repeat_last_n > 0 {
-            let start = recent.len().saturating_sub(c.repeat_last_n);
-            let mut seen = std::collections::HashSet::new();
-            for &t in &recent[start..] {
-                if let Some(l) = logits.get_mut(t as usize)
-                    && seen.insert(t)
-                {
+        let any = c.repeat_penalty != 1.0 || c.frequency_penalty != 0.0 || c.presence_penalty != 0.0;
+        if !any || c.repeat_last_n == 0 {
+            return;
+        }
+        let start = recent.len().saturating_sub(c.repeat_last_n);
+        let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+        for &t in &recent[start..] {
+            *counts.entry(t).or_insert(0) += 1;
+        }
+        for (t, n) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                if c.repeat_penalty != 1.0 {
                     *l = if *l > 0.0 { *l / c.repeat_penalty } else { *l * c.repeat_penalty };
                 }
+                *l -= n as f32 * c.frequency_penalty + c.presence_penalty;
             }
         }
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
+        let c = &self.cfg;
         if c.temperature <= 0.0 {
             return crate::logits_file::argmax(logits) as u32;
         }
@@ -200,5 +271,20 @@ mod tests {
         let mut s = Sampler::new(SamplerConfig { repeat_penalty: 2.0, temperature: 0.0, ..Default::default() });
         assert_eq!(s.sample(&mut l, &[1, 2]), 0);
         assert_eq!(l, vec![1.0, 1.0, -2.0]);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_subtract_per_count_and_once() {
+        let mut l = vec![1.0f32, 2.0, 3.0];
+        let cfg = SamplerConfig {
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            repeat_last_n: 3,
+            temperature: 0.0,
+            ..Default::default()
+        };
+        // Token 0 is outside the window of the last 3.
+        Sampler::new(cfg).sample(&mut l, &[0, 2, 2, 1]);
+        assert_eq!(l, vec![1.0, 2.0 - 0.5 - 0.25, 3.0 - 1.0 - 0.25]);
     }
 }

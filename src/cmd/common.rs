@@ -186,9 +186,17 @@ pub struct SamplingArgs {
     /// 1 favours them)
     #[arg(long, default_value_t = 1.0, value_parser = |s: &str| ranged(s, 0.0, true, f32::MAX))]
     pub repeat_penalty: f32,
-    /// How many recent tokens the repetition penalty looks at
+    /// How many recent tokens the repetition, frequency and presence penalties look at
     #[arg(long, default_value_t = 64)]
     pub repeat_last_n: usize,
+    /// Subtract this × a token's count in the last --repeat-last-n tokens from its logit,
+    /// in [-2, 2] (0: off)
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = |s: &str| ranged(s, -2.0, false, 2.0))]
+    pub frequency_penalty: f32,
+    /// Subtract this from the logit of every token in the last --repeat-last-n tokens, in
+    /// [-2, 2] (0: off)
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = |s: &str| ranged(s, -2.0, false, 2.0))]
+    pub presence_penalty: f32,
     /// Random seed (same seed, same output) [default: random]
     #[arg(short = 's', long)]
     pub seed: Option<u64>,
@@ -206,6 +214,8 @@ impl SamplingArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
             seed,
         }
     }

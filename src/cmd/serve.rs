@@ -415,6 +415,7 @@ async fn complete(State(app): State<Arc<App>>, req: axum::extract::Request, kind
         max_tokens: req.max_tokens,
         stop: req.stop.clone(),
         ignore_eos: req.ignore_eos,
+        grammar: req.grammar.clone(),
         // A closed receiver (the client went away) cancels the request.
         sink: Box::new(move |e| tx.send(e).is_ok()),
     };
@@ -431,7 +432,7 @@ async fn complete(State(app): State<Arc<App>>, req: axum::extract::Request, kind
 fn submit_error(e: SubmitError) -> ApiError {
     let status = match e {
         SubmitError::QueueFull { .. } => 503,
-        SubmitError::TooLong { .. } | SubmitError::BadPrompt(_) => 400,
+        SubmitError::TooLong { .. } | SubmitError::BadPrompt(_) | SubmitError::BadGrammar(_) => 400,
         SubmitError::Stopped(_) => 500,
     };
     let kind = if status == 400 { "invalid_request_error" } else { "server_error" };

@@ -40,6 +40,7 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 const EOG_TEXTS: &[&str] =
     &["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"];
 
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     pub bos: Option<u32>,
@@ -207,6 +208,11 @@ impl Tokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The Hugging Face tokenizer underneath (for [`crate::text::token_bytes`]).
+    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
     }
 }
 

@@ -1,11 +1,11 @@
 //! A JSON Schema checker for the subset duet's schemas use: `type` (one or a list), `const`,
 //! `enum`, `required`, `properties`, `additionalProperties: false`, `items`, `minItems`,
-//! `maxItems`, `minimum`, `maximum`. Keywords outside the subset are refused, so a schema
+//! `maxItems`, `minimum`, `maximum`, `minLength`, `maxLength` (in characters). Keywords outside the subset are refused, so a schema
 //! cannot silently check less than it says.
 
 use serde_json::Value;
 
-const KNOWN: [&str; 15] = [
+const KNOWN: [&str; 17] = [
     "$schema",
     "$id",
     "title",
@@ -21,6 +21,8 @@ const KNOWN: [&str; 15] = [
     "maxItems",
     "minimum",
     "maximum",
+    "minLength",
+    "maxLength",
 ];
 
 fn type_ok(v: &Value, t: &str) -> bool {
@@ -72,6 +74,15 @@ fn check(v: &Value, s: &Value, path: &str) -> Result<(), String> {
             return Err(format!("{path}: {x} > maximum {m}"));
         }
     }
+    if let Value::String(t) = v {
+        let n = t.chars().count() as u64;
+        if let Some(m) = s.get("minLength").and_then(Value::as_u64).filter(|m| n < *m) {
+            return Err(format!("{path}: {n} characters < minLength {m}"));
+        }
+        if let Some(m) = s.get("maxLength").and_then(Value::as_u64).filter(|m| n > *m) {
+            return Err(format!("{path}: {n} characters > maxLength {m}"));
+        }
+    }
     if let Value::Object(o) = v {
         for r in s.get("required").and_then(Value::as_array).into_iter().flatten() {
             let r = r.as_str().unwrap_or_default();
@@ -120,10 +131,11 @@ mod tests {
                 "a": { "type": "array", "minItems": 1, "maxItems": 2, "items": { "type": ["number", "null"], "minimum": 0, "maximum": 1 } },
                 "b": { "enum": ["x", "y"] },
                 "c": { "const": 3 },
-                "d": { "type": "integer" }
+                "d": { "type": "integer" },
+                "f": { "type": "string", "minLength": 2, "maxLength": 3 }
             }
         });
-        assert!(validate(&json!({"a": [0.5, null], "b": "x", "c": 3, "d": 2}), &s).is_ok());
+        assert!(validate(&json!({"a": [0.5, null], "b": "x", "c": 3, "d": 2, "f": "äöü"}), &s).is_ok());
         for bad in [
             json!({}),
             json!({"a": []}),
@@ -135,6 +147,8 @@ mod tests {
             json!({"a": [0.1], "c": 4}),
             json!({"a": [0.1], "d": 1.5}),
             json!({"a": [0.1], "e": 1}),
+            json!({"a": [0.1], "f": "x"}),
+            json!({"a": [0.1], "f": "four"}),
             json!([1]),
         ] {
             assert!(validate(&bad, &s).is_err(), "accepted {bad}");

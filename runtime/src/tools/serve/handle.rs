@@ -45,7 +45,8 @@ impl<B: Backend> Engine for Scheduler<B> {
 }
 
 enum Command {
-    Submit(Encoded, mpsc::SyncSender<Result<usize, SubmitError>>),
+    // (Boxed: a request with its compiled grammar is kilobytes.)
+    Submit(Box<Encoded>, mpsc::SyncSender<Result<usize, SubmitError>>),
     Stop,
 }
 
@@ -97,7 +98,7 @@ impl Handle {
         let e = self.encoder.encode(req)?;
         let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         self.tx
-            .send(Command::Submit(e, reply_tx))
+            .send(Command::Submit(Box::new(e), reply_tx))
             .map_err(|_| SubmitError::Stopped("the engine thread is gone".into()))?;
         reply_rx.recv().unwrap_or_else(|_| Err(SubmitError::Stopped("the engine thread is gone".into())))
     }
@@ -134,7 +135,7 @@ fn run(engine: &mut dyn Engine, rx: &mpsc::Receiver<Command>) {
         for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match cmd {
                 Command::Submit(e, reply) => {
-                    let _ = reply.send(engine.submit_encoded(e));
+                    let _ = reply.send(engine.submit_encoded(*e));
                 }
                 Command::Stop => return,
             }

@@ -73,6 +73,9 @@ pub struct GenRequest {
     /// Keep generating past end-of-generation tokens (llama-server's `ignore_eos`, for
     /// benchmarks and load tests that need replies of a fixed length).
     pub ignore_eos: bool,
+    /// What the reply must be (a JSON schema, a grammar), compiled where the request is
+    /// encoded.
+    pub grammar: Option<crate::grammar::GrammarSpec>,
     pub sink: Sink,
 }
 
@@ -85,6 +88,8 @@ pub enum SubmitError {
     TooLong { prompt_tokens: usize, n_ctx: usize },
     /// The prompt could not be rendered or tokenized.
     BadPrompt(String),
+    /// The schema or grammar is too large, does not compile, or admits no string.
+    BadGrammar(String),
     /// The engine stopped (it failed to load or hit a device error).
     Stopped(String),
 }
@@ -100,6 +105,7 @@ impl std::fmt::Display for SubmitError {
                 "the prompt is {prompt_tokens} tokens but the context holds {n_ctx}, leaving no room for a reply"
             ),
             SubmitError::BadPrompt(m) => write!(f, "{m}"),
+            SubmitError::BadGrammar(m) => write!(f, "response_format, json_schema or grammar: {m}"),
             SubmitError::Stopped(m) => write!(f, "the engine has stopped: {m}"),
         }
     }

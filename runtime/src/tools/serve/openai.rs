@@ -5,9 +5,10 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::grammar::GrammarSpec;
 use crate::sampler::SamplerConfig;
-use crate::tools::serve::{FinishReason, Prompt};
 use crate::text::Message;
+use crate::tools::serve::{FinishReason, Prompt};
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +31,9 @@ pub struct ApiRequest {
     pub stream: bool,
     /// llama-server's extension: generate past end-of-generation tokens.
     pub ignore_eos: bool,
+    /// What the reply must be: `response_format`'s JSON object or schema, or llama-server's
+    /// `json_schema` and `grammar` fields.
+    pub grammar: Option<GrammarSpec>,
 }
 
 /// An error for the client: HTTP status, OpenAI error type, message.
@@ -100,9 +104,6 @@ fn is_null_or_empty(v: &Value) -> bool {
         _ => false,
     }
 }
-fn is_text_format(v: &Value) -> bool {
-    v.is_null() || (v.as_object().is_some_and(|o| o.len() == 1) && v["type"] == "text")
-}
 fn is_no_tool_choice(v: &Value) -> bool {
     v.is_null() || v == "none" || v == "auto"
 }
@@ -139,12 +140,14 @@ pub const FIELDS: &[(&str, Option<Kind>, Field)] = &[
     ("best_of", Some(Kind::Completion), Field::Only(is_null_or_one, "1")),
     ("logprobs", None, Field::Only(is_null_false_or_zero, "false (chat) or 0 (completions)")),
     ("top_logprobs", Some(Kind::Chat), Field::Only(is_null_or_zero, "0")),
-    ("response_format", Some(Kind::Chat), Field::Only(is_text_format, "{\"type\": \"text\"}")),
+    ("response_format", None, Field::Used),
+    ("json_schema", None, Field::Used),
+    ("grammar", None, Field::Used),
     ("tools", Some(Kind::Chat), Field::Only(is_null_or_empty, "an empty list")),
     ("tool_choice", Some(Kind::Chat), Field::Only(is_no_tool_choice, "\"none\" or \"auto\" without tools")),
     ("parallel_tool_calls", Some(Kind::Chat), Field::Only(is_null_or_bool, "true or false without tools")),
-    ("frequency_penalty", None, Field::Only(is_null_or_zero, "0")),
-    ("presence_penalty", None, Field::Only(is_null_or_zero, "0")),
+    ("frequency_penalty", None, Field::Used),
+    ("presence_penalty", None, Field::Used),
     ("logit_bias", None, Field::Only(is_null_or_empty, "an empty map")),
     ("echo", Some(Kind::Completion), Field::Only(is_null_or_false, "false")),
     ("suffix", Some(Kind::Completion), Field::Only(is_null_or_empty, "null or \"\"")),
@@ -256,6 +259,16 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
         }
         sampling.repeat_penalty = r as f32;
     }
+    for (key, slot) in
+        [("frequency_penalty", &mut sampling.frequency_penalty), ("presence_penalty", &mut sampling.presence_penalty)]
+    {
+        if let Some(p) = number(&o, key)? {
+            if !(-2.0..=2.0).contains(&p) {
+                return Err(ApiError::bad_request(format!("'{key}' must be between -2 and 2, got {p}")));
+            }
+            *slot = p as f32;
+        }
+    }
     if let Some(n) = integer(&o, "repeat_last_n")? {
         sampling.repeat_last_n = n.min(u32::MAX as u64) as usize;
     }
@@ -282,7 +295,76 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::bad_request("'ignore_eos' must be a boolean")),
     };
-    Ok(ApiRequest { kind, prompt, sampling, seed, max_tokens, stop, stream, ignore_eos })
+    let grammar = grammar(&o)?;
+    Ok(ApiRequest { kind, prompt, sampling, seed, max_tokens, stop, stream, ignore_eos, grammar })
+}
+
+/// The reply's shape: OpenAI's `response_format` (`text`, `json_object`, `json_schema`
+/// with `schema` and `strict`), llama-server's `json_schema` (a schema) and `grammar` (GBNF,
+/// or llguidance's Lark after `%llguidance`); at most one of them. Sizes and compilation are
+/// checked where the request is encoded ([`crate::grammar::Grammars::compile`]).
+fn grammar(o: &Map<String, Value>) -> Result<Option<GrammarSpec>, ApiError> {
+    let mut found: Vec<(&str, GrammarSpec)> = Vec::new();
+    match o.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(f)) => match f.get("type").and_then(Value::as_str) {
+            Some("text") if f.len() == 1 => {}
+            Some("json_object") if f.len() == 1 => found.push(("response_format", GrammarSpec::JsonObject)),
+            Some("json_schema") if f.len() == 2 => {
+                let Some(Value::Object(js)) = f.get("json_schema") else {
+                    return Err(ApiError::bad_request(
+                        "'response_format.json_schema' must be an object with 'name' and 'schema'",
+                    ));
+                };
+                for key in js.keys() {
+                    if !["name", "schema", "strict", "description"].contains(&key.as_str()) {
+                        return Err(ApiError::bad_request(format!(
+                            "'response_format.json_schema.{key}' is not a field duet implements"
+                        )));
+                    }
+                }
+                if js.get("strict").is_some_and(|s| !s.is_boolean() && !s.is_null()) {
+                    return Err(ApiError::bad_request("'response_format.json_schema.strict' must be a boolean"));
+                }
+                // Strict or not, the reply follows the schema exactly: every token is masked.
+                let schema = match js.get("schema") {
+                    Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+                    None => json!({}),
+                    Some(_) => {
+                        return Err(ApiError::bad_request("'response_format.json_schema.schema' must be an object"));
+                    }
+                };
+                found.push(("response_format", GrammarSpec::JsonSchema(schema)));
+            }
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "'response_format' must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or {{\"type\": \"json_schema\", \"json_schema\": {{…}}}}, got {}",
+                    Value::Object(f.clone())
+                )));
+            }
+        },
+        Some(v) => return Err(ApiError::bad_request(format!("'response_format' must be an object, got {v}"))),
+    }
+    match o.get("json_schema") {
+        None | Some(Value::Null) => {}
+        Some(s @ (Value::Object(_) | Value::Bool(_))) => {
+            found.push(("json_schema", GrammarSpec::JsonSchema(s.clone())))
+        }
+        Some(_) => return Err(ApiError::bad_request("'json_schema' must be a JSON schema object")),
+    }
+    match o.get("grammar") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(g)) => found.push(("grammar", GrammarSpec::grammar(g.clone(), false))),
+        Some(_) => return Err(ApiError::bad_request("'grammar' must be a string (GBNF, or Lark after %llguidance)")),
+    }
+    if found.len() > 1 {
+        let names: Vec<&str> = found.iter().map(|f| f.0).collect();
+        return Err(ApiError::bad_request(format!(
+            "give one of {} (the reply can follow one schema or grammar)",
+            names.join(" and ")
+        )));
+    }
+    Ok(found.pop().map(|f| f.1))
 }
 
 /// Token counts of a finished request.
@@ -398,24 +480,34 @@ mod tests {
         ] {
             parse(Kind::Chat, chat(extra).as_bytes(), &d).unwrap_or_else(|e| panic!("{extra}: {}", e.message));
         }
-        let ok = parse(Kind::Chat, chat(r#","top_k":5,"min_p":0.2,"repeat_penalty":1.3,"repeat_last_n":9"#).as_bytes(), &d)
-            .unwrap();
+        let ok =
+            parse(Kind::Chat, chat(r#","top_k":5,"min_p":0.2,"repeat_penalty":1.3,"repeat_last_n":9"#).as_bytes(), &d)
+                .unwrap();
         let s = &ok.sampling;
         assert_eq!((s.top_k, s.min_p, s.repeat_penalty, s.repeat_last_n), (5, 0.2, 1.3, 9));
+        let ok = parse(Kind::Chat, chat(r#","frequency_penalty":0.5,"presence_penalty":-1"#).as_bytes(), &d).unwrap();
+        assert_eq!((ok.sampling.frequency_penalty, ok.sampling.presence_penalty), (0.5, -1.0));
         // Refused, each naming its field.
         for (extra, field) in [
             (r#","n":3"#, "'n'"),
             (r#","logprobs":true"#, "'logprobs'"),
             (r#","top_logprobs":2"#, "'top_logprobs'"),
-            (r#","response_format":{"type":"json_object"}"#, "'response_format'"),
-            (r#","response_format":{"type":"json_schema","json_schema":{}}"#, "'response_format'"),
+            (r#","response_format":{"type":"json"}"#, "'response_format'"),
+            (
+                r#","response_format":{"type":"json_schema","json_schema":{"schema":{},"x":1}}"#,
+                "'response_format.json_schema.x'",
+            ),
+            (
+                r#","response_format":{"type":"json_object"},"grammar":"root ::= \"a\"""#,
+                "give one of response_format and grammar",
+            ),
+            (r#","json_schema":[]"#, "'json_schema' must be"),
+            (r#","grammar":5"#, "'grammar' must be a string"),
             (r#","tools":[{"type":"function","function":{"name":"f"}}]"#, "'tools'"),
             (r#","tool_choice":"required""#, "'tool_choice'"),
-            (r#","frequency_penalty":0.5"#, "'frequency_penalty'"),
-            (r#","presence_penalty":1"#, "'presence_penalty'"),
+            (r#","frequency_penalty":2.5"#, "'frequency_penalty' must be between -2 and 2"),
+            (r#","presence_penalty":"x""#, "'presence_penalty' must be a number"),
             (r#","logit_bias":{"5":100}"#, "'logit_bias'"),
-            (r#","grammar":"root ::= x""#, "'grammar'"),
-            (r#","json_schema":{}"#, "'json_schema'"),
             (r#","prompt":"x""#, "'prompt'"),
             (r#","echo":false"#, "'echo'"),
             (r#","min_p":2"#, "'min_p' must be in [0, 1]"),
@@ -439,6 +531,29 @@ mod tests {
             assert!(e.message.contains(field), "{}: {}", String::from_utf8_lossy(body), e.message);
         }
         parse(Kind::Completion, br#"{"prompt":"x","echo":false,"best_of":1,"logprobs":null,"suffix":""}"#, &d).unwrap();
+    }
+
+    #[test]
+    fn response_formats_json_schemas_and_grammars_are_read() {
+        let d = SamplerConfig::default();
+        let chat = |extra: &str| format!(r#"{{"messages":[{{"role":"user","content":"x"}}]{extra}}}"#);
+        let g = |extra: &str| parse(Kind::Chat, chat(extra).as_bytes(), &d).unwrap().grammar;
+        assert_eq!(g(r#","response_format":{"type":"text"}"#), None);
+        assert_eq!(g(r#","response_format":{"type":"json_object"}"#), Some(GrammarSpec::JsonObject));
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let strict = format!(
+            r#","response_format":{{"type":"json_schema","json_schema":{{"name":"n","strict":true,"schema":{schema}}}}}"#
+        );
+        assert_eq!(g(&strict), Some(GrammarSpec::JsonSchema(schema.clone())));
+        assert_eq!(g(&format!(r#","json_schema":{schema}"#)), Some(GrammarSpec::JsonSchema(schema)));
+        assert_eq!(g(r#","grammar":"root ::= \"a\"""#), Some(GrammarSpec::Gbnf("root ::= \"a\"".into())));
+        assert_eq!(
+            g(r#","grammar":"%llguidance {}\nstart: \"a\"""#),
+            Some(GrammarSpec::Lark("%llguidance {}\nstart: \"a\"".into()))
+        );
+        // Completions take them too.
+        let c = parse(Kind::Completion, br#"{"prompt":"x","response_format":{"type":"json_object"}}"#, &d).unwrap();
+        assert_eq!(c.grammar, Some(GrammarSpec::JsonObject));
     }
 
     #[test]

@@ -9,8 +9,9 @@
 
 use std::sync::Arc;
 
-use crate::tools::serve::{GenRequest, Prompt, SubmitError};
+use crate::grammar::{Constraint, Grammars};
 use crate::text::{ChatTemplate, Tokenizer};
+use crate::tools::serve::{GenRequest, Prompt, SubmitError};
 
 /// Bytes of prompt text a context position may stand for. Real text runs 3 to 5 bytes a
 /// token; long tokens (runs of spaces in code vocabularies) reach a few dozen bytes; so a
@@ -26,12 +27,14 @@ pub const MAX_STOP_BYTES: usize = 1024;
 pub struct Encoded {
     tokens: Vec<u32>,
     req: GenRequest,
+    /// The request's grammar, compiled.
+    constraint: Option<Constraint>,
 }
 
 impl Encoded {
-    /// The prompt's tokens and the request.
-    pub fn into_parts(self) -> (Vec<u32>, GenRequest) {
-        (self.tokens, self.req)
+    /// The prompt's tokens, the request and its compiled grammar.
+    pub fn into_parts(self) -> (Vec<u32>, GenRequest, Option<Constraint>) {
+        (self.tokens, self.req, self.constraint)
     }
 }
 
@@ -44,6 +47,7 @@ pub struct PromptEncoder {
     allow_special: bool,
     n_ctx: usize,
     n_vocab: usize,
+    grammars: Grammars,
 }
 
 impl PromptEncoder {
@@ -52,9 +56,10 @@ impl PromptEncoder {
         template: Arc<ChatTemplate>,
         allow_special: bool,
         n_ctx: usize,
-        n_vocab: usize,
+        grammars: Grammars,
     ) -> PromptEncoder {
-        PromptEncoder { tokenizer, template, allow_special, n_ctx, n_vocab }
+        let n_vocab = grammars.n_vocab();
+        PromptEncoder { tokenizer, template, allow_special, n_ctx, n_vocab, grammars }
     }
 
     /// The most prompt bytes this context takes.
@@ -63,7 +68,7 @@ impl PromptEncoder {
     }
 
     /// Checks `req` and tokenizes its prompt: not empty, shorter than the context, every id
-    /// inside the vocabulary.
+    /// inside the vocabulary; compiles its grammar (see [`Grammars::compile`]).
     pub fn encode(&self, req: GenRequest) -> Result<Encoded, SubmitError> {
         if req.stop.len() > MAX_STOP_STRINGS {
             return Err(SubmitError::BadPrompt(format!(
@@ -120,6 +125,9 @@ impl PromptEncoder {
                 self.n_vocab
             )));
         }
-        Ok(Encoded { tokens, req })
+        // Last: a grammar compiles in milliseconds, after the cheaper checks.
+        let constraint =
+            req.grammar.as_ref().map(|g| self.grammars.compile(g)).transpose().map_err(SubmitError::BadGrammar)?;
+        Ok(Encoded { tokens, req, constraint })
     }
 }
