@@ -166,6 +166,7 @@ bench_llama_cpp_avx2() {
 bench_machine() {
   local model flags
   model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+  model="$model (family $(lscpu | sed -n 's/^CPU family: *//p' | head -1), model $(lscpu | sed -n 's/^Model: *//p' | head -1))"
   flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|fma|f16c|avx512[a-z_]*|avx_vnni|amx[a-z_]*)$' | sort -u | tr '\n' ' ')
   echo "$model, $(nproc) cores; SIMD: ${flags% }"
 }

@@ -25,7 +25,9 @@ gen_rate() { # extra flags... -> generation tok/s of one run
 
 echo "# Structured output: decode with a JSON schema against plain decode"
 echo
-echo "$(date -u +%Y-%m-%d), duet $(bench_duet_label); $(bench_machine)"
+bw=$("$duet" bench -m "$smol" -p 0 -n 1 -r 1 -t "$THREADS" --device cpu --bandwidth 2>/dev/null |
+  sed -n 's/^memory read bandwidth: \([0-9.]*\) GB.*/\1/p')
+echo "$(date -u +%Y-%m-%d), duet $(bench_duet_label); $(bench_machine); memory read bandwidth $bw GB/s"
 echo "SmolLM2-135M-Instruct Q4_1, CPU, $THREADS threads, $TOKENS tokens a run, $PAIRS alternating pairs; medians of generation tok/s"
 echo
 echo "| temperature | plain tok/s | json_schema tok/s | ratio |"
