@@ -35,6 +35,8 @@ fn request(prompt: &str, max_tokens: usize, stop: &[&str]) -> (GenRequest, Event
         stop: stop.iter().map(|s| s.to_string()).collect(),
         ignore_eos: false,
         grammar: None,
+        logprobs: None,
+        group: None,
         sink: Box::new(move |e| {
             sink_events.lock().unwrap().push(e);
             true
@@ -353,4 +355,40 @@ fn a_token_outside_the_vocabulary_fails_only_its_request() {
     assert_eq!(done(&events).map(|d| d.2), Some(8), "the running request's reply: {:?}", events.lock().unwrap());
     std::fs::remove_file(&crafted).unwrap();
     std::fs::remove_file(&path).unwrap();
+}
+
+/// The `n` choices of one API request (one group, one prompt) share the prompt's cache
+/// pages: the first evaluates it, the others are admitted once it is in the cache and take
+/// its whole pages, so the prompt is evaluated about once, not `n` times; each choice still
+/// gets the reply it gets alone.
+#[test]
+fn choices_of_one_group_share_the_prompt_pages() {
+    let path = convert("llama-gqa", Preset::F32, false);
+    let prompt =
+        "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foolishness";
+    let mut alone = scheduler(&path, 3, 8);
+    let (req, want) = request(prompt, 6, &[]);
+    alone.submit(req).unwrap();
+    run_to_idle(&mut alone);
+    let prompt_len = done(&want).unwrap().1;
+    assert!(prompt_len > duet_runtime::kv_pages::PAGE + 1, "a prompt of {prompt_len} tokens fills a page");
+
+    let mut s = scheduler(&path, 3, 8);
+    let events: Vec<Events> = (0..3)
+        .map(|_| {
+            let (mut req, ev) = request(prompt, 6, &[]);
+            req.group = Some(7);
+            s.submit(req).unwrap();
+            ev
+        })
+        .collect();
+    run_to_idle(&mut s);
+    for ev in &events {
+        assert_eq!(text(ev), text(&want));
+    }
+    let m = s.metrics();
+    let m = m.lock().unwrap();
+    let whole = (prompt_len - 1) / duet_runtime::kv_pages::PAGE * duet_runtime::kv_pages::PAGE;
+    assert_eq!(m.prompt_tokens_shared, 2 * whole as u64, "each later choice takes the whole pages");
+    assert_eq!(m.prompt_tokens_total, (prompt_len + 2 * (prompt_len - whole)) as u64);
 }

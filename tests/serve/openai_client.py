@@ -3,9 +3,15 @@
     python openai_client.py BASE_URL API_KEY
 
 Checks the model list, a non-streamed and a streamed chat completion (greedy: the same
-text both ways, usage counted) and a completion; prints "ok" at the end.
+text both ways, usage counted), a completion, log probabilities (the greedy token is the
+most likely, probabilities at most 1, alternatives sorted) streamed and not, `n` = 3, CORS
+preflights from an allowed and a refused origin, and unsupported fields refused by name;
+prints "ok" at the end.
 """
+import math
 import sys
+import urllib.error
+import urllib.request
 
 import openai
 
@@ -47,6 +53,67 @@ try:
     raise AssertionError("a bad temperature was accepted")
 except openai.BadRequestError as e:
     assert "temperature" in str(e), e
+
+# Log probabilities: greedy, so each drawn token is the most likely one.
+lp = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+)
+content = lp.choices[0].logprobs.content
+assert len(content) == lp.usage.completion_tokens, (len(content), lp.usage)
+assert "".join(t.token for t in content) == lp.choices[0].message.content
+for t in content:
+    assert t.logprob <= 0 and math.exp(t.logprob) <= 1
+    tops = [x.logprob for x in t.top_logprobs]
+    assert len(tops) == 3 and tops == sorted(tops, reverse=True), tops
+    assert t.token == t.top_logprobs[0].token and abs(t.logprob - tops[0]) < 1e-6, (t.token, t.top_logprobs)
+    assert bytes(t.bytes).decode("utf-8", "replace") == t.token, (t.bytes, t.token)
+streamed = []
+for chunk in client.chat.completions.create(
+    model=model, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, stream=True
+):
+    if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+        streamed.extend(chunk.choices[0].logprobs.content)
+assert [t.token for t in streamed] == [t.token for t in content]
+done = client.completions.create(model=model, prompt="Call me Ishmael.", max_tokens=4, temperature=0, logprobs=2)
+l = done.choices[0].logprobs
+assert len(l.tokens) == len(l.token_logprobs) == len(l.top_logprobs) == done.usage.completion_tokens
+assert all(max(top.values()) == lp for top, lp in zip(l.top_logprobs, l.token_logprobs))
+
+# n choices: three, each with its own seed.
+three = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=1, seed=5, n=3)
+assert sorted(c.index for c in three.choices) == [0, 1, 2], three.choices
+assert three.usage.completion_tokens <= 18, three.usage
+assert len({c.message.content for c in three.choices}) > 1, [c.message.content for c in three.choices]
+indices = set()
+for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=4, n=3, stream=True):
+    indices.update(c.index for c in chunk.choices)
+assert indices == {0, 1, 2}, indices
+
+
+def preflight(origin):
+    req = urllib.request.Request(
+        base + "/chat/completions",
+        method="OPTIONS",
+        headers={"Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.headers.get("Access-Control-Allow-Origin"), r.headers.get("Access-Control-Allow-Headers") or ""
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Access-Control-Allow-Origin"), ""
+
+
+status, allow, headers = preflight("http://localhost:5173")
+assert status == 204 and allow == "http://localhost:5173" and "authorization" in headers, (status, allow, headers)
+status, allow, _ = preflight("https://elsewhere.example")
+assert status == 403 and allow is None, (status, allow)
+
+for field, value in [("logit_bias", {"5": 10}), ("tools", [{"type": "function", "function": {"name": "f"}}]), ("frobnicate", 1)]:
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=2, extra_body={field: value})
+        raise AssertionError(f"{field} was accepted")
+    except openai.BadRequestError as e:
+        assert f"'{field}'" in str(e), e
 
 bad = openai.OpenAI(base_url=base, api_key="wrong", max_retries=0, timeout=60)
 try:

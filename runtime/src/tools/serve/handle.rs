@@ -111,6 +111,11 @@ impl Handle {
         self.n_ctx
     }
 
+    /// The model's tokenizer (for /tokenize and /detokenize).
+    pub fn tokenizer(&self) -> &Arc<crate::text::Tokenizer> {
+        self.encoder.tokenizer()
+    }
+
     /// Stops the engine thread (requests in flight end without a reply) and waits for it.
     pub fn stop(&self) {
         let _ = self.tx.send(Command::Stop);

@@ -9,15 +9,18 @@
 //! * [`scheduler`]: the slots, the queue and the step.
 //! * [`handle`]: the engine thread and the handle other threads submit through.
 //! * [`metrics`]: counters for Prometheus.
-//! * [`openai`]: the OpenAI API's request and response JSON.
+//! * [`openai`]: the OpenAI API's request JSON; [`openai_reply`]: its replies.
+//! * [`logprobs`]: log probabilities of drawn tokens.
 //! * [`prompt`]: a request's checks and its prompt's tokens, on the submitting thread.
 //! * [`stop`]: stop strings over streamed text.
 //!
 //! HTTP lives in the `duet serve` command; nothing here knows about it.
 
 pub mod handle;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
+pub mod openai_reply;
 pub mod prompt;
 pub mod scheduler;
 pub mod stop;
@@ -52,11 +55,28 @@ impl FinishReason {
     }
 }
 
-/// What a request receives, in order: text pieces, then `Done` (or `Failed`).
+/// A drawn token's log probability and the most likely alternatives (`logprobs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's bytes (a piece of a character when it splits one).
+    pub token: Vec<u8>,
+    pub logprob: f32,
+    /// The most likely tokens at its place, most likely first.
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// What a request receives, in order: text pieces (each after the log probabilities of its
+/// tokens, when asked for), then `Done` (or `Failed`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum GenEvent {
     Text(String),
-    Done { finish: FinishReason, prompt_tokens: usize, completion_tokens: usize },
+    /// The next drawn token's log probability, when the request asked for them.
+    Logprob(TokenLogprob),
+    Done {
+        finish: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
     Failed(String),
 }
 
@@ -76,6 +96,13 @@ pub struct GenRequest {
     /// What the reply must be (a JSON schema, a grammar), compiled where the request is
     /// encoded.
     pub grammar: Option<crate::grammar::GrammarSpec>,
+    /// Report each drawn token's log probability and this many alternatives (≤
+    /// [`logprobs::MAX_TOP_LOGPROBS`]); None: none.
+    pub logprobs: Option<usize>,
+    /// Requests of one group (the `n` choices of one API request, the same prompt) are
+    /// admitted one after another's prompt is in the cache, so that they share its pages
+    /// instead of each evaluating it.
+    pub group: Option<u64>,
     pub sink: Sink,
 }
 

@@ -1,14 +1,21 @@
 //! The OpenAI API's JSON for `duet serve`: requests of `/v1/chat/completions` and
 //! `/v1/completions` checked field by field (a wrong type is a 400 naming the field; a field
 //! duet does not implement is a 400 naming it, never accepted and ignored: [`FIELDS`]), and
-//! the response, stream-chunk and error bodies. No HTTP here.
+//! the error body; replies are [`crate::tools::serve::openai_reply`]'s. No HTTP here.
 
 use serde_json::{Map, Value, json};
 
 use crate::grammar::GrammarSpec;
 use crate::sampler::SamplerConfig;
 use crate::text::Message;
-use crate::tools::serve::{FinishReason, Prompt};
+use crate::tools::serve::Prompt;
+
+/// `system_fingerprint` of every reply: the build that made it (its version and the
+/// runtime's), so that clients can tell when replies to the same seed may differ.
+pub const SYSTEM_FINGERPRINT: &str = concat!("duet-", env!("CARGO_PKG_VERSION"));
+
+/// The most choices one request may ask for (`n`): each takes a slot.
+pub const MAX_CHOICES: usize = 16;
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +41,10 @@ pub struct ApiRequest {
     /// What the reply must be: `response_format`'s JSON object or schema, or llama-server's
     /// `json_schema` and `grammar` fields.
     pub grammar: Option<GrammarSpec>,
+    /// Choices to generate (`n`), each with the seed after the previous one's.
+    pub n: usize,
+    /// Report each token's log probability and this many alternatives.
+    pub logprobs: Option<usize>,
 }
 
 /// An error for the client: HTTP status, OpenAI error type, message.
@@ -86,14 +97,8 @@ pub enum Field {
 fn is_null_or_one(v: &Value) -> bool {
     v.is_null() || v.as_u64() == Some(1)
 }
-fn is_null_or_zero(v: &Value) -> bool {
-    v.is_null() || v.as_f64() == Some(0.0)
-}
 fn is_null_or_false(v: &Value) -> bool {
     v.is_null() || v == &Value::Bool(false)
-}
-fn is_null_false_or_zero(v: &Value) -> bool {
-    is_null_or_false(v) || v.as_u64() == Some(0)
 }
 fn is_null_or_empty(v: &Value) -> bool {
     match v {
@@ -136,10 +141,10 @@ pub const FIELDS: &[(&str, Option<Kind>, Field)] = &[
     ("model", None, Field::Inert),
     ("user", None, Field::Inert),
     ("metadata", None, Field::Inert),
-    ("n", None, Field::Only(is_null_or_one, "1")),
+    ("n", None, Field::Used),
     ("best_of", Some(Kind::Completion), Field::Only(is_null_or_one, "1")),
-    ("logprobs", None, Field::Only(is_null_false_or_zero, "false (chat) or 0 (completions)")),
-    ("top_logprobs", Some(Kind::Chat), Field::Only(is_null_or_zero, "0")),
+    ("logprobs", None, Field::Used),
+    ("top_logprobs", Some(Kind::Chat), Field::Used),
     ("response_format", None, Field::Used),
     ("json_schema", None, Field::Used),
     ("grammar", None, Field::Used),
@@ -296,7 +301,40 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
         Some(_) => return Err(ApiError::bad_request("'ignore_eos' must be a boolean")),
     };
     let grammar = grammar(&o)?;
-    Ok(ApiRequest { kind, prompt, sampling, seed, max_tokens, stop, stream, ignore_eos, grammar })
+    let n = match integer(&o, "n")? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => n as usize,
+        Some(n) => return Err(ApiError::bad_request(format!("'n' must be between 1 and {MAX_CHOICES}, got {n}"))),
+    };
+    let logprobs = logprobs(kind, &o)?;
+    Ok(ApiRequest { kind, prompt, sampling, seed, max_tokens, stop, stream, ignore_eos, grammar, n, logprobs })
+}
+
+/// Chat: `logprobs` true and `top_logprobs` 0 to 20; completions: `logprobs` 0 to 5 (the
+/// alternatives to report).
+fn logprobs(kind: Kind, o: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    use crate::tools::serve::logprobs::MAX_TOP_LOGPROBS;
+    match kind {
+        Kind::Chat => {
+            let on = match o.get("logprobs") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(ApiError::bad_request("'logprobs' must be a boolean")),
+            };
+            match integer(o, "top_logprobs")? {
+                Some(k) if !on => Err(ApiError::bad_request(format!("'top_logprobs' ({k}) needs 'logprobs': true"))),
+                Some(k) if k as usize > MAX_TOP_LOGPROBS => Err(ApiError::bad_request(format!(
+                    "'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"
+                ))),
+                k => Ok(on.then_some(k.unwrap_or(0) as usize)),
+            }
+        }
+        Kind::Completion => match integer(o, "logprobs") {
+            Ok(None) => Ok(None),
+            Ok(Some(k)) if k <= 5 => Ok(Some(k as usize)),
+            _ => Err(ApiError::bad_request("'logprobs' must be an integer between 0 and 5 (completions)")),
+        },
+    }
 }
 
 /// The reply's shape: OpenAI's `response_format` (`text`, `json_object`, `json_schema`
@@ -367,70 +405,6 @@ fn grammar(o: &Map<String, Value>) -> Result<Option<GrammarSpec>, ApiError> {
     Ok(found.pop().map(|f| f.1))
 }
 
-/// Token counts of a finished request.
-#[derive(Clone, Copy, Debug)]
-pub struct Usage {
-    pub prompt: usize,
-    pub completion: usize,
-}
-
-fn usage(u: Usage) -> Value {
-    json!({"prompt_tokens": u.prompt, "completion_tokens": u.completion, "total_tokens": u.prompt + u.completion})
-}
-
-/// The whole reply of a non-streamed request.
-pub fn response(kind: Kind, id: &str, model: &str, created: u64, text: &str, finish: FinishReason, u: Usage) -> Value {
-    match kind {
-        Kind::Chat => json!({
-            "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish.as_str()}],
-            "usage": usage(u),
-        }),
-        Kind::Completion => json!({
-            "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish.as_str()}],
-            "usage": usage(u),
-        }),
-    }
-}
-
-/// One server-sent-event chunk of a streamed reply: `text` (chat: the first chunk also
-/// carries the role), or the last one with the finish reason and the usage.
-pub fn chunk(
-    kind: Kind,
-    id: &str,
-    model: &str,
-    created: u64,
-    text: Option<&str>,
-    first: bool,
-    end: Option<(FinishReason, Usage)>,
-) -> Value {
-    let finish = end.map(|(f, _)| f.as_str());
-    let mut v = match kind {
-        Kind::Chat => {
-            let mut delta = Map::new();
-            if first {
-                delta.insert("role".into(), "assistant".into());
-            }
-            if let Some(t) = text {
-                delta.insert("content".into(), t.into());
-            }
-            json!({
-                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            })
-        }
-        Kind::Completion => json!({
-            "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}],
-        }),
-    };
-    if let Some((_, u)) = end {
-        v["usage"] = usage(u);
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,7 +448,7 @@ mod tests {
         let chat = |extra: &str| format!(r#"{{"messages":[{{"role":"user","content":"x"}}]{extra}}}"#);
         // Accepted: what asks for nothing more than duet does.
         for extra in [
-            r#","model":"m","user":"u","n":1,"logprobs":false,"top_logprobs":0,"frequency_penalty":0"#,
+            r#","model":"m","user":"u","n":1,"logprobs":false,"frequency_penalty":0"#,
             r#","presence_penalty":0.0,"logit_bias":{},"tools":[],"tool_choice":"none","store":false"#,
             r#","response_format":{"type":"text"},"stream_options":{"include_usage":true},"metadata":{"a":"b"}"#,
         ] {
@@ -489,9 +463,11 @@ mod tests {
         assert_eq!((ok.sampling.frequency_penalty, ok.sampling.presence_penalty), (0.5, -1.0));
         // Refused, each naming its field.
         for (extra, field) in [
-            (r#","n":3"#, "'n'"),
-            (r#","logprobs":true"#, "'logprobs'"),
-            (r#","top_logprobs":2"#, "'top_logprobs'"),
+            (r#","n":0"#, "'n' must be between 1 and 16"),
+            (r#","n":17"#, "'n' must be between 1 and 16"),
+            (r#","logprobs":1"#, "'logprobs' must be a boolean"),
+            (r#","top_logprobs":2"#, "'top_logprobs' (2) needs 'logprobs': true"),
+            (r#","logprobs":true,"top_logprobs":21"#, "'top_logprobs' must be between 0 and 20"),
             (r#","response_format":{"type":"json"}"#, "'response_format'"),
             (
                 r#","response_format":{"type":"json_schema","json_schema":{"schema":{},"x":1}}"#,
@@ -524,13 +500,19 @@ mod tests {
         for (body, field) in [
             (&br#"{"prompt":"x","echo":true}"#[..], "'echo'"),
             (br#"{"prompt":"x","best_of":2}"#, "'best_of'"),
-            (br#"{"prompt":"x","logprobs":3}"#, "'logprobs'"),
+            (br#"{"prompt":"x","logprobs":6}"#, "'logprobs' must be an integer between 0 and 5"),
+            (br#"{"prompt":"x","logprobs":true}"#, "'logprobs' must be an integer"),
             (br#"{"prompt":"x","messages":[]}"#, "'messages'"),
         ] {
             let e = parse(Kind::Completion, body, &d).unwrap_err();
             assert!(e.message.contains(field), "{}: {}", String::from_utf8_lossy(body), e.message);
         }
         parse(Kind::Completion, br#"{"prompt":"x","echo":false,"best_of":1,"logprobs":null,"suffix":""}"#, &d).unwrap();
+        let c = parse(Kind::Completion, br#"{"prompt":"x","logprobs":3,"n":2}"#, &d).unwrap();
+        assert_eq!((c.logprobs, c.n), (Some(3), 2));
+        let c = parse(Kind::Chat, chat(r#","logprobs":true,"top_logprobs":4,"n":3"#).as_bytes(), &d).unwrap();
+        assert_eq!((c.logprobs, c.n), (Some(4), 3));
+        assert_eq!(parse(Kind::Chat, chat(r#","logprobs":true"#).as_bytes(), &d).unwrap().logprobs, Some(0));
     }
 
     #[test]
@@ -554,19 +536,5 @@ mod tests {
         // Completions take them too.
         let c = parse(Kind::Completion, br#"{"prompt":"x","response_format":{"type":"json_object"}}"#, &d).unwrap();
         assert_eq!(c.grammar, Some(GrammarSpec::JsonObject));
-    }
-
-    #[test]
-    fn responses_and_chunks_have_the_openai_shape() {
-        let u = Usage { prompt: 3, completion: 2 };
-        let r = response(Kind::Chat, "c1", "m", 1, "hi", FinishReason::Stop, u);
-        assert_eq!(r["choices"][0]["message"]["content"], "hi");
-        assert_eq!(r["usage"]["total_tokens"], 5);
-        let c = chunk(Kind::Chat, "c1", "m", 1, Some("h"), true, None);
-        assert_eq!(c["choices"][0]["delta"]["role"], "assistant");
-        assert!(c["choices"][0]["finish_reason"].is_null());
-        let end = chunk(Kind::Completion, "c1", "m", 1, None, false, Some((FinishReason::Length, u)));
-        assert_eq!(end["choices"][0]["finish_reason"], "length");
-        assert_eq!(end["usage"]["completion_tokens"], 2);
     }
 }

@@ -62,6 +62,11 @@ impl PromptEncoder {
         PromptEncoder { tokenizer, template, allow_special, n_ctx, n_vocab, grammars }
     }
 
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
     /// The most prompt bytes this context takes.
     pub fn max_prompt_bytes(&self) -> usize {
         self.n_ctx.saturating_mul(PROMPT_BYTES_PER_TOKEN)

@@ -12,10 +12,11 @@ use crate::kv_pages::PAGE;
 use crate::model::{Batch, BatchContext, Logits, Model, Session};
 use crate::sampler::Sampler;
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
+use crate::tools::serve::logprobs::Distribution;
 use crate::tools::serve::metrics::Metrics;
 use crate::tools::serve::prompt::{Encoded, PromptEncoder};
 use crate::tools::serve::stop::StopText;
-use crate::tools::serve::{FinishReason, GenEvent, GenRequest, Sink, SubmitError};
+use crate::tools::serve::{FinishReason, GenEvent, GenRequest, Sink, SubmitError, TokenLogprob};
 
 /// `(&v[src], &mut v[dst])` for `src != dst`.
 fn two<T>(v: &mut [T], src: usize, dst: usize) -> (&T, &mut T) {
@@ -44,6 +45,10 @@ struct Active {
     ignore_eos: bool,
     stream: TextStream,
     stop: StopText,
+    /// Alternatives reported with each token's log probability (None: no log
+    /// probabilities).
+    logprobs: Option<usize>,
+    group: Option<u64>,
 }
 
 struct Waiting {
@@ -84,6 +89,8 @@ pub struct Scheduler<B: Backend> {
     allow_special: bool,
     /// Compiles requests' schemas and grammars (on the submitting threads).
     grammars: Grammars,
+    /// Each id's bytes, for log probabilities (made at the first request for them).
+    pieces: std::sync::OnceLock<Vec<Vec<u8>>>,
 }
 
 impl<B: Backend> Scheduler<B> {
@@ -140,6 +147,7 @@ impl<B: Backend> Scheduler<B> {
             metrics,
             allow_special: false,
             grammars,
+            pieces: std::sync::OnceLock::new(),
         })
     }
 
@@ -208,6 +216,13 @@ impl<B: Backend> Scheduler<B> {
     fn admit(&mut self) {
         let common = |c: &[u32], p: &[u32]| c.iter().zip(p).take_while(|(a, b)| a == b).count();
         while let Some(front) = self.queue.front() {
+            // One of its group still evaluates the same prompt: wait, then share its pages.
+            let sibling_prefilling = front.req.group.is_some_and(|g| {
+                self.active.iter().flatten().any(|a| a.group == Some(g) && a.prefilled < a.prompt.len())
+            });
+            if sibling_prefilling {
+                break;
+            }
             let best = (0..self.active.len())
                 .filter(|&i| self.active[i].is_none())
                 .max_by_key(|&i| (common(&self.cached[i], &front.tokens), std::cmp::Reverse(i)));
@@ -242,6 +257,8 @@ impl<B: Backend> Scheduler<B> {
                 ignore_eos: w.req.ignore_eos,
                 stream: TextStream::new(),
                 stop: StopText::new(&w.req.stop),
+                logprobs: w.req.logprobs,
+                group: w.req.group,
             });
         }
     }
@@ -362,13 +379,20 @@ impl<B: Backend> Scheduler<B> {
                     continue;
                 }
             }
+            // The model's own distribution, before the sampler changes the logits.
+            let before = a.logprobs.map(|k| (Distribution::of(&l, k), l.clone()));
             let tok = a.sampler.sample(&mut l, &a.history);
             if let Some(e) = a.sampler.error() {
                 let e = RuntimeError::Grammar(e.to_string());
                 self.fail(i, &e);
                 continue;
             }
-            if let Err(e) = self.accept(i, tok) {
+            let logprob = before.map(|(dist, raw)| {
+                let pieces = self.pieces.get_or_init(|| piece_table(&self.tokenizer, raw.len()));
+                let piece = |id: u32| pieces.get(id as usize).cloned().unwrap_or_default();
+                dist.entry(tok, raw.get(tok as usize).copied().unwrap_or(f32::NEG_INFINITY), &piece)
+            });
+            if let Err(e) = self.accept(i, tok, logprob) {
                 // Its text could not be made (a token the tokenizer cannot decode): this
                 // request fails, the others go on.
                 self.fail(i, &e);
@@ -393,7 +417,7 @@ impl<B: Backend> Scheduler<B> {
 
     /// Takes sampled token `tok` of slot `i`: streams its text and finishes the request
     /// when it ends, otherwise schedules it to be fed.
-    fn accept(&mut self, i: usize, tok: u32) -> Result<(), RuntimeError> {
+    fn accept(&mut self, i: usize, tok: u32, logprob: Option<TokenLogprob>) -> Result<(), RuntimeError> {
         let n_past = self.sessions[i].n_past;
         let a = self.active[i].as_mut().expect("active slot");
         a.next = None;
@@ -406,7 +430,8 @@ impl<B: Backend> Scheduler<B> {
             self.metrics.lock().unwrap_or_else(|p| p.into_inner()).generated_tokens_total += 1;
             let text = a.stream.push(&self.tokenizer, tok)?;
             let (out, stopped) = a.stop.push(&text);
-            if !out.is_empty() && !(a.sink)(GenEvent::Text(out)) {
+            let heard = logprob.is_none_or(|lp| (a.sink)(GenEvent::Logprob(lp)));
+            if !heard || (!out.is_empty() && !(a.sink)(GenEvent::Text(out))) {
                 Outcome::Gone
             } else if stopped {
                 Outcome::Finish(FinishReason::Stop, true)
@@ -462,4 +487,18 @@ impl<B: Backend> Scheduler<B> {
         }
         Ok(())
     }
+}
+
+/// Each id's bytes for log probabilities: what the token spells, control tokens as their
+/// text.
+fn piece_table(tok: &Tokenizer, n_vocab: usize) -> Vec<Vec<u8>> {
+    let mut pieces = crate::text::token_bytes::token_bytes(tok, n_vocab).unwrap_or_else(|_| {
+        (0..n_vocab as u32).map(|id| tok.id_to_token(id).unwrap_or_default().into_bytes()).collect()
+    });
+    for p in &mut pieces {
+        if p.first() == Some(&crate::text::token_bytes::SPECIAL_MARKER) {
+            p.remove(0);
+        }
+    }
+    pieces
 }

@@ -1,27 +1,28 @@
 //! `duet serve`: an OpenAI-compatible HTTP server. The engine (slots, queue, continuous
 //! batching) is duet_runtime::tools::serve, the JSON its `openai` module; this wires them to axum.
 
-use std::convert::Infallible;
+mod complete;
+mod guard;
+mod tokenize;
+
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event, Sse};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use duet_runtime::sampler::SamplerConfig;
 use duet_runtime::tools::serve::handle::{Engine as ServeEngine, Handle};
-use duet_runtime::tools::serve::openai::{self, ApiError, ApiRequest, Kind, Usage};
+use duet_runtime::tools::serve::openai::Kind;
 use duet_runtime::tools::serve::scheduler::Scheduler;
-use duet_runtime::tools::serve::{GenEvent, GenRequest, SubmitError};
 use serde_json::json;
-use tokio::sync::mpsc;
+
+use guard::{host_name, is_loopback, refused_request, unauthorized};
 
 use super::common::{AnyEngine, ModelArgs, SamplingArgs, file_name, load_engine, require_model};
 
@@ -78,6 +79,14 @@ pub struct Args {
     /// Requests that may wait for a slot; more are refused with 503
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
+    /// Also answer web pages from ORIGIN (e.g. https://chat.example.com; `*` for any page),
+    /// repeatable. Pages served from loopback (http://localhost:PORT…) are always answered;
+    /// requests from any other page get 403
+    #[arg(long = "cors", value_name = "ORIGIN")]
+    pub cors: Vec<String>,
+    /// No log line per request on stderr (method, path, status, tokens, milliseconds)
+    #[arg(long)]
+    pub log_disable: bool,
     /// No loading messages on stderr
     #[arg(short, long)]
     pub quiet: bool,
@@ -96,6 +105,10 @@ struct App {
     hosts: Option<Vec<String>>,
     /// A request body must arrive within this.
     body_timeout: std::time::Duration,
+    /// Web page origins answered besides loopback ones (`--cors`).
+    cors: Vec<String>,
+    /// A line per request on stderr.
+    log: bool,
 }
 
 /// How connections are served: headers (and idle keep-alive) and the connection count.
@@ -103,57 +116,6 @@ struct Limits {
     header_timeout: std::time::Duration,
     max_connections: usize,
     shutdown_timeout: u64,
-}
-
-/// Whether `host` (a --host value) is a loopback address.
-fn is_loopback(host: &str) -> bool {
-    let h = host.trim_start_matches('[').trim_end_matches(']');
-    h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// The Host header's name, lower case, without a port (`[::1]:8080` → `[::1]`).
-fn host_name(value: &str) -> String {
-    let v = value.trim().to_ascii_lowercase();
-    if v.starts_with('[') {
-        return v.split_once(']').map_or(v.clone(), |(a, _)| format!("{a}]"));
-    }
-    v.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(v.clone(), |(h, _)| h.to_string())
-}
-
-/// Equal without an early exit at the first difference (the key comparison's time says
-/// nothing about the key; its length is not secret).
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The refusal, if any, of a request with these headers before anything else looks at it:
-/// a Host the server does not answer to (403), and for a POST a body that is not declared
-/// JSON (415: a cross-site form or `text/plain` POST cannot start a generation).
-fn refused_request(app: &App, headers: &HeaderMap, post: bool) -> Option<Response> {
-    if let Some(hosts) = &app.hosts {
-        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).map(host_name).unwrap_or_default();
-        if !hosts.contains(&host) {
-            return Some(error(ApiError {
-                status: 403,
-                kind: "forbidden",
-                message: format!(
-                    "this server does not answer to the host '{host}' (start it with --allow-host {host} or --allow-any-host)"
-                ),
-            }));
-        }
-    }
-    if post {
-        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let json = ct.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
-        if !json {
-            return Some(error(ApiError {
-                status: 415,
-                kind: "invalid_request_error",
-                message: format!("the body must be JSON with Content-Type: application/json (got '{ct}')"),
-            }));
-        }
-    }
-    None
 }
 
 fn now() -> u64 {
@@ -213,6 +175,8 @@ pub fn run(args: Args) -> Result<()> {
         },
         hosts,
         body_timeout: std::time::Duration::from_secs(args.body_timeout.max(1)),
+        cors: args.cors.iter().map(|o| o.trim_end_matches('/').to_string()).collect(),
+        log: !args.log_disable,
     });
     let limits = Limits {
         header_timeout: std::time::Duration::from_secs(args.header_timeout.max(1)),
@@ -262,8 +226,13 @@ async fn serve(app: Arc<App>, host: &str, port: u16, slots: usize, limits: Limit
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
-        .route("/v1/chat/completions", post(|s, r| complete(s, r, Kind::Chat)))
-        .route("/v1/completions", post(|s, r| complete(s, r, Kind::Completion)))
+        .route("/v1/chat/completions", post(|s, r| complete::complete(s, r, Kind::Chat)))
+        .route("/v1/completions", post(|s, r| complete::complete(s, r, Kind::Completion)))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .fallback(guard::not_found)
+        .method_not_allowed_fallback(guard::wrong_method)
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), guard::around))
         .with_state(app);
     // Each connection on hyper's HTTP/1 with a header read timeout (which also closes an
     // idle keep-alive connection: its timer runs while the next request's head is awaited),
@@ -323,35 +292,11 @@ async fn serve(app: Arc<App>, host: &str, port: u16, slots: usize, limits: Limit
     }
 }
 
-fn error(e: ApiError) -> Response {
-    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(header::CONTENT_TYPE, "application/json")], e.body()).into_response()
-}
-
 async fn health(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     if let Some(r) = refused_request(&app, &headers, false) {
         return r;
     }
     axum::Json(json!({"status": "ok"})).into_response()
-}
-
-/// The response that refuses a request: a Host the server does not answer to, a POST body
-/// not declared JSON (see [`refused_request`]), or 401 when a key is required and `headers`
-/// do not carry it.
-fn unauthorized(app: &App, headers: &HeaderMap, post: bool) -> Option<Response> {
-    if let Some(r) = refused_request(app, headers, post) {
-        return Some(r);
-    }
-    let key = app.api_key.as_ref()?;
-    let given =
-        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    (!given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes()))).then(|| {
-        error(ApiError {
-            status: 401,
-            kind: "authentication_error",
-            message: "invalid or missing API key (send Authorization: Bearer KEY)".into(),
-        })
-    })
 }
 
 async fn models(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
@@ -370,127 +315,4 @@ async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
         return r;
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.handle.metrics().to_prometheus()).into_response()
-}
-
-/// Largest request body read (a prompt and its settings).
-const MAX_BODY_BYTES: usize = 8 << 20;
-
-async fn complete(State(app): State<Arc<App>>, req: axum::extract::Request, kind: Kind) -> Response {
-    let (parts, body) = req.into_parts();
-    let headers = parts.headers;
-    if let Some(r) = unauthorized(&app, &headers, true) {
-        return r;
-    }
-    // The body within its deadline and size: a client that sends headers and then trickles
-    // (or never sends) its body holds nothing for long.
-    let body: Bytes = match tokio::time::timeout(app.body_timeout, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
-        Ok(Ok(b)) => b,
-        Ok(Err(_)) => {
-            return error(ApiError {
-                status: 413,
-                kind: "invalid_request_error",
-                message: format!("the request body is larger than {MAX_BODY_BYTES} bytes or was cut off"),
-            });
-        }
-        Err(_) => {
-            return error(ApiError {
-                status: 408,
-                kind: "invalid_request_error",
-                message: format!("the request body did not arrive within {} s", app.body_timeout.as_secs()),
-            });
-        }
-    };
-    let mut req = match openai::parse(kind, &body, &app.defaults) {
-        Ok(r) => r,
-        Err(e) => return error(e),
-    };
-    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
-    // Requests without a seed each get their own.
-    req.sampling.seed = req.seed.unwrap_or_else(|| app.defaults.seed.wrapping_add(n));
-    let id = format!("{}-{}{n:06}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, app.id_prefix);
-    let (tx, rx) = mpsc::unbounded_channel();
-    let work = GenRequest {
-        prompt: req.prompt.clone(),
-        sampling: req.sampling.clone(),
-        max_tokens: req.max_tokens,
-        stop: req.stop.clone(),
-        ignore_eos: req.ignore_eos,
-        grammar: req.grammar.clone(),
-        // A closed receiver (the client went away) cancels the request.
-        sink: Box::new(move |e| tx.send(e).is_ok()),
-    };
-    let submit_app = Arc::clone(&app);
-    let submitted = tokio::task::spawn_blocking(move || submit_app.handle.submit(work)).await;
-    match submitted {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return error(submit_error(e)),
-        Err(e) => return error(ApiError { status: 500, kind: "server_error", message: e.to_string() }),
-    }
-    if req.stream { stream(app, req, id, rx).into_response() } else { whole(&app, &req, &id, rx).await }
-}
-
-fn submit_error(e: SubmitError) -> ApiError {
-    let status = match e {
-        SubmitError::QueueFull { .. } => 503,
-        SubmitError::TooLong { .. } | SubmitError::BadPrompt(_) | SubmitError::BadGrammar(_) => 400,
-        SubmitError::Stopped(_) => 500,
-    };
-    let kind = if status == 400 { "invalid_request_error" } else { "server_error" };
-    ApiError { status, kind, message: e.to_string() }
-}
-
-async fn whole(app: &App, req: &ApiRequest, id: &str, mut rx: mpsc::UnboundedReceiver<GenEvent>) -> Response {
-    let mut text = String::new();
-    while let Some(e) = rx.recv().await {
-        match e {
-            GenEvent::Text(t) => text.push_str(&t),
-            GenEvent::Done { finish, prompt_tokens, completion_tokens } => {
-                let usage = Usage { prompt: prompt_tokens, completion: completion_tokens };
-                return axum::Json(openai::response(req.kind, id, &app.model, now(), &text, finish, usage))
-                    .into_response();
-            }
-            GenEvent::Failed(m) => return error(ApiError { status: 500, kind: "server_error", message: m }),
-        }
-    }
-    error(ApiError { status: 500, kind: "server_error", message: "the engine stopped before the reply ended".into() })
-}
-
-/// Server-sent events: a chunk per piece of text, a last chunk with the finish reason and
-/// the usage, then `data: [DONE]`.
-fn stream(
-    app: Arc<App>,
-    req: ApiRequest,
-    id: String,
-    rx: mpsc::UnboundedReceiver<GenEvent>,
-) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
-    let created = now();
-    // (receiver, whether the first chunk went out, whether [DONE] is next)
-    let state = (rx, false, false);
-    let events = futures_util::stream::unfold(state, move |(mut rx, sent_first, done)| {
-        let (app, id, kind) = (Arc::clone(&app), id.clone(), req.kind);
-        async move {
-            if done {
-                return None;
-            }
-            let chunk = |text: Option<&str>, end| openai::chunk(kind, &id, &app.model, created, text, !sent_first, end);
-            match rx.recv().await {
-                Some(GenEvent::Text(t)) => {
-                    Some((Ok(Event::default().data(chunk(Some(&t), None).to_string())), (rx, true, false)))
-                }
-                Some(GenEvent::Done { finish, prompt_tokens, completion_tokens }) => {
-                    let usage = Usage { prompt: prompt_tokens, completion: completion_tokens };
-                    let last = chunk(None, Some((finish, usage))).to_string();
-                    // The [DONE] marker follows as its own event.
-                    Some((Ok(Event::default().data(last)), (rx, true, true)))
-                }
-                Some(GenEvent::Failed(m)) => {
-                    let body = ApiError { status: 500, kind: "server_error", message: m }.body();
-                    Some((Ok(Event::default().data(body)), (rx, true, true)))
-                }
-                None => None,
-            }
-        }
-    });
-    let done = futures_util::stream::once(async { Ok(Event::default().data("[DONE]")) });
-    Sse::new(futures_util::StreamExt::chain(events, done))
 }
