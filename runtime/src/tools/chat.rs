@@ -109,4 +109,73 @@ impl Conversation {
     pub fn reset(&mut self) {
         self.turns.clear();
     }
+
+    /// The conversation as OpenAI chat messages: `{"messages": [{"role", "content"}, …]}`
+    /// (what `duet chat`'s `/save` writes and `/load` reads).
+    pub fn to_json(&self) -> serde_json::Value {
+        let msgs: Vec<serde_json::Value> = self
+            .messages("")
+            .into_iter()
+            .take(self.system.iter().count() + 2 * self.turns.len())
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        serde_json::json!({ "messages": msgs })
+    }
+
+    /// A conversation [`Conversation::to_json`] wrote: an optional system message first,
+    /// then user and assistant messages in turn. Says which message is wrong otherwise.
+    pub fn from_json(v: &serde_json::Value) -> Result<Conversation, String> {
+        let msgs = v["messages"].as_array().ok_or("no \"messages\" array")?;
+        let mut conv = Conversation::new(None);
+        let mut user: Option<String> = None;
+        for (i, m) in msgs.iter().enumerate() {
+            let (Some(role), Some(content)) = (m["role"].as_str(), m["content"].as_str()) else {
+                return Err(format!("message {i} needs a string \"role\" and \"content\""));
+            };
+            match (role, &user) {
+                ("system", None) if i == 0 => conv.system = Some(content.to_string()),
+                ("user", None) => user = Some(content.to_string()),
+                ("assistant", Some(_)) => conv.turns.push((user.take().unwrap_or_default(), content.to_string())),
+                _ => {
+                    return Err(format!(
+                        "message {i} has the role '{role}' where {} was expected",
+                        if user.is_some() { "an assistant message" } else { "a user message" }
+                    ));
+                }
+            }
+        }
+        if user.is_some() {
+            return Err("the last user message has no reply".into());
+        }
+        Ok(conv)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversations_round_trip_as_openai_messages() {
+        let mut c = Conversation::new(Some("be brief".into()));
+        c.turns.push(("hi".into(), "hello".into()));
+        c.turns.push(("a\nb".into(), "c".into()));
+        let v = c.to_json();
+        assert_eq!(v["messages"].as_array().unwrap().len(), 5);
+        assert_eq!(v["messages"][3]["content"], "a\nb");
+        let back = Conversation::from_json(&v).unwrap();
+        assert_eq!((back.system, back.turns), (c.system, c.turns));
+        for (bad, why) in [
+            (serde_json::json!({}), "no \"messages\""),
+            (
+                serde_json::json!({"messages": [{"role": "assistant", "content": "x"}]}),
+                "message 0 has the role 'assistant'",
+            ),
+            (serde_json::json!({"messages": [{"role": "user", "content": "x"}]}), "no reply"),
+            (serde_json::json!({"messages": [{"role": "user"}]}), "message 0 needs"),
+        ] {
+            let e = Conversation::from_json(&bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
 }
