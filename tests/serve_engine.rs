@@ -35,6 +35,7 @@ fn request(prompt: &str, max_tokens: usize, stop: &[&str]) -> (GenRequest, Event
         stop: stop.iter().map(|s| s.to_string()).collect(),
         ignore_eos: false,
         grammar: None,
+        tools: None,
         logprobs: None,
         group: None,
         sink: Box::new(move |e| {

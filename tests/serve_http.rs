@@ -181,7 +181,8 @@ fn endpoints_errors_and_the_openai_client() {
 
 /// Structured output through the `openai` client (tests/serve/structured_client.py): 50 of
 /// 50 seeded `json_schema` replies of the bundled 10 M DIFF model at temperature 1 parse and
-/// validate; a GBNF `grammar`; refusals with the reason.
+/// validate; a GBNF `grammar`; refusals with the reason; a tool round trip whose calls'
+/// arguments validate against the function's parameters.
 #[test]
 fn json_schema_replies_through_the_openai_client_validate() {
     let test = "json_schema_replies_through_the_openai_client_validate";
@@ -208,6 +209,19 @@ fn json_schema_replies_through_the_openai_client_validate() {
     let distinct: std::collections::HashSet<&str> = replies.iter().map(|r| r[0].as_str().unwrap()).collect();
     assert!(distinct.len() >= 48, "seeds give different replies: {} distinct of 50", distinct.len());
     assert!(["yes!", "no!"].contains(&v["grammar"].as_str().unwrap()), "{}", v["grammar"]);
+    // Every tool call's arguments follow get_weather's parameters.
+    let params = serde_json::json!({
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city", "unit"],
+        "additionalProperties": false,
+    });
+    let calls = v["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 6);
+    for c in calls {
+        let args: Value = serde_json::from_str(c.as_str().unwrap()).unwrap_or_else(|e| panic!("{e}: {c}"));
+        duet_test_support::json_schema::validate(&args, &params).unwrap_or_else(|e| panic!("{e}: {c}"));
+    }
 }
 
 const PROMPTS: [&str; 8] = [

@@ -5,8 +5,10 @@
 
 Sends 50 chat requests with `response_format: json_schema` (strict) at temperature 1, seeds
 0 to 49, one `json_object` request, and a llama-server `grammar` request; checks that a schema
-or grammar that cannot constrain a reply is a 400 with the reason. Prints one JSON object:
-{"replies": [[content, finish_reason], ...], "grammar": content}.
+or grammar that cannot constrain a reply is a 400 with the reason; a tool round trip (tools →
+tool_calls → a tool message → the final answer) with the client's own types, streamed and
+not. Prints one JSON object: {"replies": [[content, finish_reason], ...], "grammar": content,
+"calls": [arguments, ...]}.
 """
 import json
 import sys
@@ -59,4 +61,48 @@ for bad, reason in [
     except openai.BadRequestError as e:
         assert reason in str(e), (reason, str(e))
 
-print(json.dumps({"replies": replies, "grammar": gram.choices[0].text}))
+# Tools: the bundled model's template knows nothing of them (the generic format); with
+# tool_choice "required" every reply is a call whose arguments follow the parameters.
+tools = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}]
+ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+calls = []
+for seed in range(5):
+    # (One call a reply: a model this small would go on calling until the token limit.)
+    r = client.chat.completions.create(
+        model=model, messages=ask, tools=tools, tool_choice="required", parallel_tool_calls=False, temperature=1, seed=seed, max_tokens=120
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather" and call.id, call
+    calls.append(call.function.arguments)
+    # The client's own message object goes back, with the tool's answer.
+    follow = ask + [choice.message, {"role": "tool", "tool_call_id": call.id, "content": "12 degrees and rain"}]
+    final = client.chat.completions.create(model=model, messages=follow, tools=tools, tool_choice="none", temperature=0, max_tokens=12)
+    assert final.choices[0].finish_reason in ("stop", "length") and final.choices[0].message.tool_calls is None, final
+    assert isinstance(final.choices[0].message.content, str)
+
+named = {"type": "function", "function": {"name": "get_weather"}}
+name, args, finish = None, "", None
+for chunk in client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice=named, parallel_tool_calls=False, temperature=1, seed=9, max_tokens=120, stream=True):
+    for c in chunk.choices:
+        for tc in c.delta.tool_calls or []:
+            name = tc.function.name or name
+            args += tc.function.arguments or ""
+        finish = c.finish_reason or finish
+assert name == "get_weather" and finish == "tool_calls", (name, finish)
+calls.append(args)
+
+print(json.dumps({"replies": replies, "grammar": gram.choices[0].text, "calls": calls}))

@@ -21,11 +21,17 @@ use crate::error::RuntimeError;
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls, as Hugging Face templates read them:
+    /// `[{"type": "function", "function": {"name", "arguments": {…}}}]` (rendered with
+    /// `content` none when it is empty).
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` turn's answer to this call.
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Message {
-        Message { role: role.to_string(), content: content.to_string() }
+        Message { role: role.to_string(), content: content.to_string(), tool_calls: None, tool_call_id: None }
     }
 }
 
@@ -37,6 +43,8 @@ pub const PLAIN: &str = "{% for message in messages %}{% if message['role'] == '
 
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
+    /// The template's text (what tool-call formats are told apart by).
+    pub text: String,
     pub source: TemplateSource,
     bos: String,
     eos: String,
@@ -67,7 +75,12 @@ pub struct TemplateLimits {
 
 impl Default for TemplateLimits {
     fn default() -> TemplateLimits {
-        TemplateLimits { fuel: TEMPLATE_FUEL, memory: TEMPLATE_MEMORY, time: TEMPLATE_TIME, output: TEMPLATE_MAX_OUTPUT }
+        TemplateLimits {
+            fuel: TEMPLATE_FUEL,
+            memory: TEMPLATE_MEMORY,
+            time: TEMPLATE_TIME,
+            output: TEMPLATE_MAX_OUTPUT,
+        }
     }
 }
 
@@ -128,9 +141,10 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
-        let broken = env.add_template_owned("chat", text).err().map(|e| describe(&e));
+        let broken = env.add_template_owned("chat", text.clone()).err().map(|e| describe(&e));
         Ok(ChatTemplate {
             env: Arc::new(env),
+            text,
             source,
             bos: bos.to_string(),
             eos: eos.to_string(),
@@ -141,6 +155,17 @@ impl ChatTemplate {
     }
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, RuntimeError> {
+        self.render_with_tools(messages, add_generation_prompt, None)
+    }
+
+    /// [`ChatTemplate::render`] with the template's `tools` variable set (the request's
+    /// tools, `[{"type": "function", "function": {…}}]`).
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, RuntimeError> {
         if let Some(why) = &self.broken {
             return Err(RuntimeError::Template(format!("the model's chat template does not parse: {why}")));
         }
@@ -153,10 +178,22 @@ impl ChatTemplate {
             .map(|m| {
                 let mut map = std::collections::BTreeMap::new();
                 map.insert("role", minijinja::Value::from(m.role.clone()));
-                map.insert("content", minijinja::Value::from(m.content.clone()));
+                let content = if m.content.is_empty() && m.tool_calls.is_some() {
+                    minijinja::Value::from(())
+                } else {
+                    minijinja::Value::from(m.content.clone())
+                };
+                map.insert("content", content);
+                if let Some(calls) = &m.tool_calls {
+                    map.insert("tool_calls", jinja_value(calls));
+                }
+                if let Some(id) = &m.tool_call_id {
+                    map.insert("tool_call_id", minijinja::Value::from(id.clone()));
+                }
                 minijinja::Value::from(map)
             })
             .collect();
+        let tools = tools.map(jinja_value);
         let (env, bos, eos) = (Arc::clone(&self.env), self.bos.clone(), self.eos.clone());
         let limits = self.limits;
         let rendered = crate::mem_budget::run_with_budget(limits.memory, limits.time, move || {
@@ -166,6 +203,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => bos,
                 eos_token => eos,
+                tools => tools,
             };
             // Written through a capped buffer, so that a template writing without end stops
             // at the limit instead of first building all of its text.
@@ -222,14 +260,26 @@ pub fn encode_chat(
     add_generation_prompt: bool,
     allow_special: bool,
 ) -> Result<Vec<u32>, RuntimeError> {
+    encode_chat_with_tools(template, tokenizer, messages, add_generation_prompt, allow_special, None)
+}
+
+/// [`encode_chat`] with the template's `tools` variable set.
+pub fn encode_chat_with_tools(
+    template: &ChatTemplate,
+    tokenizer: &super::Tokenizer,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    allow_special: bool,
+    tools: Option<&serde_json::Value>,
+) -> Result<Vec<u32>, RuntimeError> {
     if allow_special || !messages.iter().any(|m| tokenizer.holds_special_text(&m.content)) {
-        return tokenizer.encode_rendered(&template.render(messages, add_generation_prompt)?);
+        return tokenizer.encode_rendered(&template.render_with_tools(messages, add_generation_prompt, tools)?);
     }
     // Markers of private-use characters, which no template writes of its own.
     let marker = |i: usize| format!("\u{F8F0}{i}\u{F8F1}");
     let marked: Vec<Message> =
-        messages.iter().enumerate().map(|(i, m)| Message { role: m.role.clone(), content: marker(i) }).collect();
-    let text = template.render(&marked, add_generation_prompt)?;
+        messages.iter().enumerate().map(|(i, m)| Message { content: marker(i), ..m.clone() }).collect();
+    let text = template.render_with_tools(&marked, add_generation_prompt, tools)?;
     let mut ids: Vec<u32> = tokenizer.bos.filter(|_| tokenizer.wants_bos(&text)).into_iter().collect();
     let mut rest = text.as_str();
     while let Some(open) = rest.find('\u{F8F0}') {
@@ -247,6 +297,25 @@ pub fn encode_chat(
     }
     ids.extend(tokenizer.encode(rest, false)?);
     Ok(ids)
+}
+
+/// A JSON value as a template sees it (objects as maps sorted by key; serde_json's parser
+/// already bounds the nesting).
+fn jinja_value(v: &serde_json::Value) -> minijinja::Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => minijinja::Value::from(()),
+        J::Bool(b) => minijinja::Value::from(*b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => minijinja::Value::from(i),
+            None => minijinja::Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => minijinja::Value::from(s.clone()),
+        J::Array(a) => minijinja::Value::from(a.iter().map(jinja_value).collect::<Vec<_>>()),
+        J::Object(o) => minijinja::Value::from(
+            o.iter().map(|(k, v)| (k.clone(), jinja_value(v))).collect::<std::collections::BTreeMap<_, _>>(),
+        ),
+    }
 }
 
 /// The rendered text, refusing to grow past `limit` bytes.
@@ -319,6 +388,21 @@ mod tests {
             out,
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn tools_and_tool_calls_reach_the_template() {
+        let t = "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}{% for m in messages %}{{ m.role }}:{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}{{ m.content is none }}{% else %}{{ m.content }}{% endif %}{% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}|{% endfor %}";
+        let ct = ChatTemplate::new(Some(t), false, "", "").unwrap();
+        let mut call = Message::new("assistant", "");
+        call.tool_calls =
+            Some(serde_json::json!([{"type": "function", "function": {"name": "f", "arguments": {"b": 2, "a": 1}}}]));
+        let mut answer = Message::new("tool", "3");
+        answer.tool_call_id = Some("c1".into());
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        let out = ct.render_with_tools(&[Message::new("user", "hi"), call, answer], false, Some(&tools)).unwrap();
+        assert_eq!(out, "f;user:hi|assistant:f({\"a\": 1, \"b\": 2})True|tool:3#c1|");
+        assert_eq!(ct.render(&[Message::new("user", "hi")], false).unwrap(), "user:hi|");
     }
 
     #[test]
@@ -426,7 +510,8 @@ mod tests {
         let e = ChatTemplate::with_limits(Some(looping), false, "", "", small).unwrap();
         let e = e.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
         assert!(e.contains("fuel"), "{e}");
-        let doubling = "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}";
+        let doubling =
+            "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}";
         let e = ChatTemplate::with_limits(Some(doubling), false, "", "", small).unwrap();
         let e = e.render(&[Message::new("user", "x")], true).unwrap_err().to_string();
         assert!(e.contains("more than 1 MiB of memory"), "{e}");

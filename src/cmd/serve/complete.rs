@@ -12,6 +12,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use duet_runtime::tools::serve::openai::{self, ApiError, ApiRequest, Kind};
 use duet_runtime::tools::serve::openai_reply::{self, Choice, Piece, Usage};
+use duet_runtime::tools::serve::tool_calls::{self, Format, ToolChoice};
 use duet_runtime::tools::serve::{GenEvent, GenRequest, SubmitError, TokenLogprob};
 use tokio::sync::mpsc;
 
@@ -54,6 +55,7 @@ pub async fn complete(State(app): State<Arc<App>>, req: axum::extract::Request, 
             stop: req.stop.clone(),
             ignore_eos: req.ignore_eos,
             grammar: req.grammar.clone(),
+            tools: req.tools.clone(),
             logprobs: req.logprobs,
             group: (req.n > 1).then_some(n),
             sink: Box::new(move |e| tx.send((index, e)).is_ok()),
@@ -100,6 +102,12 @@ async fn whole(
                 usage.prompt = prompt_tokens;
                 usage.completion += completion_tokens;
                 open -= 1;
+                if let Some(format) = calls_format(app, req)
+                    && let Some((text, calls)) = tool_calls::parse_reply(&c.text, format)
+                {
+                    c.text = text.unwrap_or_default();
+                    c.calls = calls;
+                }
                 if open == 0 {
                     let body = openai_reply::response(req.kind, id, &app.model, now(), &choices, usage);
                     let mut r = axum::Json(body).into_response();
@@ -113,6 +121,11 @@ async fn whole(
     error(ApiError { status: 500, kind: "server_error", message: "the engine stopped before the reply ended".into() })
 }
 
+/// The format to read tool calls in, when the request's reply may hold them.
+fn calls_format(app: &App, req: &ApiRequest) -> Option<Format> {
+    req.tools.as_ref().filter(|t| t.choice != ToolChoice::None).map(|_| app.handle.tool_format())
+}
+
 /// What the stream has sent and holds.
 struct StreamState {
     rx: mpsc::UnboundedReceiver<Tagged>,
@@ -121,6 +134,9 @@ struct StreamState {
     started: Vec<bool>,
     offsets: Vec<usize>,
     pending: Vec<Vec<TokenLogprob>>,
+    /// Per choice, with tools: the text held back while it may still be a call (None once
+    /// it cannot; then text streams as it comes).
+    held: Vec<Option<String>>,
     open: usize,
     usage: Usage,
     /// `data: [DONE]` is next.
@@ -138,11 +154,13 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
         started: vec![false; n],
         offsets: vec![0; n],
         pending: vec![Vec::new(); n],
+        held: vec![calls_format(&app, &req).map(|_| String::new()); n],
         open: n,
         usage: Usage { prompt, completion: 0 },
         done: false,
     };
     let (kind, log_start) = (req.kind, std::time::Instant::now());
+    let format = calls_format(&app, &req);
     let events = futures_util::stream::unfold(state, move |mut st| {
         let (app, id) = (Arc::clone(&app), id.clone());
         async move {
@@ -157,6 +175,16 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
                 match e {
                     GenEvent::Logprob(lp) => st.pending[i].push(lp),
                     GenEvent::Text(t) => {
+                        let t = match (&mut st.held[i], format) {
+                            (Some(held), Some(f)) => {
+                                held.push_str(&t);
+                                if f.could_be_call(held) {
+                                    continue;
+                                }
+                                st.held[i].take().unwrap_or_default()
+                            }
+                            _ => t,
+                        };
                         let first = first();
                         let lps = std::mem::take(&mut st.pending[i]);
                         let logprobs = (!lps.is_empty()).then_some(lps.as_slice());
@@ -178,14 +206,21 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
                         st.open -= 1;
                         let last = st.open == 0;
                         let lps = std::mem::take(&mut st.pending[i]);
+                        // Text held back: calls, or text after all.
+                        let held = st.held[i].take().unwrap_or_default();
+                        let (text, calls) = match format.and_then(|f| tool_calls::parse_reply(&held, f)) {
+                            Some((text, calls)) => (text.unwrap_or_default(), calls),
+                            None => (held, Vec::new()),
+                        };
                         let p = Piece {
                             index: i,
                             first,
+                            text: (!text.is_empty()).then_some(text.as_str()),
                             logprobs: (!lps.is_empty()).then_some(lps.as_slice()),
                             offset: st.offsets[i],
                             finish: Some(finish),
+                            calls: &calls,
                             usage: last.then_some(st.usage),
-                            ..Piece::default()
                         };
                         let event = chunk(p);
                         if last {

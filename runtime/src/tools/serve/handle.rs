@@ -111,6 +111,11 @@ impl Handle {
         self.n_ctx
     }
 
+    /// How the model's template writes tool calls (to read them from replies).
+    pub fn tool_format(&self) -> crate::tools::serve::tool_calls::Format {
+        self.encoder.tool_format()
+    }
+
     /// The model's tokenizer (for /tokenize and /detokenize).
     pub fn tokenizer(&self) -> &Arc<crate::text::Tokenizer> {
         self.encoder.tokenizer()

@@ -13,6 +13,7 @@
 //! * [`logprobs`]: log probabilities of drawn tokens.
 //! * [`prompt`]: a request's checks and its prompt's tokens, on the submitting thread.
 //! * [`stop`]: stop strings over streamed text.
+//! * [`tool_calls`]: tools in the prompt, calls in the reply.
 //!
 //! HTTP lives in the `duet serve` command; nothing here knows about it.
 
@@ -24,6 +25,7 @@ pub mod openai_reply;
 pub mod prompt;
 pub mod scheduler;
 pub mod stop;
+pub mod tool_calls;
 
 use crate::sampler::SamplerConfig;
 use crate::text::Message;
@@ -96,6 +98,9 @@ pub struct GenRequest {
     /// What the reply must be (a JSON schema, a grammar), compiled where the request is
     /// encoded.
     pub grammar: Option<crate::grammar::GrammarSpec>,
+    /// Tools the model may call (the template is given them; unless `tool_choice` is
+    /// `none`, the reply is held to text or calls).
+    pub tools: Option<tool_calls::Tools>,
     /// Report each drawn token's log probability and this many alternatives (≤
     /// [`logprobs::MAX_TOP_LOGPROBS`]); None: none.
     pub logprobs: Option<usize>,

@@ -9,6 +9,7 @@ use crate::grammar::GrammarSpec;
 use crate::sampler::SamplerConfig;
 use crate::text::Message;
 use crate::tools::serve::Prompt;
+use crate::tools::serve::tool_calls::{ToolChoice, Tools, parse_tools, template_tool_calls};
 
 /// `system_fingerprint` of every reply: the build that made it (its version and the
 /// runtime's), so that clients can tell when replies to the same seed may differ.
@@ -45,6 +46,8 @@ pub struct ApiRequest {
     pub n: usize,
     /// Report each token's log probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// `tools`, `tool_choice` and `parallel_tool_calls`.
+    pub tools: Option<Tools>,
 }
 
 /// An error for the client: HTTP status, OpenAI error type, message.
@@ -109,12 +112,6 @@ fn is_null_or_empty(v: &Value) -> bool {
         _ => false,
     }
 }
-fn is_no_tool_choice(v: &Value) -> bool {
-    v.is_null() || v == "none" || v == "auto"
-}
-fn is_null_or_bool(v: &Value) -> bool {
-    v.is_null() || v.is_boolean()
-}
 fn is_usage_option(v: &Value) -> bool {
     // The last chunk always carries the usage.
     v.is_null() || v.as_object().is_some_and(|o| o.iter().all(|(k, x)| k == "include_usage" && x.is_boolean()))
@@ -148,9 +145,9 @@ pub const FIELDS: &[(&str, Option<Kind>, Field)] = &[
     ("response_format", None, Field::Used),
     ("json_schema", None, Field::Used),
     ("grammar", None, Field::Used),
-    ("tools", Some(Kind::Chat), Field::Only(is_null_or_empty, "an empty list")),
-    ("tool_choice", Some(Kind::Chat), Field::Only(is_no_tool_choice, "\"none\" or \"auto\" without tools")),
-    ("parallel_tool_calls", Some(Kind::Chat), Field::Only(is_null_or_bool, "true or false without tools")),
+    ("tools", Some(Kind::Chat), Field::Used),
+    ("tool_choice", Some(Kind::Chat), Field::Used),
+    ("parallel_tool_calls", Some(Kind::Chat), Field::Used),
     ("frequency_penalty", None, Field::Used),
     ("presence_penalty", None, Field::Used),
     ("logit_bias", None, Field::Only(is_null_or_empty, "an empty map")),
@@ -201,30 +198,7 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
             }
             let mut out = Vec::with_capacity(msgs.len());
             for (i, m) in msgs.iter().enumerate() {
-                if m.get("tool_calls").is_some_and(|t| !is_null_or_empty(t)) || m.get("role") == Some(&json!("tool")) {
-                    return Err(ApiError::bad_request(format!(
-                        "'messages[{i}]': tool calls and tool messages are not implemented by duet"
-                    )));
-                }
-                let role = m.get("role").and_then(Value::as_str);
-                let content = match m.get("content") {
-                    Some(Value::String(s)) => Some(s.clone()),
-                    // The array form: concatenate its text parts.
-                    Some(Value::Array(parts)) => parts
-                        .iter()
-                        .map(|p| p.get("text").and_then(Value::as_str))
-                        .collect::<Option<Vec<_>>>()
-                        .map(|v| v.concat()),
-                    _ => None,
-                };
-                match (role, content) {
-                    (Some(r), Some(c)) => out.push(Message::new(r, &c)),
-                    _ => {
-                        return Err(ApiError::bad_request(format!(
-                            "'messages[{i}]' must have a string 'role' and a string (or text parts) 'content'"
-                        )));
-                    }
-                }
+                out.push(message(i, m)?);
             }
             Prompt::Chat(out)
         }
@@ -307,7 +281,59 @@ pub fn parse(kind: Kind, body: &[u8], defaults: &SamplerConfig) -> Result<ApiReq
         Some(n) => return Err(ApiError::bad_request(format!("'n' must be between 1 and {MAX_CHOICES}, got {n}"))),
     };
     let logprobs = logprobs(kind, &o)?;
-    Ok(ApiRequest { kind, prompt, sampling, seed, max_tokens, stop, stream, ignore_eos, grammar, n, logprobs })
+    let tools = parse_tools(o.get("tools"), o.get("tool_choice"), o.get("parallel_tool_calls"))
+        .map_err(ApiError::bad_request)?;
+    if let Some(t) = &tools
+        && t.choice != ToolChoice::None
+        && grammar.is_some()
+    {
+        return Err(ApiError::bad_request(
+            "give 'tools' or a response_format/json_schema/grammar, not both (or 'tool_choice': \"none\")",
+        ));
+    }
+    Ok(ApiRequest { kind, prompt, sampling, seed, max_tokens, stop, stream, ignore_eos, grammar, n, logprobs, tools })
+}
+
+/// One chat message: `role` and `content` (a string, text parts, or null beside
+/// `tool_calls`), an assistant's `tool_calls`, a tool's `tool_call_id`.
+fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
+    let role = m.get("role").and_then(Value::as_str);
+    let content = match m.get("content") {
+        Some(Value::String(s)) => Some(s.clone()),
+        // The array form: concatenate its text parts.
+        Some(Value::Array(parts)) => {
+            parts.iter().map(|p| p.get("text").and_then(Value::as_str)).collect::<Option<Vec<_>>>().map(|v| v.concat())
+        }
+        None | Some(Value::Null) if m.get("tool_calls").is_some_and(|t| !t.is_null()) => Some(String::new()),
+        _ => None,
+    };
+    let (Some(role), Some(content)) = (role, content) else {
+        return Err(ApiError::bad_request(format!(
+            "'messages[{i}]' must have a string 'role' and a string (or text parts) 'content'"
+        )));
+    };
+    let mut msg = Message::new(role, &content);
+    match m.get("tool_calls") {
+        None | Some(Value::Null) => {}
+        Some(calls) if role == "assistant" => {
+            msg.tool_calls = Some(template_tool_calls(calls, i).map_err(ApiError::bad_request)?);
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "'messages[{i}].tool_calls': only assistant messages make calls"
+            )));
+        }
+    }
+    if role == "tool" {
+        let id = m.get("tool_call_id").and_then(Value::as_str);
+        let Some(id) = id else {
+            return Err(ApiError::bad_request(format!(
+                "'messages[{i}]' is a tool message without a string 'tool_call_id'"
+            )));
+        };
+        msg.tool_call_id = Some(id.to_string());
+    }
+    Ok(msg)
 }
 
 /// Chat: `logprobs` true and `top_logprobs` 0 to 20; completions: `logprobs` 0 to 5 (the
@@ -479,8 +505,8 @@ mod tests {
             ),
             (r#","json_schema":[]"#, "'json_schema' must be"),
             (r#","grammar":5"#, "'grammar' must be a string"),
-            (r#","tools":[{"type":"function","function":{"name":"f"}}]"#, "'tools'"),
-            (r#","tool_choice":"required""#, "'tool_choice'"),
+            (r#","tools":[{"type":"function","function":{"name":"f","x":1}}]"#, "'tools[0].function.x'"),
+            (r#","tool_choice":"required""#, "'tool_choice' asks for a call but 'tools' is empty"),
             (r#","frequency_penalty":2.5"#, "'frequency_penalty' must be between -2 and 2"),
             (r#","presence_penalty":"x""#, "'presence_penalty' must be a number"),
             (r#","logit_bias":{"5":100}"#, "'logit_bias'"),
@@ -496,7 +522,15 @@ mod tests {
         }
         let tool_turn = br#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}]}"#;
         let e = parse(Kind::Chat, tool_turn, &d).unwrap_err();
-        assert!(e.message.contains("tool calls"), "{}", e.message);
+        assert!(e.message.contains("'messages[0].tool_calls[0].function.name'"), "{}", e.message);
+        let round = br#"{"messages":[{"role":"user","content":"w?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c","content":"3"}],"tools":[{"type":"function","function":{"name":"f"}}]}"#;
+        let ok = parse(Kind::Chat, round, &d).unwrap();
+        let Prompt::Chat(m) = ok.prompt else { panic!() };
+        assert_eq!(m[1].tool_calls.as_ref().unwrap()[0]["function"]["arguments"]["a"], 1);
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("c"));
+        assert!(ok.tools.is_some());
+        let no_id = br#"{"messages":[{"role":"tool","content":"3"}]}"#;
+        assert!(parse(Kind::Chat, no_id, &d).unwrap_err().message.contains("without a string 'tool_call_id'"));
         for (body, field) in [
             (&br#"{"prompt":"x","echo":true}"#[..], "'echo'"),
             (br#"{"prompt":"x","best_of":2}"#, "'best_of'"),

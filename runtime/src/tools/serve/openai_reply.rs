@@ -6,6 +6,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::tools::serve::openai::Kind;
+use crate::tools::serve::tool_calls::Call;
 use crate::tools::serve::{FinishReason, TokenLogprob};
 
 /// Token counts of a finished request (all its choices).
@@ -26,6 +27,34 @@ pub struct Choice {
     pub finish: Option<FinishReason>,
     /// Its tokens' log probabilities, when the request asked for them.
     pub logprobs: Option<Vec<TokenLogprob>>,
+    /// The tool calls read from it (its text is then what is beside them, if anything).
+    pub calls: Vec<Call>,
+}
+
+/// The API's `tool_calls` of `calls`, ids made from the response's id and the choice's
+/// index; with `index` (streamed deltas) each carries its position.
+fn tool_calls_json(calls: &[Call], id: &str, choice: usize, delta: bool) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(k, c)| {
+            let mut v = json!({
+                "id": format!("call_{}_{choice}_{k}", id.rsplit('-').next().unwrap_or(id)),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            });
+            if delta {
+                v["index"] = json!(k);
+            }
+            v
+        })
+        .collect()
+}
+
+/// `tool_calls` for a reply of calls that ended by itself; a reply cut by the token limit
+/// stays `length` (its whole calls are still given).
+fn finish_str(finish: Option<FinishReason>, calls: &[Call]) -> Option<&'static str> {
+    finish.map(|f| if calls.is_empty() || f != FinishReason::Stop { f.as_str() } else { "tool_calls" })
 }
 
 fn text_of(bytes: &[u8]) -> String {
@@ -76,15 +105,24 @@ fn logprobs_json(kind: Kind, lps: Option<&[TokenLogprob]>, start: usize) -> Valu
 
 /// The whole reply of a non-streamed request.
 pub fn response(kind: Kind, id: &str, model: &str, created: u64, choices: &[Choice], u: Usage) -> Value {
-    let finish = |c: &Choice| c.finish.map(FinishReason::as_str);
+    let finish = |c: &Choice| finish_str(c.finish, &c.calls);
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
         .map(|(i, c)| match kind {
-            Kind::Chat => json!({
-                "index": i, "message": {"role": "assistant", "content": c.text},
-                "logprobs": logprobs_json(kind, c.logprobs.as_deref(), 0), "finish_reason": finish(c),
-            }),
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": c.text});
+                if !c.calls.is_empty() {
+                    if c.text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = tool_calls_json(&c.calls, id, i, false);
+                }
+                json!({
+                    "index": i, "message": message,
+                    "logprobs": logprobs_json(kind, c.logprobs.as_deref(), 0), "finish_reason": finish(c),
+                })
+            }
             Kind::Completion => json!({
                 "index": i, "text": c.text,
                 "logprobs": logprobs_json(kind, c.logprobs.as_deref(), 0), "finish_reason": finish(c),
@@ -111,13 +149,15 @@ pub struct Piece<'a> {
     /// Completions: bytes of this choice's text before this piece (for `text_offset`).
     pub offset: usize,
     pub finish: Option<FinishReason>,
+    /// Chat: the choice's tool calls, whole, in one delta.
+    pub calls: &'a [Call],
     /// The whole request's usage, on its last chunk.
     pub usage: Option<Usage>,
 }
 
 /// One server-sent-event chunk of a streamed reply.
 pub fn chunk(kind: Kind, id: &str, model: &str, created: u64, p: Piece) -> Value {
-    let finish = p.finish.map(FinishReason::as_str);
+    let finish = finish_str(p.finish, p.calls);
     let lp = logprobs_json(kind, p.logprobs, p.offset);
     let mut v = match kind {
         Kind::Chat => {
@@ -127,6 +167,9 @@ pub fn chunk(kind: Kind, id: &str, model: &str, created: u64, p: Piece) -> Value
             }
             if let Some(t) = p.text {
                 delta.insert("content".into(), t.into());
+            }
+            if !p.calls.is_empty() {
+                delta.insert("tool_calls".into(), tool_calls_json(p.calls, id, p.index, true));
             }
             json!({
                 "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -160,7 +203,7 @@ mod tests {
     #[test]
     fn responses_and_chunks_have_the_openai_shape() {
         let u = Usage { prompt: 3, completion: 2 };
-        let c = [Choice { text: "hi".into(), finish: Some(FinishReason::Stop), logprobs: None }];
+        let c = [Choice { text: "hi".into(), finish: Some(FinishReason::Stop), ..Choice::default() }];
         let r = response(Kind::Chat, "c1", "m", 1, &c, u);
         assert_eq!(r["choices"][0]["message"]["content"], "hi");
         assert!(r["choices"][0]["logprobs"].is_null());
@@ -179,9 +222,30 @@ mod tests {
     }
 
     #[test]
+    fn tool_calls_whole_and_streamed() {
+        let calls = vec![Call { name: "f".into(), arguments: "{\"a\":1}".into() }];
+        let c = [Choice { finish: Some(FinishReason::Stop), calls: calls.clone(), ..Choice::default() }];
+        let r = response(Kind::Chat, "chatcmpl-x7", "m", 1, &c, Usage::default());
+        let m = &r["choices"][0];
+        assert_eq!(m["finish_reason"], "tool_calls");
+        assert!(m["message"]["content"].is_null());
+        assert_eq!(m["message"]["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
+        assert_eq!(m["message"]["tool_calls"][0]["id"], "call_x7_0_0");
+        let p = Piece { calls: &calls, finish: Some(FinishReason::Stop), ..Piece::default() };
+        let d = chunk(Kind::Chat, "chatcmpl-x7", "m", 1, p);
+        assert_eq!(d["choices"][0]["delta"]["tool_calls"][0]["index"], 0);
+        assert_eq!(d["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
     fn log_probabilities_in_both_shapes() {
         let lps = [lp("He", -0.5), lp("llo", -1.0)];
-        let c = [Choice { text: "Hello".into(), finish: Some(FinishReason::Stop), logprobs: Some(lps.to_vec()) }];
+        let c = [Choice {
+            text: "Hello".into(),
+            finish: Some(FinishReason::Stop),
+            logprobs: Some(lps.to_vec()),
+            calls: vec![],
+        }];
         let chat = response(Kind::Chat, "c", "m", 1, &c, Usage::default());
         let content = &chat["choices"][0]["logprobs"]["content"];
         assert_eq!(content[1]["token"], "llo");

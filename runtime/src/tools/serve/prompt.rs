@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use crate::grammar::{Constraint, Grammars};
 use crate::text::{ChatTemplate, Tokenizer};
+use crate::tools::serve::tool_calls::{self, Format};
 use crate::tools::serve::{GenRequest, Prompt, SubmitError};
 
 /// Bytes of prompt text a context position may stand for. Real text runs 3 to 5 bytes a
@@ -62,6 +63,11 @@ impl PromptEncoder {
         PromptEncoder { tokenizer, template, allow_special, n_ctx, n_vocab, grammars }
     }
 
+    /// How the model's template writes tool calls.
+    pub fn tool_format(&self) -> Format {
+        Format::of(&self.template)
+    }
+
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
@@ -107,13 +113,29 @@ impl PromptEncoder {
                 if bytes > max {
                     return Err(too_long("the conversation", bytes));
                 }
-                crate::text::chat_template::encode_chat(
-                    &self.template,
-                    &self.tokenizer,
-                    messages,
-                    true,
-                    self.allow_special,
-                )
+                match &req.tools {
+                    None => crate::text::chat_template::encode_chat(
+                        &self.template,
+                        &self.tokenizer,
+                        messages,
+                        true,
+                        self.allow_special,
+                    ),
+                    Some(tools) => {
+                        let format = self.tool_format();
+                        let messages = tool_calls::prepare_messages(messages.clone(), tools, format);
+                        let list = serde_json::Value::Array(tools.list.clone());
+                        let native = (format != Format::Generic).then_some(&list);
+                        crate::text::chat_template::encode_chat_with_tools(
+                            &self.template,
+                            &self.tokenizer,
+                            &messages,
+                            true,
+                            self.allow_special,
+                            native,
+                        )
+                    }
+                }
             }
         }
         .map_err(|e| SubmitError::BadPrompt(e.to_string()))?;
@@ -130,9 +152,11 @@ impl PromptEncoder {
                 self.n_vocab
             )));
         }
-        // Last: a grammar compiles in milliseconds, after the cheaper checks.
-        let constraint =
-            req.grammar.as_ref().map(|g| self.grammars.compile(g)).transpose().map_err(SubmitError::BadGrammar)?;
+        // Last: a grammar compiles in milliseconds, after the cheaper checks. Tools bring
+        // their own (calls of them, or text).
+        let tool_grammar = req.tools.as_ref().and_then(|t| tool_calls::grammar(t, self.tool_format()));
+        let grammar = req.grammar.as_ref().or(tool_grammar.as_ref());
+        let constraint = grammar.map(|g| self.grammars.compile(g)).transpose().map_err(SubmitError::BadGrammar)?;
         Ok(Encoded { tokens, req, constraint })
     }
 }
