@@ -25,7 +25,7 @@ duet=$(bench_duet insight)
 models=(diff llama)
 [ -f models/diffv2-ref/config.json ] && models=(diff diffv2 llama)
 for m in "${models[@]}"; do
-  "$duet" convert "models/$m-ref" -t f16 -q -o "$WORK/$m-ref.f16.gguf"
+  "$duet" convert "models/$m-ref" --type f16 -q -o "$WORK/$m-ref.f16.gguf"
 done
 
 # The chapter's opening clauses (after its title), up to "deck,": short enough (~25 tokens)

@@ -50,7 +50,7 @@ models=(diff llama)
 [ -f "$DIR/diffv2-ref/config.json" ] && models=(diff diffv2 llama)
 args=()
 for m in "${models[@]}"; do
-    ./target/release/duet convert "$DIR/$m-ref" -t f16 --calibrate "$WORK/calib.txt" -o "$WORK/$NAME-$m.f16.gguf" -q
+    ./target/release/duet convert "$DIR/$m-ref" --type f16 --calibrate "$WORK/calib.txt" -o "$WORK/$NAME-$m.f16.gguf" -q
     args+=(-m "$WORK/$NAME-$m.f16.gguf")
 done
 mkdir -p models/results

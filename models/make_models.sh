@@ -34,5 +34,5 @@ stamp "trained and exported ($(( $(date +%s) - t_all )) s)"
 $NICE "$VENV/bin/python" models/reference_logits.py "$OUT/llama-ref" "$OUT/diff-ref" "$OUT/diffv2-ref" --prompt "$OUT/reference_prompt.txt"
 
 $NICE cargo build --release --quiet
-$NICE ./target/release/duet convert "$OUT/diff-ref" -t q8_0 -o "$OUT/duet-diff-ref.q8_0.gguf" --threads 1 -q
+$NICE ./target/release/duet convert "$OUT/diff-ref" --type q8_0 -o "$OUT/duet-diff-ref.q8_0.gguf" --threads 1 -q
 stamp "done in $(( $(date +%s) - t_all )) s"

@@ -16,7 +16,7 @@ fn root() -> &'static Path {
 
 fn convert(fixture: &str, out: &Path, calibrate: Option<&Path>) {
     let src = root().join("tests/fixtures/models").join(fixture);
-    let mut args = vec!["convert", src.to_str().unwrap(), "-t", "q8_0", "-q", "-o", out.to_str().unwrap()];
+    let mut args = vec!["convert", src.to_str().unwrap(), "--type", "q8_0", "-q", "-o", out.to_str().unwrap()];
     if let Some(c) = calibrate {
         args.extend(["--calibrate", c.to_str().unwrap()]);
     }

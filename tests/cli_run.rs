@@ -32,7 +32,7 @@ fn fixture_gguf() -> PathBuf {
     let out = std::env::temp_dir().join(format!("duet-cli-run-{}.gguf", std::process::id()));
     if !out.exists() {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama-gqa");
-        let o = duet(&["convert", src.to_str().unwrap(), "-t", "q8_0", "-q", "-o", out.to_str().unwrap()]);
+        let o = duet(&["convert", src.to_str().unwrap(), "--type", "q8_0", "-q", "-o", out.to_str().unwrap()]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     out
@@ -167,6 +167,58 @@ fn perplexity_scores_the_second_half_like_llama_perplexity() {
     assert_eq!(predictions(&["--score-second-half"]), 7 + 7 + 3);
 }
 
+/// The cell of column `column` in the row of test `test` of a `duet bench` Markdown table.
+fn bench_cell(table: &str, test: &str, column: &str) -> String {
+    let cells = |l: &str| l.split('|').map(|c| c.trim().to_string()).collect::<Vec<_>>();
+    let header = cells(table.lines().find(|l| l.starts_with("| model")).unwrap_or_else(|| panic!("no table: {table}")));
+    let at = |name: &str| header.iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name}: {table}"));
+    let row = table.lines().map(cells).find(|r| r.get(at("test")).is_some_and(|t| t == test));
+    row.unwrap_or_else(|| panic!("no {test} row: {table}"))[at(column)].clone()
+}
+
+/// Several models (repeated -m and commas), thread counts and depths: a row each, in every
+/// output format; the Markdown table's columns aligned.
+#[test]
+fn bench_compares_models_threads_and_depths_in_every_format() {
+    let m = fixture_gguf();
+    let m = m.to_str().unwrap();
+    let two = format!("{m},{m}");
+    let args = ["bench", "-m", &two, "-t", "1,2", "-d", "0,4", "-p", "3", "-n", "2", "-r", "1", "--device", "cpu"];
+    let o = duet(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let md = String::from_utf8_lossy(&o.stdout);
+    let table: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
+    // 2 models × 2 thread counts × 2 depths × (pp3, tg2), after the header and the rule.
+    assert_eq!(table.len(), 2 + 16, "{md}");
+    let width = table[0].chars().count();
+    assert!(table.iter().all(|l| l.chars().count() == width), "aligned columns: {md}");
+    assert_eq!(bench_cell(&md, "tg2 @ d4", "threads"), "1");
+    for (format, rows) in [("csv", 16), ("jsonl", 16)] {
+        let o = duet(&[&args[..], &["-o", format]].concat());
+        let out = String::from_utf8_lossy(&o.stdout);
+        let lines: Vec<&str> = out.lines().collect();
+        match format {
+            "csv" => {
+                assert!(lines[0].starts_with("model,size_bytes,params,backend,threads"), "{out}");
+                assert_eq!(lines.len(), 1 + rows, "{out}");
+            }
+            _ => {
+                assert_eq!(lines.len(), rows, "{out}");
+                for l in lines {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    assert!(v["tps"].as_f64().unwrap() > 0.0 && v["threads"].as_u64().is_some(), "{l}");
+                }
+            }
+        }
+    }
+    let o = duet(&["bench", "-m", m, "-m", m, "-p", "3", "-n", "0", "-r", "1", "--device", "cpu", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2, "repeated -m: {v}");
+    assert_eq!(v[0]["test"], "pp3");
+    assert_clean_failure(&duet(&["run", "-m", &two, "-p", "x"]), &["this command takes one model"]);
+    assert_clean_failure(&duet(&["run", "-m", m, "-t", "1,2", "-p", "x"]), &["this command takes one thread count"]);
+}
+
 #[test]
 fn bench_parallel_reports_aggregate_decode_rows_and_refuses_zero() {
     let m = fixture_gguf();
@@ -174,9 +226,8 @@ fn bench_parallel_reports_aggregate_decode_rows_and_refuses_zero() {
     let o = duet(&["bench", "-m", m, "--device", "cpu", "-p", "0", "-n", "4", "-r", "1", "--parallel", "3"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let row = out.lines().find(|l| l.contains("| tg4 ×3 |")).unwrap_or_else(|| panic!("no tg4 ×3 row: {out}"));
-    let rate: f64 = row.split('|').nth(7).unwrap().trim().parse().unwrap();
-    assert!(rate > 0.0, "{row}");
+    let rate: f64 = bench_cell(&out, "tg4 ×3", "t/s (median)").parse().unwrap();
+    assert!(rate > 0.0, "{out}");
     assert_clean_failure(&duet(&["bench", "-m", m, "--parallel", "0"]), &["--parallel must be at least 1"]);
 }
 
@@ -194,14 +245,9 @@ fn bench_reports_weight_streaming_and_bandwidth() {
         duet(&["bench", "-m", m.to_str().unwrap(), "--device", "cpu", "-p", "3", "-n", "4", "-r", "1", "--bandwidth"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let field = |test: &str, i: usize| -> String {
-        let row =
-            out.lines().find(|l| l.contains(&format!("| {test} |"))).unwrap_or_else(|| panic!("no {test}: {out}"));
-        row.split('|').nth(i).unwrap().trim().to_string()
-    };
-    assert_eq!(field("pp3", 9), "—");
-    let rate: f64 = field("tg4", 7).parse().unwrap();
-    let gbs: f64 = field("tg4", 9).parse().unwrap();
+    assert_eq!(bench_cell(&out, "pp3", "weights GB/s"), "—");
+    let rate: f64 = bench_cell(&out, "tg4", "t/s (median)").parse().unwrap();
+    let gbs: f64 = bench_cell(&out, "tg4", "weights GB/s").parse().unwrap();
     let want = (total - embd) as f64 * rate / 1e9;
     assert!((gbs - want).abs() <= 0.006 + 1e-3 * want, "{gbs} GB/s printed, {want} from {rate} t/s");
     let bw: f64 = out
@@ -408,7 +454,9 @@ fn environment_settings_are_read_by_the_cli_and_checked() {
     assert_clean_failure(&run(&[("DUET_ATTN_SIMD", "sse")]), &["DUET_ATTN_SIMD=sse"]);
     assert_clean_failure(&run(&[("DUET_GPU_F16", "maybe")]), &["DUET_GPU_F16=maybe: expected 0 or 1"]);
     let help = String::from_utf8_lossy(&duet(&["--help"]).stdout).into_owned();
-    for var in ["DUET_DEFAULT_MODEL", "DUET_FORCE_SCALAR", "DUET_GEMM", "DUET_ATTN_SIMD", "DUET_KV_JITTER", "DUET_GPU_F16"] {
+    for var in
+        ["DUET_DEFAULT_MODEL", "DUET_FORCE_SCALAR", "DUET_GEMM", "DUET_ATTN_SIMD", "DUET_KV_JITTER", "DUET_GPU_F16"]
+    {
         assert!(help.contains(var), "--help lacks {var}");
     }
 }

@@ -113,7 +113,7 @@ fn assert_refused(what: &str, out: &Output, needles: &[&str]) -> String {
 fn refused(what: &str, input: &Path, needles: &[&str]) -> String {
     let out_dir = TempDir::new("out");
     let before = if input.is_dir() { listing(input) } else { vec![] };
-    let out = convert(input, &["-t", "q4_k_m"], &out_dir.join("out.gguf"));
+    let out = convert(input, &["--type", "q4_k_m"], &out_dir.join("out.gguf"));
     let err = assert_refused(what, &out, needles);
     assert!(listing(&out_dir.0).is_empty(), "{what}: left {:?}", listing(&out_dir.0));
     if input.is_dir() {
@@ -189,7 +189,7 @@ fn corrupt_safetensors_are_refused() {
 fn corrupt_gguf_inputs_are_refused() {
     let t = TempDir::new("corrupt-gguf");
     let g = t.join("good.gguf");
-    let out = convert(&fixture("llama-gqa"), &["-t", "q8_0"], &g);
+    let out = convert(&fixture("llama-gqa"), &["--type", "q8_0"], &g);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let bytes = std::fs::read(&g).unwrap();
     let header_cut = t.join("header-cut.gguf");
@@ -344,7 +344,7 @@ fn v2_every_preset_reads_back_in_gguf_py() {
     let input = fixture("diffllama-v2-gqa");
     for preset in duet_convert::Preset::ALL {
         let target = t.join(format!("{}.gguf", preset.name()));
-        let out = convert(&input, &["-t", preset.name()], &target);
+        let out = convert(&input, &["--type", preset.name()], &target);
         assert!(out.status.success(), "{}: {}", preset.name(), text(&out.stderr));
         let report = duet_test_support::run_python(&python, &script, &[target.as_os_str(), input.as_os_str()]);
         let lines: Vec<Vec<&str>> = report.lines().map(|l| l.split_whitespace().collect()).collect();
@@ -424,10 +424,10 @@ fn output_path_equal_to_an_input_is_refused() {
 
     // A GGUF converted in place.
     let g = t.join("model.gguf");
-    let out = convert(&d, &["-t", "q8_0"], &g);
+    let out = convert(&d, &["--type", "q8_0"], &g);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let gguf = std::fs::read(&g).unwrap();
-    let out = convert(&g, &["-t", "q4_0"], &g);
+    let out = convert(&g, &["--type", "q4_0"], &g);
     assert_refused("GGUF output = its input", &out, &["refusing to overwrite the input file"]);
     assert!(std::fs::read(&g).unwrap() == gguf, "the input GGUF changed");
 
@@ -441,7 +441,7 @@ fn output_path_equal_to_an_input_is_refused() {
     dat.extend(64i32.to_le_bytes()); // nval = hidden size of llama-gqa
     dat.extend((0..64).flat_map(|i| (1.0f32 + i as f32).to_le_bytes()));
     std::fs::write(&im, &dat).unwrap();
-    let out = convert(&d, &["-t", "q4_0", "--imatrix", im.to_str().unwrap()], &im);
+    let out = convert(&d, &["--type", "q4_0", "--imatrix", im.to_str().unwrap()], &im);
     assert_refused("output = the imatrix", &out, &["refusing to overwrite the input file", "imatrix.dat"]);
     assert!(std::fs::read(&im).unwrap() == dat, "the imatrix changed");
 
@@ -459,7 +459,7 @@ fn special_targets_are_refused() {
     let fifo = t.join("out.gguf");
     let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(made.success(), "mkfifo failed");
-    let out = convert(&fixture("llama-gqa"), &["-t", "q8_0"], &fifo);
+    let out = convert(&fixture("llama-gqa"), &["--type", "q8_0"], &fifo);
     assert_refused("output = a FIFO", &out, &["out.gguf", "not a regular file"]);
     #[cfg(unix)]
     {
@@ -469,7 +469,7 @@ fn special_targets_are_refused() {
         std::fs::write(&target, b"keep").unwrap();
         let link = t.join("link.gguf");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        let out = convert(&fixture("llama-gqa"), &["-t", "q8_0"], &link);
+        let out = convert(&fixture("llama-gqa"), &["--type", "q8_0"], &link);
         assert_refused("output = a symbolic link", &out, &["link.gguf", "symbolic link"]);
         assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
         assert_eq!(std::fs::read(&target).unwrap(), b"keep");
@@ -493,7 +493,7 @@ fn signals_leave_no_file() {
     std::fs::write(&text, "the quick brown fox jumps over the lazy dog. ".repeat(20_000)).unwrap();
     for signal in ["INT", "TERM", "HUP"] {
         let mut child = Command::new(DUET)
-            .args(["convert", "-q", "-t", "q4_k_m", "--calibrate"])
+            .args(["convert", "-q", "--type", "q4_k_m", "--calibrate"])
             .arg(&text)
             .arg(fixture("llama-gqa"))
             .arg("-o")
@@ -533,7 +533,7 @@ fn full_disk_leaves_no_file() {
     let out = Command::new("sh")
         .args(["-c", r#"trap '' XFSZ; ulimit -f 16; exec "$0" "$@""#, DUET, "convert"])
         .arg(&input)
-        .args(["-q", "-t", "f32", "-o"])
+        .args(["-q", "--type", "f32", "-o"])
         .arg(&target)
         .env_remove("RUST_BACKTRACE")
         .output()
@@ -564,14 +564,19 @@ fn full_disk_leaves_no_file() {
         }
     }
     let _guard = Unmount(&m.0);
-    let out = convert(&input, &["-t", "q8_0"], &m.join("out.gguf"));
+    let out = convert(&input, &["--type", "q8_0"], &m.join("out.gguf"));
     full_disk_case("64 KiB tmpfs", out, &m.0, "No space left on device");
 }
 
 /// `duet convert --dry-run` output: (tensor name → type name, file size in bytes).
 fn dry_run(input: &Path, preset: &str, extra: &[&str], out_dir: &Path) -> (Vec<(String, String)>, u64) {
-    let mut args: Vec<&OsStr> =
-        vec![OsStr::new("convert"), input.as_os_str(), OsStr::new("--dry-run"), OsStr::new("-t"), OsStr::new(preset)];
+    let mut args: Vec<&OsStr> = vec![
+        OsStr::new("convert"),
+        input.as_os_str(),
+        OsStr::new("--dry-run"),
+        OsStr::new("--type"),
+        OsStr::new(preset),
+    ];
     args.extend(extra.iter().map(OsStr::new));
     let target = out_dir.join("dry.gguf");
     args.extend([OsStr::new("-o"), target.as_os_str()]);
@@ -617,7 +622,7 @@ fn dry_run_prints_the_plan_and_the_exact_size() {
         let (plan, bytes) = dry_run(input, preset, extra, &t.0);
         let target = t.join("real.gguf");
         let mut args: Vec<&OsStr> =
-            vec![OsStr::new("convert"), input.as_os_str(), OsStr::new("-q"), OsStr::new("-t"), OsStr::new(preset)];
+            vec![OsStr::new("convert"), input.as_os_str(), OsStr::new("-q"), OsStr::new("--type"), OsStr::new(preset)];
         args.extend(extra.iter().map(OsStr::new));
         args.extend([OsStr::new("-o"), target.as_os_str()]);
         let out = duet(&args);
@@ -730,7 +735,7 @@ fn memory_stays_bounded_by_the_largest_tensor() {
         OsStr::new("convert"),
         d.as_os_str(),
         OsStr::new("-q"),
-        OsStr::new("-t"),
+        OsStr::new("--type"),
         OsStr::new("f32"),
         OsStr::new("-o"),
         gguf.as_os_str(),
@@ -741,7 +746,7 @@ fn memory_stays_bounded_by_the_largest_tensor() {
         OsStr::new("convert"),
         gguf.as_os_str(),
         OsStr::new("-q"),
-        OsStr::new("-t"),
+        OsStr::new("--type"),
         OsStr::new("q8_0"),
         OsStr::new("-o"),
         q.as_os_str(),
@@ -757,7 +762,7 @@ fn tensor_type_overrides_apply() {
     let out = convert(
         &fixture("diffllama-gqa"),
         &[
-            "-t",
+            "--type",
             "q4_k_m",
             "--tensor-type",
             r"attn_v\.weight=q8_0",
@@ -801,7 +806,7 @@ fn ctrl_c_leaves_no_file() {
     let dir = TempDir::new("ctrl-c");
     let out = dir.join("interrupted.gguf");
     let child = Command::new(env!("CARGO_BIN_EXE_duet"))
-        .args([OsStr::new("convert"), smol.as_os_str(), OsStr::new("-t"), OsStr::new("q4_k_m"), OsStr::new("-o")])
+        .args([OsStr::new("convert"), smol.as_os_str(), OsStr::new("--type"), OsStr::new("q4_k_m"), OsStr::new("-o")])
         .arg(&out)
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -18,7 +18,7 @@ fn root() -> &'static Path {
 
 fn convert(fixture: &str, out: &Path, ty: &str) {
     let src = root().join("tests/fixtures/models").join(fixture);
-    ok(&duet(&["convert", src.to_str().unwrap(), "-t", ty, "-q", "-o", out.to_str().unwrap()]));
+    ok(&duet(&["convert", src.to_str().unwrap(), "--type", ty, "-q", "-o", out.to_str().unwrap()]));
 }
 
 /// The GQA DiffLlama and Llama fixtures as Q8_0 GGUFs in `t`: (diff, llama).

@@ -25,7 +25,7 @@ fn model() -> PathBuf {
     let out = std::env::temp_dir().join(format!("duet-new-user-{}.gguf", std::process::id()));
     if !out.exists() {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/llama-gqa");
-        let o = run(&["convert", src.to_str().unwrap(), "-t", "q8_0", "-q", "-o", out.to_str().unwrap()]);
+        let o = run(&["convert", src.to_str().unwrap(), "--type", "q8_0", "-q", "-o", out.to_str().unwrap()]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     out

@@ -4,7 +4,7 @@
 # A measurement for the release notes, not a CI test (acceptance #5: peak RSS < 1.5 GB).
 #
 #   converter/bench/measure_rss.sh
-#       duet convert DIR -t q4_k_m (TYPE=q8_0 … to change the preset)
+#       duet convert DIR --type q4_k_m (TYPE=q8_0 … to change the preset)
 #   LLAMA_CPP=/path/to/llama.cpp REF_PYTHON=/path/to/python converter/bench/measure_rss.sh
 #       also llama.cpp's route, measured the same way: convert_hf_to_gguf.py --outtype f16
 #       (REF_PYTHON needs torch, transformers, numpy, safetensors), then llama-quantize
@@ -54,7 +54,7 @@ measure() {
 
 echo "input: $model ($((in_bytes / 1000000)) MB of safetensors), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 out=$bench/random-llama-1b-$type.gguf
-measure "duet-$type" "$out" "$in_bytes" "$root/target/release/duet" convert "$model" -t "$type" -q -o "$out"
+measure "duet-$type" "$out" "$in_bytes" "$root/target/release/duet" convert "$model" --type "$type" -q -o "$out"
 
 if [ -n "${LLAMA_CPP:-}" ]; then
   ref_py=${REF_PYTHON:?set REF_PYTHON to a python with torch and transformers for convert_hf_to_gguf.py}

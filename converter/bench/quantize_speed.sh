@@ -20,7 +20,7 @@ types=(${TYPES:-q4_0 q4_k_m q6_k q8_0})
 rand=$BENCH/random-llama-1.1b
 if [ ! -s "$rand.f16.gguf" ]; then
   [ -f "$rand/config.json" ] || bench_random_llama "$rand" --dtype f16 >&2
-  "$duet" convert "$rand" -t f16 -o "$rand.f16.gguf" -q
+  "$duet" convert "$rand" --type f16 -o "$rand.f16.gguf" -q
 fi
 threads=$(nproc)
 py=${DUET_PYTHON:-$PWD/target/oracle-venv/bin/python}  # gguf-py, as tests/run-all.sh installs it
@@ -45,7 +45,7 @@ for t in "${types[@]}"; do
   for ((r = 0; r < rounds; r++)); do
     read -r w m < <(run "$BENCH/time-lq-$t.txt" "$bin/llama-quantize" "$rand.f16.gguf" "$BENCH/lq-$t.gguf" "${t^^}" "$threads")
     lw="$lw $w" lr="$lr $m"
-    read -r w m < <(run "$BENCH/time-duet-$t.txt" "$duet" convert "$rand.f16.gguf" -t "$t" -q -o "$BENCH/duet-$t.gguf")
+    read -r w m < <(run "$BENCH/time-duet-$t.txt" "$duet" convert "$rand.f16.gguf" --type "$t" -q -o "$BENCH/duet-$t.gguf")
     dw="$dw $w" dr="$dr $m"
   done
   same=$("$py" - "$BENCH/lq-$t.gguf" "$BENCH/duet-$t.gguf" <<'PY'

@@ -27,11 +27,11 @@ for a in "${archs[@]}"; do
   base=$BENCH/${dir[$a]}
   if [ ! -s "$base.f16.gguf" ]; then
     [ -f "$base/config.json" ] || bench_random_llama "$base" --dtype f16 ${flag[$a]} >&2
-    "$duet" convert "$base" -t f16 -o "$base.f16.gguf" -q
+    "$duet" convert "$base" --type f16 -o "$base.f16.gguf" -q
     rm -rf "$base"
   fi
   for t in "${types[@]}"; do
-    [ -s "$base.$t.gguf" ] || "$duet" convert "$base.f16.gguf" -t "$t" -o "$base.$t.gguf" -q
+    [ -s "$base.$t.gguf" ] || "$duet" convert "$base.f16.gguf" --type "$t" -o "$base.$t.gguf" -q
   done
 done
 

@@ -10,6 +10,7 @@
 #                           (runtime/bench/gpu_speed.sh builds the Vulkan backend so)
 #   bench_machine        -> prints the CPU model, its SIMD flags and the core count
 #   bench_duet_parse     -> "pp tg GB/s" of a `duet bench` table on stdin
+#   bench_duet_cell H T  -> column H's cells of a `duet bench` table's rows whose test matches T
 #   bench_llama_parse    -> "pp tg" of a `llama-bench` table on stdin
 #   bench_median, bench_ratio A B -> the median of the numbers on stdin, "A/B×"
 #   bench_duet NAME      -> path of a copy of a fresh release build of duet, so that a
@@ -173,9 +174,21 @@ bench_machine() {
 
 # -> "pp tg GB/s" of one `duet bench` table on stdin: the t/s medians of its ppN and tgN rows
 # and the decode row's weight streaming rate; "-" for what the table lacks.
+# Columns are found by their headers, so that older builds' tables (DUET_BIN) read the same.
 bench_duet_parse() {
-  awk -F'|' '$7 ~ /pp[0-9]/ { gsub(/ /, "", $8); pp = $8 } $7 ~ /tg[0-9]/ { gsub(/ /, "", $8); gsub(/ /, "", $10); tg = $8; g = $10 }
+  awk -F'|' '
+    /^\| *model / { for (i = 1; i <= NF; i++) { c = $i; gsub(/^ +| +$/, "", c); col[c] = i } next }
+    col["test"] { x = $col["test"]; r = $col["t/s (median)"]; w = $col["weights GB/s"]; gsub(/ /, "", r); gsub(/ /, "", w)
+      if (x ~ /pp[0-9]/) pp = r; if (x ~ /tg[0-9]/) { tg = r; g = w } }
     END { print (pp == "" ? "-" : pp), (tg == "" ? "-" : tg), (g == "" ? "-" : g) }'
+}
+
+# -> the cell of column HEADER (a prefix of its header) in the rows of one `duet bench`
+# table on stdin whose test matches the regex TEST.
+bench_duet_cell() {
+  awk -F'|' -v h="$1" -v t="$2" '
+    /^\| *model / { for (i = 1; i <= NF; i++) { c = $i; gsub(/^ +| +$/, "", c); if (index(c, h) == 1) hc = i; if (c == "test") tc = i } next }
+    tc && hc { x = $tc; gsub(/^ +| +$/, "", x); if (x ~ t) { v = $hc; gsub(/^ +| +$/, "", v); print v } }'
 }
 
 # -> "pp tg" of one `llama-bench` table on stdin (its t/s means), "-" for what it lacks.

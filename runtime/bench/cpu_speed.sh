@@ -43,10 +43,10 @@ if [ "${MODELS:-}" = all ]; then
   rand=$BENCH/random-llama-1.1b
   if [ ! -s "$rand.f16.gguf" ]; then
     [ -f "$rand/config.json" ] || bench_random_llama "$rand" --dtype f16 >&2
-    "$duet" convert "$rand" -t f16 -o "$rand.f16.gguf" -q
+    "$duet" convert "$rand" --type f16 -o "$rand.f16.gguf" -q
   fi
   for t in q4_0 q4_k_m q6_k q8_0; do
-    [ -s "$rand.$t.gguf" ] || "$duet" convert "$rand.f16.gguf" -t "$t" -o "$rand.$t.gguf" -q
+    [ -s "$rand.$t.gguf" ] || "$duet" convert "$rand.f16.gguf" --type "$t" -o "$rand.$t.gguf" -q
     models+=("$rand.$t.gguf")
   done
 fi

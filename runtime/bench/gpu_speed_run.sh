@@ -116,7 +116,7 @@ PY
   if [ "${MODELS:-}" = small ]; then
     depth=256
     for m in llama-ref diff-ref; do
-      [ -s "$BENCH/$m.q8_0.gguf" ] || "$duet" convert "models/$m" -t q8_0 -o "$BENCH/$m.q8_0.gguf" -q
+      [ -s "$BENCH/$m.q8_0.gguf" ] || "$duet" convert "models/$m" --type q8_0 -o "$BENCH/$m.q8_0.gguf" -q
     done
     models=("$BENCH/llama-ref.q8_0.gguf")
     diff_model=$BENCH/diff-ref.q8_0.gguf
@@ -126,17 +126,17 @@ PY
       if [ ! -s "$base.f16.gguf" ]; then
         bench_say "making the random 1.1B $a"
         bench_random_llama "$base" --dtype f16 $([ $a = diff ] && echo --diff) >>"$log"
-        "$duet" convert "$base" -t f16 -o "$base.f16.gguf" -q
+        "$duet" convert "$base" --type f16 -o "$base.f16.gguf" -q
         rm -rf "$base"
       fi
     done
     for t in q4_0 q4_k_m q8_0; do
       base=$BENCH/random-llama-1.1b
-      [ -s "$base.$t.gguf" ] || "$duet" convert "$base.f16.gguf" -t "$t" -o "$base.$t.gguf" -q
+      [ -s "$base.$t.gguf" ] || "$duet" convert "$base.f16.gguf" --type "$t" -o "$base.$t.gguf" -q
       models+=("$base.$t.gguf")
     done
     diff_model=$BENCH/random-diff-1.1b.q4_0.gguf
-    [ -s "$diff_model" ] || "$duet" convert "$BENCH/random-diff-1.1b.f16.gguf" -t q4_0 -o "$diff_model" -q
+    [ -s "$diff_model" ] || "$duet" convert "$BENCH/random-diff-1.1b.f16.gguf" --type q4_0 -o "$diff_model" -q
   fi
   {
     echo "-p $pp -n $tg -r 3:"
@@ -279,7 +279,7 @@ PY
     base=$BENCH/random-v2-1.1b
     if [ ! -s "$base.q4_0.gguf" ]; then
       bench_say "making the random 1.1B DIFF V2"
-      bench_random_llama "$base" --dtype f16 --v2 >>"$log" && "$duet" convert "$base" -t q4_0 -o "$base.q4_0.gguf" -q
+      bench_random_llama "$base" --dtype f16 --v2 >>"$log" && "$duet" convert "$base" --type q4_0 -o "$base.q4_0.gguf" -q
       rm -rf "$base"
     fi
     read -r x nt x < <(timeout 60 "$duet" bench -m "$base.q4_0.gguf" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)

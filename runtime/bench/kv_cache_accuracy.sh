@@ -29,7 +29,7 @@ duet=$(bench_duet kv-accuracy)
 text=$(bench_eval_text)
 smol=$(bench_smollm2)
 for m in diff llama; do
-  [ -s "$BENCH/$m-ref.f16.gguf" ] || "$duet" convert "models/$m-ref" -t f16 -o "$BENCH/$m-ref.f16.gguf" -q
+  [ -s "$BENCH/$m-ref.f16.gguf" ] || "$duet" convert "models/$m-ref" --type f16 -o "$BENCH/$m-ref.f16.gguf" -q
 done
 parts=" ${PARTS:-duet llama.cpp} "
 has_part() { [[ $parts == *" $1 "* ]]; }
@@ -84,9 +84,9 @@ if has_part gpu; then
   # F32 weights: the CPU backend's quantized-weight arithmetic (two-level Q8 activations)
   # differs from the GPU's on purpose; in f32 both compute the same, so what differs is
   # the attention and its cache.
-  [ -s "$BENCH/smollm2.f32.gguf" ] || "$duet" convert "$smol" -t f32 -o "$BENCH/smollm2.f32.gguf" -q
+  [ -s "$BENCH/smollm2.f32.gguf" ] || "$duet" convert "$smol" --type f32 -o "$BENCH/smollm2.f32.gguf" -q
   for m in diff llama; do
-    [ -s "$BENCH/$m-ref.f32.gguf" ] || "$duet" convert "models/$m-ref" -t f32 -o "$BENCH/$m-ref.f32.gguf" -q
+    [ -s "$BENCH/$m-ref.f32.gguf" ] || "$duet" convert "models/$m-ref" --type f32 -o "$BENCH/$m-ref.f32.gguf" -q
   done
   emit ""
   emit "GPU backend (\`--device gpu\`) against the CPU backend $span, weights in F32:"

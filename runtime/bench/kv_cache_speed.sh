@@ -15,17 +15,17 @@ source runtime/bench/common.sh
 
 duet=$(bench_duet kv-speed)
 smol=$(bench_smollm2)
-[ -s "$BENCH/diff-ref.f16.gguf" ] || "$duet" convert models/diff-ref -t f16 -o "$BENCH/diff-ref.f16.gguf" -q
+[ -s "$BENCH/diff-ref.f16.gguf" ] || "$duet" convert models/diff-ref --type f16 -o "$BENCH/diff-ref.f16.gguf" -q
 rounds=${ROUNDS:-2}
 configs=("f16 f16" "q8 q8" "q8c q8r" "q6c q6r" "q4 q4" "q4c q4r")
 
 tps() { # model k v -> median t/s of one `duet bench` run
   "$duet" bench -m "$1" -c 4128 -d 4096 -p 0 -n 32 -r 3 -t 2 --device cpu --cache-type-k "$2" --cache-type-v "$3" 2>/dev/null \
-    | awk -F'|' '/tg32/ { gsub(/ /, "", $8); print $8 }'
+    | bench_duet_cell "t/s" "^tg32"
 }
 kv_bytes() { # model k v -> "MiB (ratio× f16)" at 4,096 positions
   "$duet" bench -m "$1" -c 4096 -p 1 -n 0 -r 1 -t 2 --device cpu --cache-type-k "$2" --cache-type-v "$3" 2>/dev/null \
-    | awk -F'|' '/pp1/ { gsub(/^ +| +$/, "", $6); print $6 }'
+    | bench_duet_cell "KV cache" "^pp1$" | sed 's/^.*, //'
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use duet_runtime::tools::attn_bench::{BenchOptions, BenchReport, CacheScheme, Target, bench_model, output};
 use duet_runtime::model::LogitGranularity;
+use duet_runtime::tools::attn_bench::{BenchOptions, BenchReport, CacheScheme, Target, bench_model, output};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::common::{file_name, write_atomic};
@@ -19,9 +19,10 @@ pub struct Args {
     /// Text to evaluate (its first --windows × --tokens tokens)
     #[arg(short = 'f', long)]
     pub file: PathBuf,
-    /// Tokens per window: each window is one batch from an empty cache, cut from the text as
-    /// `duet perplexity` cuts its chunks (keep it within the model's context)
-    #[arg(short = 'c', long = "tokens", default_value_t = 512)]
+    /// Tokens per window, the context each window runs in: one batch from an empty cache,
+    /// cut from the text as `duet perplexity` cuts its chunks (keep it within the model's
+    /// training context)
+    #[arg(short = 'c', long = "ctx-size", visible_alias = "tokens", default_value_t = 512)]
     pub tokens: usize,
     /// Windows to evaluate and pool (fewer if the text runs out); every metric is taken
     /// over all their positions

@@ -16,12 +16,13 @@ use duet_runtime::sampler::SamplerConfig;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF model file (llama, diffllama or diffllama_v2)
-    #[arg(short = 'm', long = "model")]
-    pub model: Option<PathBuf>,
-    /// CPU threads (0: all cores; at most 1024)
-    #[arg(short = 't', long, default_value_t = 0, value_parser = parse_threads)]
-    pub threads: usize,
+    /// GGUF model file (llama, diffllama or diffllama_v2); `duet bench` compares several
+    /// (repeat -m, or separate them with commas)
+    #[arg(short = 'm', long = "model", value_delimiter = ',')]
+    pub model: Vec<PathBuf>,
+    /// CPU threads (0: all cores; at most 1024); `duet bench` takes a comma-separated list
+    #[arg(short = 't', long, default_value = "0", value_delimiter = ',', value_parser = parse_threads)]
+    pub threads: Vec<usize>,
     /// Context length in tokens (0: the model's training context, at most 4096)
     #[arg(short = 'c', long = "ctx-size", default_value_t = 0)]
     pub ctx_size: usize,
@@ -226,6 +227,7 @@ impl SamplingArgs {
 /// the GPU cannot hold (out of memory, an unsupported type or shape) falls back to the CPU
 /// with a notice; `gpu` means the GPU or an error.
 pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngine> {
+    args.single()?;
     if !path.exists() {
         anyhow::bail!("{}: no such model file", path.display());
     }
@@ -297,7 +299,7 @@ pub fn load_engine(args: &ModelArgs, path: &Path, quiet: bool) -> Result<AnyEngi
             }
         }
     }
-    let mut backend = CpuBackend::new(args.threads);
+    let mut backend = CpuBackend::new(args.threads());
     backend.set_kv_jitter(super::environment::settings().kv_jitter);
     backend.set_act_precision(match args.cpu_acts {
         CpuActs::Auto => ActPrecision::Auto,
@@ -358,7 +360,30 @@ fn report(engine: &AnyEngine, path: &Path, t0: Instant, quiet: bool) {
 
 /// The model a command should use: -m, or (for chat) the bundled default.
 pub fn require_model(args: &ModelArgs) -> Result<PathBuf> {
-    args.model.clone().ok_or_else(|| anyhow::anyhow!("no model given: pass -m MODEL.gguf"))
+    args.single()?;
+    args.model.first().cloned().ok_or_else(|| anyhow::anyhow!("no model given: pass -m MODEL.gguf"))
+}
+
+impl ModelArgs {
+    /// CPU threads (the first of -t's list; `duet bench` runs each).
+    pub fn threads(&self) -> usize {
+        self.threads.first().copied().unwrap_or(0)
+    }
+
+    /// Refuses several -m or -t values outside `duet bench`, which is the one command that
+    /// runs each of them.
+    pub fn single(&self) -> Result<()> {
+        if self.model.len() > 1 {
+            anyhow::bail!("this command takes one model; -m names {} (duet bench compares several)", self.model.len());
+        }
+        if self.threads.len() > 1 {
+            anyhow::bail!(
+                "this command takes one thread count; -t lists {} (duet bench runs each)",
+                self.threads.len()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The file name of `p` (the whole path when it has none), as tables and reports name models.

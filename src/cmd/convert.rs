@@ -20,7 +20,7 @@ pub struct Args {
     pub output: Option<PathBuf>,
     /// Output type: f32, f16, bf16, q8_0, q6_k, q5_k_m, q4_k_m, q4_k_s, q4_0 (the _m/_s
     /// presets mix types per tensor exactly as llama-quantize does)
-    #[arg(short = 't', long = "type", default_value = "q8_0", value_parser = parse_preset)]
+    #[arg(long = "type", visible_alias = "outtype", default_value = "q8_0", value_parser = parse_preset)]
     pub preset: Preset,
     /// Override the type of tensors whose GGUF name matches REGEX, e.g.
     /// --tensor-type 'attn_v\.weight=q8_0' (may be repeated; the first match wins)
@@ -50,7 +50,7 @@ pub struct Args {
     #[arg(long)]
     pub dry_run: bool,
     /// Quantization threads (0: all cores; at most 1024)
-    #[arg(long, default_value_t = 0, value_parser = super::common::parse_threads)]
+    #[arg(short = 't', long, default_value_t = 0, value_parser = threads_not_type)]
     pub threads: usize,
     /// general.name to record [default: from config.json or the source GGUF]
     #[arg(long)]
@@ -58,6 +58,17 @@ pub struct Args {
     /// No progress bar
     #[arg(short, long)]
     pub quiet: bool,
+}
+
+/// `-t` is the thread count, as in every duet command; a type name there (what `-t` meant in
+/// `convert` before) gets told where it goes.
+fn threads_not_type(s: &str) -> Result<usize, String> {
+    if Preset::parse(s).is_some() {
+        return Err(format!(
+            "-t is the number of threads (as in every duet command); give the output type as --type {s}"
+        ));
+    }
+    super::common::parse_threads(s)
 }
 
 fn parse_preset(s: &str) -> Result<Preset, String> {

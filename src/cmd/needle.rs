@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::Engine;
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::tools::insight::html;
 use duet_runtime::tools::insight::needle::{self, NeedleResult, NeedleText};
 use duet_runtime::tools::insight::needle_output::{self, ModelNeedle, NeedleReport};
-use duet_runtime::kv_cache::CacheFormat;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::common::{CpuActs, Device, ModelArgs, file_name, load_engine, with_engine, write_atomic};
@@ -25,7 +25,7 @@ pub struct Args {
     pub depths: Vec<f64>,
     /// Prompt length in tokens (haystack, needle, query and answer together); also each
     /// model's context
-    #[arg(long = "ctx", default_value_t = 512)]
+    #[arg(short = 'c', long = "ctx-size", visible_alias = "ctx", default_value_t = 512)]
     pub ctx: usize,
     /// Haystack text [default: the one shipped with duet, Benjamin Harrison's 1889 State of
     /// the Union address, which the reference models never saw]
@@ -97,8 +97,8 @@ pub fn run(args: Args) -> Result<()> {
     };
     for path in &args.models {
         let margs = ModelArgs {
-            model: Some(path.clone()),
-            threads: args.threads,
+            model: vec![path.clone()],
+            threads: vec![args.threads],
             ctx_size: args.ctx,
             batch_size: 512,
             cache_type_k: CacheFormat::F16,

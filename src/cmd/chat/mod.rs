@@ -66,7 +66,8 @@ pub fn bundled_model() -> Option<(PathBuf, &'static str)> {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let path = match &args.model.model {
+    args.model.single()?;
+    let path = match args.model.model.first() {
         Some(p) => p.clone(),
         None => {
             let Some((p, what)) = bundled_model() else {

@@ -15,8 +15,11 @@ use duet_runtime::engine::Engine;
 use duet_runtime::gpu::profile::KernelTime;
 use duet_runtime::model::{Batch, Logits};
 
-use super::common::{ModelArgs, load_engine, require_model, with_engine};
+mod report;
+
+use super::common::{ModelArgs, load_engine, with_engine};
 use super::info::human_bytes;
+use report::{Output, Report, Row};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,9 +34,12 @@ pub struct Args {
     /// Timed repetitions of each test
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub reps: usize,
-    /// Decode after this many prompt tokens already in the cache (decode at depth)
-    #[arg(short = 'd', long = "depth", default_value_t = 0)]
-    pub depth: usize,
+    /// Run each test after this many prompt tokens already in the cache (comma-separated)
+    #[arg(short = 'd', long = "depth", default_value = "0", value_delimiter = ',')]
+    pub depth: Vec<usize>,
+    /// Output format: md (a table with aligned columns), csv, json or jsonl
+    #[arg(short = 'o', long = "output", value_enum, default_value = "md")]
+    pub output: Output,
     /// Decode this many sequences at once, as a server's running streams are: slots of one
     /// K/V cache, their matrix products batched (and, on the GPU with f16/f32 caches, their
     /// attention in one pass); the decode rows report the aggregate tokens/s of all of them
@@ -85,30 +91,67 @@ pub fn run(args: Args) -> Result<()> {
         };
         return super::bench_kernels::run(adapter, set);
     }
-    let path = require_model(&args.model)?;
-    let mut model_args = args.model.clone();
-    let longest = args.n_prompt.iter().chain(&args.n_gen).max().copied().unwrap_or(0) + args.depth;
-    if model_args.ctx_size == 0 {
-        model_args.ctx_size = longest.max(16);
+    if args.model.model.is_empty() {
+        anyhow::bail!("no model given: pass -m MODEL.gguf (repeat -m, or separate with commas, to compare several)");
     }
-    model_args.batch_size = model_args.batch_size.max(args.n_prompt.iter().copied().max().unwrap_or(1));
-    if args.gpu_profile {
-        if model_args.device == super::common::Device::Cpu {
-            anyhow::bail!("--gpu-profile times GPU kernels: use it with --device gpu or auto");
+    if let Some(p) = args.model.model.iter().find(|p| !p.exists()) {
+        anyhow::bail!("{}: no such model file", p.display());
+    }
+    let depth_max = args.depth.iter().copied().max().unwrap_or(0);
+    let longest = args.n_prompt.iter().chain(&args.n_gen).max().copied().unwrap_or(0) + depth_max;
+    let mut report = Report::new(args.output);
+    for path in &args.model.model {
+        for &threads in &args.model.threads {
+            let mut model_args = args.model.clone();
+            (model_args.model, model_args.threads) = (vec![path.clone()], vec![threads]);
+            if model_args.ctx_size == 0 {
+                model_args.ctx_size = longest.max(16);
+            }
+            model_args.batch_size = model_args.batch_size.max(args.n_prompt.iter().copied().max().unwrap_or(1));
+            if args.gpu_profile {
+                if model_args.device == super::common::Device::Cpu {
+                    anyhow::bail!("--gpu-profile times GPU kernels: use it with --device gpu or auto");
+                }
+                model_args.gpu_profile = true;
+            }
+            if let Some(n) = args.gpu_submit_every {
+                if model_args.device == super::common::Device::Cpu {
+                    anyhow::bail!(
+                        "--gpu-submit-every sets how the GPU backend submits: use it with --device gpu or auto"
+                    );
+                }
+                model_args.gpu_submit_every = Some(if n == 0 { usize::MAX } else { n });
+            }
+            let mut engine = load_engine(&model_args, path, false)?;
+            let threads = if threads == 0 { duet_runtime::cpu::default_threads() } else { threads };
+            with_engine!(engine, e => bench(e, &args, path, threads, longest, &mut report))?;
         }
-        model_args.gpu_profile = true;
     }
-    if let Some(n) = args.gpu_submit_every {
-        if model_args.device == super::common::Device::Cpu {
-            anyhow::bail!("--gpu-submit-every sets how the GPU backend submits: use it with --device gpu or auto");
-        }
-        model_args.gpu_submit_every = Some(if n == 0 { usize::MAX } else { n });
+    report.finish();
+    if args.bandwidth {
+        let threads = match args.model.threads() {
+            0 => duet_runtime::cpu::default_threads(),
+            t => t,
+        };
+        let pool = duet_runtime::cpu::pool::ThreadPool::new(threads);
+        let rate = duet_runtime::cpu::bandwidth::read_bandwidth(&pool, 1 << 30, 5);
+        report.note(String::new());
+        report.note(format!(
+            "memory read bandwidth: {:.1} GB/s ({threads} threads streaming 1 GiB, best of 5)",
+            rate / 1e9
+        ));
     }
-    let mut engine = load_engine(&model_args, &path, false)?;
-    with_engine!(engine, e => bench(e, &args, &path, longest))
+    Ok(())
 }
 
-fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path, longest: usize) -> Result<()> {
+fn bench<B: Backend>(
+    engine: &mut Engine<B>,
+    args: &Args,
+    path: &std::path::Path,
+    threads: usize,
+    longest: usize,
+    report: &mut Report,
+) -> Result<()> {
     let file = GgufFile::open(path)?;
     let model_bytes: u64 = file.tensors().iter().map(|t| t.n_bytes()).sum();
     // Bytes a decoded token reads: every tensor but an untied token-embedding table (of which
@@ -129,89 +172,88 @@ fn bench<B: Backend>(engine: &mut Engine<B>, args: &Args, path: &std::path::Path
         v_type: duet_runtime::kv_cache::CacheFormat::F16,
         ..kv.clone()
     };
-    println!(
-        "| model | size | params | backend | KV cache ({}/{}, {} ctx) | test | t/s (median) | spread (min–max) | weights GB/s |",
-        kv.k_type,
-        kv.v_type,
-        engine.n_ctx()
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let mut tests: Vec<(String, usize, bool)> = Vec::new();
-    tests.extend(args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (format!("pp{n}"), n, true)));
+    let mut tests: Vec<(usize, bool)> = Vec::new();
+    tests.extend(args.n_prompt.iter().filter(|&&n| n > 0).map(|&n| (n, true)));
+    tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (n, false)));
     let streams = if args.parallel > 1 { format!(" ×{}", args.parallel) } else { String::new() };
-    tests.extend(args.n_gen.iter().filter(|&&n| n > 0).map(|&n| (format!("tg{n}{streams}"), n, false)));
-    let mut profiles = Vec::new();
-    let mut dispatch_lines = Vec::new();
-    for (label, n, prompt) in tests {
-        let label = if args.depth > 0 { format!("{label} @ d{}", args.depth) } else { label };
-        let parallel = !prompt && args.parallel > 1;
-        let mut profile = KernelTally::default();
-        let mut counts = (0, 0);
-        let mut rates = if parallel {
-            decode_parallel(engine, args, &tokens, n, &mut profile, &mut counts)?
-        } else {
-            timed_runs(engine, args, &tokens, n, prompt, &mut profile, &mut counts)?
-        };
-        if counts.0 > 0 {
-            // Per forward pass: a prompt's batch, or one decoded token.
-            let passes = (args.reps * if prompt { 1 } else { n }) as f64;
-            let layers = engine.model.config.n_layers;
-            let (d, b) = (counts.0 as f64 / passes, counts.1 as f64 / passes);
-            let per = if prompt {
-                "prompt batch".to_string()
-            } else if parallel {
-                format!("step of {} streams", args.parallel)
+    // What the notes after the table name a test by: with several models or thread counts,
+    // the model and the threads too.
+    let several = args.model.model.len() > 1 || args.model.threads.len() > 1;
+    let whose = if several { format!("{name} ({threads} threads) ") } else { String::new() };
+    for &depth in &args.depth {
+        for &(n, prompt) in &tests {
+            let label = if prompt { format!("pp{n}") } else { format!("tg{n}{streams}") };
+            let label = if depth > 0 { format!("{label} @ d{depth}") } else { label };
+            let parallel = !prompt && args.parallel > 1;
+            let mut profile = KernelTally::default();
+            let mut counts = (0, 0);
+            let mut rates = if parallel {
+                decode_parallel(engine, args, depth, &tokens, n, &mut profile, &mut counts)?
             } else {
-                "decoded token".to_string()
+                timed_runs(engine, args, depth, &tokens, n, prompt, &mut profile, &mut counts)?
             };
-            dispatch_lines.push(format!(
-                "GPU work of {label}: {d:.0} dispatches per {per} over {layers} layers, {b:.0} of them after a barrier"
-            ));
+            if counts.0 > 0 {
+                // Per forward pass: a prompt's batch, or one decoded token.
+                let passes = (args.reps * if prompt { 1 } else { n }) as f64;
+                let layers = engine.model.config.n_layers;
+                let (d, b) = (counts.0 as f64 / passes, counts.1 as f64 / passes);
+                let per = if prompt {
+                    "prompt batch".to_string()
+                } else if parallel {
+                    format!("step of {} streams", args.parallel)
+                } else {
+                    "decoded token".to_string()
+                };
+                report.after(format!(
+                    "GPU work of {whose}{label}: {d:.0} dispatches per {per} over {layers} layers, {b:.0} of them after a barrier"
+                ));
+            }
+            let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
+            let med = median(&mut rates);
+            // With --parallel every stream has a cache of this size.
+            let copies = if parallel { format!(" ×{}", args.parallel) } else { String::new() };
+            report.row(Row {
+                model: name.clone(),
+                size: model_bytes,
+                params,
+                backend: device.clone(),
+                threads,
+                kv: format!(
+                    "{}/{} {} ctx, {}{copies} ({:.3}× f16)",
+                    kv.k_type,
+                    kv.v_type,
+                    engine.n_ctx(),
+                    human_bytes(kv.bytes() as u64),
+                    kv.bytes() as f64 / f16_kv.bytes() as f64
+                ),
+                test: label.clone(),
+                n_prompt: if prompt { n } else { 0 },
+                n_gen: if prompt { 0 } else { n },
+                depth,
+                parallel: if prompt { 1 } else { args.parallel },
+                tps: med,
+                tps_min: lo,
+                tps_max: hi,
+                // A step of --parallel streams reads the weights once for all of them.
+                weights_gbs: (!prompt).then(|| decode_bytes * med / args.parallel as f64 / 1e9),
+            });
+            if args.gpu_profile {
+                // Per decoded token: with --parallel, each step decodes one for every stream.
+                let tokens = args.reps * n * if parallel { args.parallel } else { 1 };
+                report.after(profile.render(&format!("{whose}{label}"), tokens));
+            }
         }
-        let (lo, hi) = rates.iter().fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
-        let med = median(&mut rates);
-        // With --parallel every stream has a cache of this size.
-        let copies = if parallel { format!(" ×{}", args.parallel) } else { String::new() };
-        // A step of --parallel streams reads the weights once for all of them.
-        let streamed =
-            if prompt { "—".to_string() } else { format!("{:.2}", decode_bytes * med / args.parallel as f64 / 1e9) };
-        println!(
-            "| {name} | {} | {:.2} M | {device} | {}{copies} ({:.3}× f16) | {label} | {med:.2} | {lo:.2}–{hi:.2} | {streamed} |",
-            human_bytes(model_bytes),
-            params as f64 / 1e6,
-            human_bytes(kv.bytes() as u64),
-            kv.bytes() as f64 / f16_kv.bytes() as f64
-        );
-        if args.gpu_profile {
-            // Per decoded token: with --parallel, each step decodes one for every stream.
-            profiles.push((label, profile, args.reps * n * if parallel { args.parallel } else { 1 }));
-        }
-    }
-    // After the table, so that it stays one table.
-    if !dispatch_lines.is_empty() {
-        println!();
-        for l in dispatch_lines {
-            println!("{l}");
-        }
-    }
-    for (label, mut profile, tokens) in profiles {
-        profile.print(&label, tokens);
-    }
-    if args.bandwidth {
-        let threads = if args.model.threads == 0 { duet_runtime::cpu::default_threads() } else { args.model.threads };
-        let pool = duet_runtime::cpu::pool::ThreadPool::new(threads);
-        let rate = duet_runtime::cpu::bandwidth::read_bandwidth(&pool, 1 << 30, 5);
-        println!();
-        println!("memory read bandwidth: {:.1} GB/s ({threads} threads streaming 1 GiB, best of 5)", rate / 1e9);
     }
     Ok(())
 }
 
 /// Tokens/s of one sequence: `n` prompt tokens in one batch (`prompt`) or `n` decoded one
-/// at a time, after `args.depth` cached ones: one warm-up, then -r runs.
+/// at a time, after `depth` cached ones: one warm-up, then -r runs.
+#[allow(clippy::too_many_arguments)]
 fn timed_runs<B: Backend>(
     engine: &mut Engine<B>,
     args: &Args,
+    depth: usize,
     tokens: &[u32],
     n: usize,
     prompt: bool,
@@ -221,18 +263,18 @@ fn timed_runs<B: Backend>(
     let mut rates = Vec::with_capacity(args.reps);
     for rep in 0..=args.reps {
         engine.reset();
-        if args.depth > 0 {
-            engine.eval(&tokens[..args.depth], Logits::Last)?;
+        if depth > 0 {
+            engine.eval(&tokens[..depth], Logits::Last)?;
         }
         // Kernel times so far (the warm-up, the prompt before a decode at depth) are not the test's.
         engine.backend.take_kernel_times();
         let before = engine.backend.dispatch_counts();
         let t0 = Instant::now();
         if prompt {
-            let batch = &tokens[args.depth..args.depth + n];
+            let batch = &tokens[depth..depth + n];
             engine.eval(batch, Logits::Last)?;
         } else {
-            for &t in &tokens[args.depth..args.depth + n] {
+            for &t in &tokens[depth..depth + n] {
                 engine.eval(&[t], Logits::Last)?;
             }
         }
@@ -269,26 +311,26 @@ impl KernelTally {
 
     /// The table of where the GPU time of `label`'s `tokens` tokens (all timed runs) went,
     /// then the host's steps.
-    fn print(&mut self, label: &str, tokens: usize) {
+    fn render(&mut self, label: &str, tokens: usize) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
         let total: f64 = self.0.iter().filter(|t| !t.on_host).map(|t| t.seconds).sum();
-        println!();
         if total <= 0.0 || tokens == 0 {
-            println!("GPU time of {label}: no kernel was timed");
-            return;
+            return format!("GPU time of {label}: no kernel was timed");
         }
         self.0.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         let per = tokens as f64;
-        println!("GPU time of {label}: {:.1} µs per token over all kernels", total * 1e6 / per);
-        println!();
-        println!("| kernel | calls per token | µs per token | share | weights read, GB/s |");
-        println!("|---|---|---|---|---|");
+        let _ = writeln!(o, "GPU time of {label}: {:.1} µs per token over all kernels\n", total * 1e6 / per);
+        let _ = writeln!(o, "| kernel | calls per token | µs per token | share | weights read, GB/s |");
+        let _ = writeln!(o, "|---|---|---|---|---|");
         for t in self.0.iter().filter(|t| !t.on_host) {
             let rate = if t.weight_bytes > 0 && t.seconds > 0.0 {
                 format!("{:.1}", t.weight_bytes as f64 / t.seconds / 1e9)
             } else {
                 "—".into()
             };
-            println!(
+            let _ = writeln!(
+                o,
                 "| {} | {:.2} | {:.2} | {:.1}% | {rate} |",
                 t.kernel,
                 t.calls as f64 / per,
@@ -296,23 +338,23 @@ impl KernelTally {
                 100.0 * t.seconds / total
             );
         }
-        println!();
-        println!("Host time of {label} (the wait includes the GPU's time and the timestamps' cost):");
-        println!();
-        println!("| host step | times per token | µs per token |");
-        println!("|---|---|---|");
+        let _ = writeln!(o, "\nHost time of {label} (the wait includes the GPU's time and the timestamps' cost):\n");
+        let _ = writeln!(o, "| host step | times per token | µs per token |");
+        let _ = write!(o, "|---|---|---|");
         for t in self.0.iter().filter(|t| t.on_host) {
-            println!("| {} | {:.2} | {:.2} |", t.kernel, t.calls as f64 / per, t.seconds * 1e6 / per);
+            let _ = write!(o, "\n| {} | {:.2} | {:.2} |", t.kernel, t.calls as f64 / per, t.seconds * 1e6 / per);
         }
+        o
     }
 }
 
 /// Aggregate decode tokens/s of `args.parallel` sequences decoding `n` tokens each together
-/// (one [`Model::decode`](duet_runtime::model::Model::decode) batch a step, as `duet serve` runs its slots), after `args.depth` prompt tokens each: one warm-up, then -r runs;
+/// (one [`Model::decode`](duet_runtime::model::Model::decode) batch a step, as `duet serve` runs its slots), after `depth` prompt tokens each: one warm-up, then -r runs;
 /// kernel times and dispatch counts as [`timed_runs`]'.
 fn decode_parallel<B: Backend>(
     engine: &mut Engine<B>,
     args: &Args,
+    depth: usize,
     tokens: &[u32],
     n: usize,
     profile: &mut KernelTally,
@@ -332,8 +374,8 @@ fn decode_parallel<B: Backend>(
     for rep in 0..=args.reps {
         for s in &mut sessions {
             s.reset();
-            if args.depth > 0 {
-                m.decode(b, ctx, Batch::one(s, &tokens[..args.depth], Logits::Last))?;
+            if depth > 0 {
+                m.decode(b, ctx, Batch::one(s, &tokens[..depth], Logits::Last))?;
             }
         }
         b.take_kernel_times();
@@ -341,7 +383,7 @@ fn decode_parallel<B: Backend>(
         let t0 = Instant::now();
         for i in 0..n {
             // Each stream its own token: sequences differ, as a server's do.
-            let step: Vec<u32> = (0..args.parallel).map(|j| tokens[(args.depth + i + j) % tokens.len()]).collect();
+            let step: Vec<u32> = (0..args.parallel).map(|j| tokens[(depth + i + j) % tokens.len()]).collect();
             let mut batch = Batch::new();
             for (s, t) in sessions.iter_mut().zip(&step) {
                 batch.push(s, std::slice::from_ref(t), Logits::Last);
