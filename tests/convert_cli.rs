@@ -831,3 +831,36 @@ fn a_safetensors_file_asks_for_its_directory() {
     let out = duet([OsStr::new("convert"), st.as_os_str(), OsStr::new("--dry-run")]);
     assert_refused("safetensors file", &out, &["pass the model directory"]);
 }
+
+/// generation_config.json's sampling values become llama.cpp's general.sampling.* keys, and
+/// `duet run` takes them as its defaults (a flag overrides each).
+#[test]
+fn generation_config_sampling_becomes_the_run_defaults() {
+    let t = TempDir::new("sampling");
+    let src = copy_fixture("llama-gqa", &t.join("src"));
+    std::fs::write(
+        src.join("generation_config.json"),
+        r#"{"do_sample": true, "temperature": 0.25, "top_k": 7, "top_p": 0.5, "min_p": 0.1, "repetition_penalty": 1.2, "eos_token_id": 2}"#,
+    )
+    .unwrap();
+    let g = t.join("s.gguf");
+    let out = convert(&src, &["--type", "f32"], &g);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let f = duet_quant::gguf::GgufFile::open(&g).unwrap();
+    use duet_runtime::gguf_names::sampling as k;
+    assert_eq!(f.get_f32(k::TEMP).unwrap(), 0.25);
+    assert_eq!(f.get_i32(k::TOP_K).unwrap(), 7);
+    assert_eq!((f.get_f32(k::TOP_P).unwrap(), f.get_f32(k::MIN_P).unwrap()), (0.5, 0.1));
+    assert_eq!(f.get_f32(k::PENALTY_REPEAT).unwrap(), 1.2);
+    // Re-quantizing keeps them.
+    let q = t.join("q.gguf");
+    assert!(convert(&g, &["--type", "q8_0"], &q).status.success());
+    assert_eq!(duet_quant::gguf::GgufFile::open(&q).unwrap().get_i32(k::TOP_K).unwrap(), 7);
+    let run = duet(["run", "-m", g.to_str().unwrap(), "-p", "hi", "-n", "2", "--device", "cpu", "--top-k", "3"]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert!(
+        text(&run.stderr).contains("sampling defaults from the model (general.sampling.*): temp 0.25, top-k 7, top-p 0.5, min-p 0.1, repeat-penalty 1.2"),
+        "{}",
+        text(&run.stderr)
+    );
+}

@@ -14,6 +14,7 @@ mod pipeline;
 pub mod quant_plan;
 mod quantize_rows;
 pub mod safetensors;
+pub mod sampling;
 pub mod tokenizer;
 
 pub use calibrate::CalibrateOptions;

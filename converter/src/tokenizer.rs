@@ -282,6 +282,8 @@ pub fn from_files(
         kvs.push(("tokenizer.chat_template".into(), Value::String(t)));
     }
     kvs.push(("tokenizer.huggingface.json".into(), Value::String(tok_text)));
+    // The model's recommended sampling travels with the same generation_config.json.
+    kvs.extend(crate::sampling::kvs(gen_cfg.as_ref()));
     Ok(TokenizerMeta { kvs, eog_ids })
 }
 

@@ -118,3 +118,19 @@ mod tests {
         assert_eq!(key(crate::model_config::Arch::DiffLlamaV2, keys::BLOCK_COUNT), "diffllama_v2.block_count");
     }
 }
+
+/// A model's recommended sampling, llama.cpp's `general.sampling.*` keys: what `duet
+/// convert` stores from `generation_config.json` and `run`, `chat` and `serve` use as their
+/// defaults (a flag or a request field overrides each).
+pub mod sampling {
+    /// f32: `temperature`.
+    pub const TEMP: &str = "general.sampling.temp";
+    /// i32: `top_k`.
+    pub const TOP_K: &str = "general.sampling.top_k";
+    /// f32: `top_p`.
+    pub const TOP_P: &str = "general.sampling.top_p";
+    /// f32: `min_p`.
+    pub const MIN_P: &str = "general.sampling.min_p";
+    /// f32: `repetition_penalty`.
+    pub const PENALTY_REPEAT: &str = "general.sampling.penalty_repeat";
+}

@@ -49,6 +49,57 @@ impl SamplerConfig {
     }
 }
 
+/// A model file's recommended sampling (`general.sampling.*`,
+/// [`crate::gguf_names::sampling`]): the defaults that flags and request fields override.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SamplingHints {
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+}
+
+impl SamplingHints {
+    /// The hints of `file`; a value of the wrong type or out of range is an error naming
+    /// the key.
+    pub fn from_gguf(file: &duet_quant::gguf::GgufFile) -> Result<SamplingHints, crate::RuntimeError> {
+        use crate::gguf_names::sampling as k;
+        let bad = |key: &str, v: String| {
+            crate::RuntimeError::BadModel(format!("{}: {key} is {v}, out of its range", file.label()))
+        };
+        let ranged = |key: &str, ok: fn(f32) -> bool| -> Result<Option<f32>, crate::RuntimeError> {
+            match file.get_f32_opt(key)? {
+                Some(v) if !ok(v) => Err(bad(key, v.to_string())),
+                v => Ok(v),
+            }
+        };
+        let top_k = match file.get_i32_opt(k::TOP_K)? {
+            Some(v) if v < 0 => return Err(bad(k::TOP_K, v.to_string())),
+            v => v.map(|v| v as usize),
+        };
+        Ok(SamplingHints {
+            temperature: ranged(k::TEMP, |t| t >= 0.0 && t.is_finite())?,
+            top_k,
+            top_p: ranged(k::TOP_P, |p| p > 0.0 && p <= 1.0)?,
+            min_p: ranged(k::MIN_P, |p| (0.0..=1.0).contains(&p))?,
+            repeat_penalty: ranged(k::PENALTY_REPEAT, |r| r > 0.0 && r.is_finite())?,
+        })
+    }
+
+    /// `base` with the hints the model gives.
+    pub fn apply(&self, base: SamplerConfig) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            top_p: self.top_p.unwrap_or(base.top_p),
+            min_p: self.min_p.unwrap_or(base.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(base.repeat_penalty),
+            ..base
+        }
+    }
+}
+
 /// PCG-XSH-RR 64/32: small, fast and reproducible across platforms.
 #[derive(Clone, Debug)]
 struct Pcg32 {

@@ -12,7 +12,7 @@ use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::gpu::{AdapterChoice, GpuBackend, GpuOptions, GpuTune};
 use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::model::LogitGranularity;
-use duet_runtime::sampler::SamplerConfig;
+use duet_runtime::sampler::{SamplerConfig, SamplingHints};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -171,22 +171,25 @@ fn ranged(s: &str, lo: f32, open_lo: bool, hi: f32) -> Result<f32, String> {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Temperature, 0 or more (0: greedy)
-    #[arg(long = "temp", default_value_t = 0.8, value_parser = |s: &str| ranged(s, 0.0, false, f32::MAX))]
-    pub temperature: f32,
-    /// Keep only the k most likely tokens (0: off)
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
+    /// Temperature, 0 or more (0: greedy) [default: the model's general.sampling.temp, else
+    /// 0.8]
+    #[arg(long = "temp", value_parser = |s: &str| ranged(s, 0.0, false, f32::MAX))]
+    pub temperature: Option<f32>,
+    /// Keep only the k most likely tokens (0: off) [default: the model's, else 40]
+    #[arg(long)]
+    pub top_k: Option<usize>,
     /// Keep the smallest set of tokens whose probability reaches p, in (0, 1] (1: off)
-    #[arg(long, default_value_t = 0.95, value_parser = |s: &str| ranged(s, 0.0, true, 1.0))]
-    pub top_p: f32,
+    /// [default: the model's, else 0.95]
+    #[arg(long, value_parser = |s: &str| ranged(s, 0.0, true, 1.0))]
+    pub top_p: Option<f32>,
     /// Drop tokens less likely than min-p × the most likely one, in [0, 1] (0: off)
-    #[arg(long, default_value_t = 0.05, value_parser = |s: &str| ranged(s, 0.0, false, 1.0))]
-    pub min_p: f32,
+    /// [default: the model's, else 0.05]
+    #[arg(long, value_parser = |s: &str| ranged(s, 0.0, false, 1.0))]
+    pub min_p: Option<f32>,
     /// Penalise tokens seen in the last --repeat-last-n tokens, more than 0 (1: off; below
-    /// 1 favours them)
-    #[arg(long, default_value_t = 1.0, value_parser = |s: &str| ranged(s, 0.0, true, f32::MAX))]
-    pub repeat_penalty: f32,
+    /// 1 favours them) [default: the model's general.sampling.penalty_repeat, else 1]
+    #[arg(long, value_parser = |s: &str| ranged(s, 0.0, true, f32::MAX))]
+    pub repeat_penalty: Option<f32>,
     /// How many recent tokens the repetition, frequency and presence penalties look at
     #[arg(long, default_value_t = 64)]
     pub repeat_last_n: usize,
@@ -204,22 +207,65 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn config(&self) -> SamplerConfig {
+    /// The sampling of a run: each flag given, else the model's recommendation (`hints`,
+    /// from its general.sampling.* keys), else llama.cpp's default.
+    pub fn config(&self, hints: &SamplingHints) -> SamplerConfig {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
         });
+        let base = hints.apply(SamplerConfig::default());
         SamplerConfig {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            top_p: self.top_p.unwrap_or(base.top_p),
+            min_p: self.min_p.unwrap_or(base.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(base.repeat_penalty),
             repeat_last_n: self.repeat_last_n,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
             seed,
         }
     }
+}
+
+/// The model's recommended sampling (general.sampling.*); a file whose keys cannot be read
+/// or are out of range gets a warning and none.
+pub fn sampling_hints(path: &Path, quiet: bool) -> SamplingHints {
+    let hints = duet_quant::gguf::GgufFile::open(path)
+        .map_err(duet_runtime::RuntimeError::from)
+        .and_then(|f| SamplingHints::from_gguf(&f));
+    match hints {
+        Ok(h) => {
+            if h != SamplingHints::default() && !quiet {
+                eprintln!("sampling defaults from the model (general.sampling.*): {}", describe_hints(&h));
+            }
+            h
+        }
+        Err(e) => {
+            eprintln!("warning: {e}; the model's sampling recommendations are ignored");
+            SamplingHints::default()
+        }
+    }
+}
+
+fn describe_hints(h: &SamplingHints) -> String {
+    let mut parts = Vec::new();
+    if let Some(t) = h.temperature {
+        parts.push(format!("temp {t}"));
+    }
+    if let Some(k) = h.top_k {
+        parts.push(format!("top-k {k}"));
+    }
+    if let Some(p) = h.top_p {
+        parts.push(format!("top-p {p}"));
+    }
+    if let Some(p) = h.min_p {
+        parts.push(format!("min-p {p}"));
+    }
+    if let Some(r) = h.repeat_penalty {
+        parts.push(format!("repeat-penalty {r}"));
+    }
+    parts.join(", ")
 }
 
 /// Loads the model on the device `args.device` asks for, printing what was loaded (and on
@@ -410,4 +456,34 @@ pub fn remove_temp_files_on_signal() {
 /// changed old one, and a device, FIFO, directory or link is never replaced.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     duet_quant::output::write_file(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_the_models_hints_which_beat_llama_cpps_defaults() {
+        let hints =
+            SamplingHints { temperature: Some(0.3), top_k: Some(7), min_p: Some(0.0), ..SamplingHints::default() };
+        let args = SamplingArgs {
+            temperature: None,
+            top_k: Some(3),
+            top_p: None,
+            min_p: None,
+            repeat_penalty: None,
+            repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: Some(1),
+        };
+        let c = args.config(&hints);
+        let d = SamplerConfig::default();
+        assert_eq!(
+            (c.temperature, c.top_k, c.top_p, c.min_p, c.repeat_penalty),
+            (0.3, 3, d.top_p, 0.0, d.repeat_penalty)
+        );
+        let plain = args.config(&SamplingHints::default());
+        assert_eq!((plain.temperature, plain.min_p), (d.temperature, d.min_p));
+    }
 }

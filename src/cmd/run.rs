@@ -117,7 +117,8 @@ fn complete<B: Backend>(
         }
     }
     let budget = args.n_predict.min(engine.n_ctx() - tokens.len());
-    let mut sampler = Sampler::new(args.sampling.config()).with_constraint(constraint);
+    let hints = super::common::sampling_hints(&args.model.model[0], args.quiet);
+    let mut sampler = Sampler::new(args.sampling.config(&hints)).with_constraint(constraint);
     let mut out = std::io::stdout().lock();
     if !args.no_echo {
         write!(out, "{prompt}")?;

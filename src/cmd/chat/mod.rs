@@ -88,7 +88,8 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn chat<B: Backend>(engine: &mut Engine<B>, args: &Args) -> Result<()> {
-    let mut sampler = Sampler::new(args.sampling.config());
+    let path = args.model.model.first().cloned().or_else(|| bundled_model().map(|b| b.0)).unwrap_or_default();
+    let mut sampler = Sampler::new(args.sampling.config(&super::common::sampling_hints(&path, args.quiet)));
     let mut conv = Conversation::new(args.system.clone());
     conv.allow_special = args.special;
     conv.check_system_fits(engine, args.n_predict)?;

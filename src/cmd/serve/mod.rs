@@ -167,7 +167,7 @@ pub fn run(args: Args) -> Result<()> {
         handle,
         model: name,
         api_key: args.api_key.clone(),
-        defaults: args.sampling.config(),
+        defaults: args.sampling.config(&super::common::sampling_hints(&path, args.quiet)),
         next_id: AtomicU64::new(1),
         id_prefix: {
             let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
