@@ -393,3 +393,55 @@ fn choices_of_one_group_share_the_prompt_pages() {
     assert_eq!(m.prompt_tokens_shared, 2 * whole as u64, "each later choice takes the whole pages");
     assert_eq!(m.prompt_tokens_total, (prompt_len + 2 * (prompt_len - whole)) as u64);
 }
+
+/// Embeddings: unit length, the same whether the text runs in one step or in chunks of the
+/// context, the same on the GPU (lavapipe in CI) as on the CPU, and evaluated beside a
+/// running request without changing its reply.
+#[test]
+fn embeddings_are_unit_mean_pooled_states_whatever_the_steps() {
+    let path = convert("llama-gqa", Preset::F32, false);
+    let text = "Call me Ishmael. Some years ago, never mind how long precisely, having little money";
+    let mut s = scheduler(&path, 2, 8);
+    let tokens = {
+        let opts = EngineOptions { n_ctx: 96, batch: 16, ..EngineOptions::default() };
+        let e = Engine::load(CpuBackend::new(2), &path, &opts).unwrap();
+        e.tokenizer.encode(text, e.tokenizer.add_bos).unwrap()
+    };
+    assert!(tokens.len() > 16, "more tokens than a step of 16: {}", tokens.len());
+    // A request in flight while embedding.
+    let (req, alone) = request("The", 8, &[]);
+    s.submit(req).unwrap();
+    s.step();
+    let chunked = s.embed(&tokens).unwrap();
+    run_to_idle(&mut s);
+    let norm: f32 = chunked.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+    let mut quiet = scheduler(&path, 1, 8);
+    let (req, want) = request("The", 8, &[]);
+    quiet.submit(req).unwrap();
+    run_to_idle(&mut quiet);
+    assert_eq!(text_of_events(&alone), text_of_events(&want), "the request's reply is untouched");
+    // One step for the whole text.
+    let opts = EngineOptions { n_ctx: 96, batch: 96, ..EngineOptions::default() };
+    let mut whole = Scheduler::new(Engine::load(CpuBackend::new(2), &path, &opts).unwrap(), 1, 8).unwrap();
+    let one = whole.embed(&tokens).unwrap();
+    let diff = chunked.iter().zip(&one).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(diff <= 1e-6, "chunked vs one step (measured: 0): {diff}");
+    match duet_runtime::gpu::GpuBackend::new(&duet_runtime::gpu::GpuOptions { f16: Some(false), ..Default::default() })
+    {
+        Ok(g) => {
+            let mut gpu = Scheduler::new(Engine::load(g, &path, &opts).unwrap(), 1, 8).unwrap();
+            let on_gpu = gpu.embed(&tokens).unwrap();
+            let cos: f32 = on_gpu.iter().zip(&one).map(|(a, b)| a * b).sum();
+            assert!(1.0 - cos < 1e-5, "GPU vs CPU cosine {cos}");
+        }
+        Err(e) => {
+            duet_test_support::no_gpu("embeddings_are_unit_mean_pooled_states_whatever_the_steps", &e.to_string())
+        }
+    }
+    assert!(s.embed(&[u32::MAX]).is_err());
+}
+
+fn text_of_events(events: &Events) -> String {
+    text(events)
+}

@@ -115,6 +115,14 @@ for field, value in [("logit_bias", {"5": 10}), ("store", True), ("frobnicate", 
     except openai.BadRequestError as e:
         assert f"'{field}'" in str(e), e
 
+# Embeddings: unit length, one per input, the same text the same vector.
+emb = client.embeddings.create(model=model, input=["The sea is calm.", "The sea is calm.", "Taxes are due."])
+vecs = [d.embedding for d in emb.data]
+assert [d.index for d in emb.data] == [0, 1, 2] and emb.usage.prompt_tokens > 0, emb
+for v in vecs:
+    assert abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-4
+assert sum(a * b for a, b in zip(vecs[0], vecs[1])) > 0.9999
+
 bad = openai.OpenAI(base_url=base, api_key="wrong", max_retries=0, timeout=60)
 try:
     bad.models.list()

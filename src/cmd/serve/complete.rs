@@ -71,7 +71,7 @@ pub async fn complete(State(app): State<Arc<App>>, req: axum::extract::Request, 
     if req.stream { stream(app, req, id, prompt_tokens, rx) } else { whole(&app, &req, &id, prompt_tokens, rx).await }
 }
 
-fn submit_error(e: SubmitError) -> ApiError {
+pub fn submit_error(e: SubmitError) -> ApiError {
     let status = match e {
         SubmitError::QueueFull { .. } => 503,
         SubmitError::TooLong { .. } | SubmitError::BadPrompt(_) | SubmitError::BadGrammar(_) => 400,

@@ -12,6 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use duet_runtime::tools::serve::openai::{ApiError, Kind};
 use duet_runtime::tools::serve::openai_reply::Usage;
+use serde_json::{Map, Value};
 
 use super::App;
 
@@ -111,6 +112,22 @@ pub async fn read_body(app: &App, body: axum::body::Body) -> Result<axum::body::
     }
 }
 
+/// The body as a JSON object whose fields are all in `known`, or the 400.
+pub async fn object(app: &App, req: Request, known: &[&str]) -> Result<Map<String, Value>, Response> {
+    let (parts, body) = req.into_parts();
+    if let Some(r) = unauthorized(app, &parts.headers, true) {
+        return Err(r);
+    }
+    let body = read_body(app, body).await?;
+    let bad = |m: String| error(ApiError::bad_request(m));
+    let v: Value = serde_json::from_slice(&body).map_err(|e| bad(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(o) = v else { return Err(bad("the body must be a JSON object".into())) };
+    if let Some(k) = o.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(bad(format!("'{k}' is not a field of this endpoint (it takes {})", known.join(", "))));
+    }
+    Ok(o)
+}
+
 /// Set on a completion's response: its token counts, for the log line.
 #[derive(Clone, Copy)]
 pub struct Served {
@@ -189,7 +206,7 @@ pub async fn not_found(req: Request) -> Response {
         status: 404,
         kind: "not_found_error",
         message: format!(
-            "no endpoint {} (duet serves /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health, /metrics)",
+            "no endpoint {} (duet serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /tokenize, /detokenize, /health, /metrics)",
             req.uri().path()
         ),
     })

@@ -2,6 +2,7 @@
 //! batching) is duet_runtime::tools::serve, the JSON its `openai` module; this wires them to axum.
 
 mod complete;
+mod embeddings;
 mod guard;
 mod tokenize;
 
@@ -228,6 +229,7 @@ async fn serve(app: Arc<App>, host: &str, port: u16, slots: usize, limits: Limit
         .route("/metrics", get(metrics))
         .route("/v1/chat/completions", post(|s, r| complete::complete(s, r, Kind::Chat)))
         .route("/v1/completions", post(|s, r| complete::complete(s, r, Kind::Completion)))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .fallback(guard::not_found)

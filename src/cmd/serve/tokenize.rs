@@ -9,23 +9,7 @@ use duet_runtime::tools::serve::openai::ApiError;
 use serde_json::{Map, Value, json};
 
 use super::App;
-use super::guard::{error, read_body, unauthorized};
-
-/// The body as a JSON object whose fields are all in `known`, or the 400.
-async fn object(app: &App, req: Request, known: &[&str]) -> Result<Map<String, Value>, Response> {
-    let (parts, body) = req.into_parts();
-    if let Some(r) = unauthorized(app, &parts.headers, true) {
-        return Err(r);
-    }
-    let body = read_body(app, body).await?;
-    let bad = |m: String| error(ApiError::bad_request(m));
-    let v: Value = serde_json::from_slice(&body).map_err(|e| bad(format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(o) = v else { return Err(bad("the body must be a JSON object".into())) };
-    if let Some(k) = o.keys().find(|k| !known.contains(&k.as_str())) {
-        return Err(bad(format!("'{k}' is not a field of this endpoint (it takes {})", known.join(", "))));
-    }
-    Ok(o)
-}
+use super::guard::{error, object};
 
 fn flag(o: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
     match o.get(key) {

@@ -21,6 +21,8 @@ pub trait Engine {
     fn idle(&self) -> bool;
     fn metrics(&self) -> Arc<Mutex<Metrics>>;
     fn n_ctx(&self) -> usize;
+    /// The embedding of `tokens` ([`crate::tools::embed`]), between steps.
+    fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String>;
 }
 
 impl<B: Backend> Engine for Scheduler<B> {
@@ -42,11 +44,15 @@ impl<B: Backend> Engine for Scheduler<B> {
     fn n_ctx(&self) -> usize {
         Scheduler::n_ctx(self)
     }
+    fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, String> {
+        Scheduler::embed(self, tokens).map_err(|e| e.to_string())
+    }
 }
 
 enum Command {
     // (Boxed: a request with its compiled grammar is kilobytes.)
     Submit(Box<Encoded>, mpsc::SyncSender<Result<usize, SubmitError>>),
+    Embed(Vec<u32>, mpsc::SyncSender<Result<Vec<f32>, String>>),
     Stop,
 }
 
@@ -103,6 +109,30 @@ impl Handle {
         reply_rx.recv().unwrap_or_else(|_| Err(SubmitError::Stopped("the engine thread is gone".into())))
     }
 
+    /// The embedding of `text` (see [`crate::tools::embed`]): tokenized and checked here (not
+    /// empty, within the context), evaluated on the engine thread between two steps; also
+    /// its token count.
+    pub fn embed(&self, text: &str) -> Result<(Vec<f32>, usize), SubmitError> {
+        let tok = self.encoder.tokenizer();
+        let tokens = tok.encode(text, tok.add_bos).map_err(|e| SubmitError::BadPrompt(e.to_string()))?;
+        if tokens.is_empty() {
+            return Err(SubmitError::BadPrompt("an input to embed is empty".into()));
+        }
+        if tokens.len() > self.n_ctx {
+            return Err(SubmitError::TooLong { prompt_tokens: tokens.len(), n_ctx: self.n_ctx });
+        }
+        let n = tokens.len();
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        self.tx
+            .send(Command::Embed(tokens, reply_tx))
+            .map_err(|_| SubmitError::Stopped("the engine thread is gone".into()))?;
+        match reply_rx.recv() {
+            Ok(Ok(v)) => Ok((v, n)),
+            Ok(Err(e)) => Err(SubmitError::Stopped(e)),
+            Err(_) => Err(SubmitError::Stopped("the engine thread is gone".into())),
+        }
+    }
+
     pub fn metrics(&self) -> Metrics {
         self.metrics.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -146,6 +176,9 @@ fn run(engine: &mut dyn Engine, rx: &mpsc::Receiver<Command>) {
             match cmd {
                 Command::Submit(e, reply) => {
                     let _ = reply.send(engine.submit_encoded(*e));
+                }
+                Command::Embed(tokens, reply) => {
+                    let _ = reply.send(engine.embed(&tokens));
                 }
                 Command::Stop => return,
             }

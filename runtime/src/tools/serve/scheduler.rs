@@ -176,6 +176,15 @@ impl<B: Backend> Scheduler<B> {
         )
     }
 
+    /// The embedding of `tokens` ([`crate::tools::embed`]), in a cache of its own: the
+    /// slots' caches and requests are untouched.
+    pub fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.model.config.n_vocab) {
+            return Err(RuntimeError::Usage(format!("token id {bad} is outside the model's vocabulary")));
+        }
+        crate::tools::embed::embed(&self.model, &mut self.backend, &mut self.context, tokens)
+    }
+
     /// Lets special-token text in chat messages become those tokens (`--special`).
     pub fn set_allow_special(&mut self, allow: bool) {
         self.allow_special = allow;
