@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the attention of the reference pair (and of the DIFF V2 model, once models/diffv2-ref
-# exists) does, the README's "Seeing the attention" section:
+# exists) does, docs/attention-maps.md (usage: the README's "Seeing the attention"):
 #   * `duet attn-map` of each model over the first sentences of a held-out Moby-Dick chapter
 #     (models/reference_prompt.txt), layers 4 and 9, every head / head pair, with the HTML
 #     report -> models/results/attn-map/{diff-ref,diffv2-ref,llama-ref}/

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How much attention goes to the first token (the "attention sink"), from `duet attn-map`
-output: the README's attention-sink table (models/attention_pair.sh runs it).
+output: docs/attention-maps.md's attention-sink table (models/attention_pair.sh runs it).
 
     python3 models/attention_sinks.py DIR [DIR ...]     # each DIR: `duet attn-map -o DIR` of one model
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `duet attn-bench` on a trained DIFF / Llama pair (and the DIFF V2 model when DIR/diffv2-ref
-# exists), the README's low-bit attention table:
+# exists), docs/low-bit-attention.md's results:
 # held-out text (never trained on) decoded from the training run's evaluation slices ->
 # both models converted to F16 GGUFs, calibrated (for the static logit scales) on another
 # held-out slice -> attn-bench over WINDOWS windows of TOKENS tokens (each from an empty cache,
@@ -56,5 +56,5 @@ done
 mkdir -p models/results
 ./target/release/duet attn-bench "${args[@]}" \
     -f "$WORK/eval.txt" -c "$TOKENS" -w "$WINDOWS" -o "models/results/$NAME-attn-bench"
-# The README's side-by-side tables (DIFF vs Llama per setting; both outlier summaries).
+# docs/low-bit-attention.md's side-by-side tables (DIFF vs Llama per setting; both outlier summaries).
 python3 models/pair_table.py "models/results/$NAME-attn-bench.json" | tee "models/results/$NAME-table.md"

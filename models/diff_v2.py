@@ -1,4 +1,4 @@
-"""DIFF Transformer V2 as duet's checkpoint format defines it (README, "DIFF V2 checkpoints"),
+"""DIFF Transformer V2 as duet's checkpoint format defines it (docs/gguf-format.md, "DIFF V2 checkpoints"),
 written from the formulas of microsoft/unilm's Diff-Transformer-V2 (no transformers class
 exists for it):
 

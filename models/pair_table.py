@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Side-by-side markdown tables of a DIFF / Llama (and DIFF V2) `duet attn-bench` JSON (the README's
-tables).
+"""Side-by-side markdown tables of a DIFF / Llama (and DIFF V2) `duet attn-bench` JSON (the tables of
+docs/low-bit-attention.md).
 
     python3 models/pair_table.py models/results/ref-pair-attn-bench.json
 

@@ -1,5 +1,5 @@
 //! config.json of a Hugging Face Llama / DiffLlama checkpoint (with an optional DEX section),
-//! or of duet's DIFF V2 checkpoint format (`"model_type": "diffllama_v2"`, see the README).
+//! or of duet's DIFF V2 checkpoint format (`"model_type": "diffllama_v2"`, see docs/gguf-format.md).
 //!
 //! Both RoPE layouts are accepted: top-level `rope_theta` + `rope_scaling` (transformers 4)
 //! and `rope_parameters` (transformers 5).
@@ -22,7 +22,7 @@ pub enum RopeScaling {
     Linear { factor: f32 },
 }
 
-/// DEX adaptation of a Llama model (duet's checkpoint format, see the README): per layer, the
+/// DEX adaptation of a Llama model (duet's checkpoint format, see docs/gguf-format.md): per layer, the
 /// heads it applies to. The matrices W_D and λ are tensors of the checkpoint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DexConfig {

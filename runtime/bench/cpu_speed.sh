@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# duet's CPU speed beside llama.cpp's on the same GGUF files, same run: the README's speed
-# table. `duet bench` and `llama-bench`, both `-p 128 -n 32 -r 5 -t 2`, the two programs
+# duet's CPU speed beside llama.cpp's on the same GGUF files, same run: the speed
+# table of docs/benchmarks.md. `duet bench` and `llama-bench`, both `-p 128 -n 32 -r 5 -t 2`, the two programs
 # alternating within each round so they share the machine's noise; the table gives the
 # median over rounds of each run's median tokens/s and duet/llama.cpp ratios, for duet's
 # default arithmetic (two-level Q8 activations) and for `--cpu-acts auto` (two levels in

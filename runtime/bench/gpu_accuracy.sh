@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's GPU accuracy table: runs the GPU tests (runtime/tests/gpu_ops.rs,
+# docs/gpu-backend.md's accuracy table: runs the GPU tests (runtime/tests/gpu_ops.rs,
 # tests/gpu_model.rs) with their output shown and prints, next to each bound the tests
 # assert, the worst value they measured. Needs a Vulkan adapter (lavapipe: Debian's
 # mesa-vulkan-drivers; tests/run-all.sh installs it) and, for the SmolLM2 rows, the assets

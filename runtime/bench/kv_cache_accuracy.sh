@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What each K/V cache type costs in perplexity against an f16 cache, and what llama.cpp's
 # quantized caches (with and without its Hadamard rotation) cost on the same files and
-# text: the README's K/V cache table.
+# text: docs/kv-cache-formats.md's accuracy table.
 #
 #   runtime/bench/kv_cache_accuracy.sh                  # duet's table, then llama.cpp's
 #   PARTS=duet runtime/bench/kv_cache_accuracy.sh       # one part only (duet, gpu, llama.cpp)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Decode speed at depth 4,096 with each K/V cache type against f16, CPU backend, 2 threads,
-# and the bytes each cache takes at 4,096 positions: the README's K/V cache speed table.
+# and the bytes each cache takes at 4,096 positions: docs/kv-cache-formats.md's speed and memory tables.
 #
 #   runtime/bench/kv_cache_speed.sh            # SmolLM2-135M and the reference DIFF model
 #   ROUNDS=3 runtime/bench/kv_cache_speed.sh   # rounds of the alternation (default 2)

@@ -1,6 +1,6 @@
 //! The GGUF names of duet's architectures, defined once: the converter writes these tensors
 //! and keys, the loader reads them. Llama's follow llama.cpp (`llama-arch.cpp`); the DIFF and
-//! DEX tensors and the `duet.*` keys are duet's own (README, "What the GGUF holds").
+//! DEX tensors and the `duet.*` keys are duet's own (docs/gguf-format.md, "What the GGUF holds").
 
 /// Token embeddings, `[n_embd, n_vocab]`.
 pub const TOKEN_EMBD: &str = "token_embd.weight";

@@ -5,7 +5,7 @@
 //!
 //! The formats (names, layouts, sizes) are defined once in [`duet_quant::kv::format`].
 //!
-//! Measured (README, "K/V cache formats"): `q4c` for K and `q4r` for V is the best 4-bit
+//! Measured (docs/kv-cache-formats.md): `q4c` for K and `q4r` for V is the best 4-bit
 //! cache; keys have fixed outlier channels that per-channel groups absorb, values have none
 //! worth a window and profit from rotation.
 

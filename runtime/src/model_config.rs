@@ -12,7 +12,7 @@ pub enum Arch {
     DiffLlama,
     /// DIFF Transformer V2: standard attention over `attention.head_count` query heads, whose
     /// outputs 2i and 2i+1 are combined as `o_2i − sigmoid(λ_i(x))·o_2i+1` (see
-    /// docs/diff-attention.md and the README's format section).
+    /// docs/diff-attention.md and docs/gguf-format.md).
     DiffLlamaV2,
 }
 

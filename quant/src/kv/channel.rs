@@ -5,7 +5,7 @@
 //! next, so quantizing each channel over a group of tokens, from its own minimum with its
 //! own step, leaves every channel its full resolution — where blocks along a row spend
 //! their levels on the one outlier channel. On SmolLM2-135M a 4-bit K cache stored this
-//! way costs a tenth of what Hadamard-rotated Q4_0 rows cost (README, K/V cache formats).
+//! way costs a tenth of what Hadamard-rotated Q4_0 rows cost (docs/kv-cache-formats.md).
 //!
 //! A group holds [`GROUP`] rows of `cols` values (`cols` a multiple of 32), quantized from
 //! their f16 values (a cache keeps the rows of a group that is not yet full in f16, and
