@@ -1,7 +1,8 @@
 //! `duet chat` on a pseudo-terminal, as a person types into it: `/help`, an unknown command
 //! (an error, not sent), a reply, history recalled with the Up arrow, a multi-line message
 //! (`"""` blocks and a trailing `\`), `/set`, `/save` (what was sent, checked in the file),
-//! `/load`, `/bye`, and the history kept in the user's data directory for the next session.
+//! `/load`, `/bye`, the history kept in the user's data directory for the next session, and
+//! Ctrl-C clearing a half-typed line.
 #![cfg(unix)]
 
 use std::path::{Path, PathBuf};
@@ -108,6 +109,10 @@ fn a_terminal_chat_with_history_multi_line_input_and_commands() {
     assert!(history.contains("Hello there") && history.contains("/bye"), "{history}");
     let mut p = chat(&home);
     p.exp_string("/help lists the commands").unwrap();
+    // Ctrl-C on a half-typed line clears it and stays.
+    keys(&mut p, "half typed");
+    keys(&mut p, "\x03");
+    p.exp_string("(Ctrl-C again, /bye or Ctrl-D to leave)").unwrap();
     keys(&mut p, "\x1b[A");
     p.exp_string("/bye").unwrap();
     keys(&mut p, "\r");

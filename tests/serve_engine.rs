@@ -445,3 +445,35 @@ fn embeddings_are_unit_mean_pooled_states_whatever_the_steps() {
 fn text_of_events(events: &Events) -> String {
     text(events)
 }
+
+/// Log probabilities go out with their token's text: a stop string's tokens (whose text is
+/// never sent) are not reported, so the reported tokens spell the start of the reply.
+#[test]
+fn logprobs_stop_where_a_stop_string_cuts_the_text() {
+    let path = convert("llama-gqa", Preset::F32, false);
+    let mut s = scheduler(&path, 1, 8);
+    let (req, alone) = request("The", 16, &[]);
+    s.submit(req).unwrap();
+    run_to_idle(&mut s);
+    let full = text(&alone);
+    // A stop string from the middle of the reply.
+    let mid = full.char_indices().map(|(i, _)| i).find(|&i| i >= full.len() / 2).unwrap_or(0);
+    let stop: String = full[mid..].chars().take(2).collect();
+    assert!(!stop.is_empty() && full.len() > 4, "a reply to cut: {full:?}");
+    let (mut req, events) = request("The", 16, &[&stop]);
+    req.logprobs = Some(2);
+    s.submit(req).unwrap();
+    run_to_idle(&mut s);
+    let sent = text(&events);
+    assert!(full.starts_with(&sent) && !sent.contains(&stop), "{sent:?} of {full:?}");
+    let spelled: Vec<u8> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| if let GenEvent::Logprob(lp) = e { Some(lp.token.clone()) } else { None })
+        .flatten()
+        .collect();
+    let spelled = String::from_utf8_lossy(&spelled).into_owned();
+    assert!(sent.starts_with(&spelled), "reported tokens {spelled:?} beyond the text {sent:?}");
+    assert!(sent.len() - spelled.len() < 16, "at most the cut token's text unreported: {spelled:?} / {sent:?}");
+}

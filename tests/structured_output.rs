@@ -188,3 +188,27 @@ fn schemas_and_grammars_that_cannot_constrain_are_refused_with_the_reason() {
         assert!(!err.contains('\n') && err.len() < 600, "one line of reason: {err}");
     }
 }
+
+/// Every tool-call family's grammar compiles with a real tokenizer (Mistral's names its
+/// marker by a token id), for `auto` and `required`.
+#[test]
+fn every_tool_call_grammar_compiles() {
+    use duet_runtime::tools::serve::tool_calls::{Format, grammar, parse_tools};
+    let e = engine();
+    let g = grammars(&e);
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    for choice in ["auto", "required"] {
+        let t = parse_tools(Some(&tools), Some(&serde_json::json!(choice)), None).unwrap().unwrap();
+        for (format, marker) in [
+            (Format::Hermes, None),
+            (Format::Generic, None),
+            (Format::Llama3, None),
+            (Format::Mistral, Some(3)),
+            (Format::Mistral, None),
+        ] {
+            let spec = grammar(&t, format, marker).unwrap();
+            g.compile(&spec).unwrap_or_else(|err| panic!("{format:?} {choice}: {err}: {spec:?}"));
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! `generation_config.json`'s sampling values as llama.cpp's `general.sampling.*` keys
-//! (names in `duet_runtime::gguf_names::sampling`). A value out of its range (a negative
-//! temperature, a top-p above 1) is left out, not stored for every run to trip on.
+//! (names in `duet_runtime::gguf_names::sampling`). Only when it samples (`do_sample: true`;
+//! Hugging Face decodes greedily otherwise, whatever temperature it names); a value out of
+//! its range (a negative temperature, a top-p above 1) is left out, not stored for every run
+//! to trip on.
 
 use duet_quant::gguf::Value;
 use duet_runtime::gguf_names::sampling;
@@ -8,7 +10,9 @@ use serde_json::Value as Json;
 
 /// The keys of `config` (generation_config.json), those it sets and that are in range.
 pub fn kvs(config: Option<&Json>) -> Vec<(String, Value)> {
-    let Some(g) = config else { return Vec::new() };
+    let Some(g) = config.filter(|g| g.get("do_sample").and_then(Json::as_bool) == Some(true)) else {
+        return Vec::new();
+    };
     let num = |k: &str| g.get(k).and_then(Json::as_f64).filter(|v| v.is_finite());
     let mut out = Vec::new();
     if let Some(t) = num("temperature").filter(|t| *t >= 0.0) {
@@ -43,8 +47,10 @@ mod tests {
             [sampling::TEMP, sampling::TOP_K, sampling::TOP_P, sampling::MIN_P, sampling::PENALTY_REPEAT]
         );
         assert_eq!(kv[1].1, Value::I32(20));
-        let bad = serde_json::json!({"temperature": -1, "top_k": -5, "top_p": 1.5, "repetition_penalty": 0});
+        let bad = serde_json::json!({"do_sample": true, "temperature": -1, "top_k": -5, "top_p": 1.5, "repetition_penalty": 0});
         assert!(kvs(Some(&bad)).is_empty());
+        let greedy = serde_json::json!({"temperature": 0.6, "top_k": 20});
+        assert!(kvs(Some(&greedy)).is_empty(), "without do_sample the model decodes greedily");
         assert!(kvs(None).is_empty());
     }
 }

@@ -127,10 +127,10 @@ impl Grammars {
     fn compiler(&self) -> Result<&Compiler, String> {
         let made = self.compiler.get_or_init(|| {
             let tok = &self.tok;
-            let Some(&eos) = tok.eog.first() else {
+            let eog: Arc<[u32]> = tok.eog.iter().copied().filter(|&t| (t as usize) < self.n_vocab).collect();
+            let Some(&eos) = eog.first() else {
                 return Err("structured output needs a model with an end-of-generation token; this one has none".into());
             };
-            let eog: Arc<[u32]> = tok.eog.iter().copied().filter(|&t| (t as usize) < self.n_vocab).collect();
             let env = token_env::TokenEnv::shared(Arc::clone(tok), self.n_vocab, eos).map_err(|e| e.to_string())?;
             let mut factory = ParserFactory::new(
                 &env,

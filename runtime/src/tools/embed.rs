@@ -55,7 +55,15 @@ pub fn embed<B: Backend>(
     let mut session = model.new_session(b, tokens.len(), CacheFormat::F16, CacheFormat::F16)?;
     let pool = Arc::new(Mutex::new(Pool { sum: Vec::new(), rows: 0 }));
     let before = b.set_observer(Some(Box::new(Arc::clone(&pool))));
-    let run = model.decode_one(b, ctx, &mut session, tokens, Logits::All);
+    // A step's worth of tokens at a time: every row's logits are made (the states are read
+    // on their way to them) and dropped, so memory stays at one step's rows × the vocabulary.
+    let mut run = Ok(());
+    for piece in tokens.chunks(ctx.cap().max(1)) {
+        if let Err(e) = model.decode_one(b, ctx, &mut session, piece, Logits::All) {
+            run = Err(e);
+            break;
+        }
+    }
     b.set_observer(before);
     run?;
     let pool = pool.lock().unwrap_or_else(|p| p.into_inner());

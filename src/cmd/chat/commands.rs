@@ -45,7 +45,8 @@ pub const HELP: &str = "\
 /load FILE          continue a conversation /save wrote
 Multi-line messages: a line of \"\"\" starts and ends one, or end a line with \\.
 A message that starts with / is sent when written //… (the first / dropped).
-Up and Down recall earlier messages; Ctrl-R searches them; Ctrl-C stops a reply.";
+Up and Down recall earlier messages; Ctrl-R searches them; Ctrl-C stops a reply (at the
+prompt it clears the line; twice in a row leaves).";
 
 fn number<T: std::str::FromStr>(what: &str, v: &str) -> Result<T, String> {
     v.trim().parse().map_err(|_| format!("/set {what} takes a number, got '{v}'"))

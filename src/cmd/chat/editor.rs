@@ -22,7 +22,13 @@ pub enum Read {
 }
 
 pub enum Input {
-    Terminal { editor: Box<Editor<(), DefaultHistory>>, history: Option<PathBuf>, warned: bool },
+    Terminal {
+        editor: Box<Editor<(), DefaultHistory>>,
+        history: Option<PathBuf>,
+        warned: bool,
+        /// The last read ended with Ctrl-C (a second one in a row leaves).
+        interrupted: bool,
+    },
     Plain(Box<dyn BufRead>),
 }
 
@@ -55,7 +61,7 @@ impl Input {
         {
             eprintln!("warning: could not read the chat history {}: {e}", h.display());
         }
-        Ok(Input::Terminal { editor, history, warned: false })
+        Ok(Input::Terminal { editor, history, warned: false, interrupted: false })
     }
 
     pub fn read(&mut self) -> Result<Read> {
@@ -75,12 +81,13 @@ impl Input {
                 }
                 Ok(Read::Message(line.trim_end_matches(['\n', '\r']).to_string()))
             }
-            Input::Terminal { editor, history, warned } => {
+            Input::Terminal { editor, history, warned, interrupted } => {
                 let mut asm = Assembler::default();
                 loop {
                     let prompt = if asm.pending() { "... " } else { "> " };
                     match editor.readline(prompt) {
                         Ok(line) => {
+                            *interrupted = false;
                             if let Line::Done(msg) = asm.push(&line) {
                                 if !msg.trim().is_empty() {
                                     remember(editor, history.as_ref(), warned, &msg);
@@ -91,6 +98,12 @@ impl Input {
                         Err(ReadlineError::Interrupted) if asm.pending() => {
                             eprintln!("(message dropped)");
                             asm = Assembler::default();
+                        }
+                        // Ctrl-C clears the line, as in a shell (the editor cannot say whether
+                        // it held text); a second one in a row leaves.
+                        Err(ReadlineError::Interrupted) if !*interrupted => {
+                            *interrupted = true;
+                            eprintln!("(Ctrl-C again, /bye or Ctrl-D to leave)");
                         }
                         Err(ReadlineError::Interrupted) => return Ok(Read::Interrupted),
                         Err(ReadlineError::Eof) => return Ok(Read::Eof),

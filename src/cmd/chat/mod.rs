@@ -114,7 +114,7 @@ fn chat<B: Backend>(engine: &mut Engine<B>, args: &Args) -> Result<()> {
             Read::Message(t) => t,
             Read::Eof => break,
             Read::Interrupted => {
-                eprintln!("(Ctrl-C: leaving; /bye or Ctrl-D leave too)");
+                eprintln!("(leaving)");
                 break;
             }
         };

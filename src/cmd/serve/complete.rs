@@ -36,7 +36,8 @@ pub async fn complete(State(app): State<Arc<App>>, req: axum::extract::Request, 
         Ok(r) => r,
         Err(e) => return error(e),
     };
-    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
+    // As many numbers as choices: unseeded requests' choices never share a seed.
+    let n = app.next_id.fetch_add(req.n as u64, Ordering::Relaxed);
     // Requests without a seed each get their own.
     req.sampling.seed = req.seed.unwrap_or_else(|| app.defaults.seed.wrapping_add(n));
     let id = format!("{}-{}{n:06}", if kind == Kind::Chat { "chatcmpl" } else { "cmpl" }, app.id_prefix);
@@ -103,7 +104,8 @@ async fn whole(
                 usage.completion += completion_tokens;
                 open -= 1;
                 if let Some(format) = calls_format(app, req)
-                    && let Some((text, calls)) = tool_calls::parse_reply(&c.text, format)
+                    && let Some(tools) = &req.tools
+                    && let Some((text, calls)) = tool_calls::parse_reply(&c.text, format, &tool_calls::names(tools))
                 {
                     c.text = text.unwrap_or_default();
                     c.calls = calls;
@@ -161,8 +163,11 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
     };
     let (kind, log_start) = (req.kind, std::time::Instant::now());
     let format = calls_format(&app, &req);
+    // The declared function names, to check the calls a reply makes.
+    let names: Vec<String> =
+        req.tools.as_ref().map(|t| tool_calls::names(t).into_iter().map(str::to_string).collect()).unwrap_or_default();
     let events = futures_util::stream::unfold(state, move |mut st| {
-        let (app, id) = (Arc::clone(&app), id.clone());
+        let (app, id, names) = (Arc::clone(&app), id.clone(), names.clone());
         async move {
             if st.done {
                 return None;
@@ -208,7 +213,8 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
                         let lps = std::mem::take(&mut st.pending[i]);
                         // Text held back: calls, or text after all.
                         let held = st.held[i].take().unwrap_or_default();
-                        let (text, calls) = match format.and_then(|f| tool_calls::parse_reply(&held, f)) {
+                        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                        let (text, calls) = match format.and_then(|f| tool_calls::parse_reply(&held, f, &names)) {
                             Some((text, calls)) => (text.unwrap_or_default(), calls),
                             None => (held, Vec::new()),
                         };
@@ -224,14 +230,18 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
                         };
                         let event = chunk(p);
                         if last {
-                            super::guard::log_stream_end(kind, 200, Some(st.usage), log_start);
+                            if app.log {
+                                super::guard::log_stream_end(kind, 200, Some(st.usage), log_start);
+                            }
                             // The [DONE] marker follows as its own event.
                             st.done = true;
                         }
                         return Some((Ok(event), st));
                     }
                     GenEvent::Failed(m) => {
-                        super::guard::log_stream_end(kind, 500, None, log_start);
+                        if app.log {
+                            super::guard::log_stream_end(kind, 500, None, log_start);
+                        }
                         let body = ApiError { status: 500, kind: "server_error", message: m }.body();
                         st.done = true;
                         return Some((Ok(Event::default().data(body)), st));

@@ -12,8 +12,9 @@ use serde_json::{Value, json};
 use super::App;
 use super::guard::{Served, error, object};
 
-/// Inputs one request may give (OpenAI's limit is 2,048; each here is a forward pass).
-const MAX_INPUTS: usize = 256;
+/// Inputs one request may give (OpenAI's limit is 2,048; each here is a forward pass over
+/// up to a context of tokens, between other requests' steps).
+const MAX_INPUTS: usize = 64;
 
 pub async fn embeddings(State(app): State<Arc<App>>, req: Request) -> Response {
     let o = match object(&app, req, &["input", "model", "encoding_format", "user", "dimensions"]).await {

@@ -168,6 +168,8 @@ pub async fn around(State(app): State<Arc<App>>, req: Request, next: Next) -> Re
     let since = Instant::now();
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let origin = req.headers().get(header::ORIGIN).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let asked_headers =
+        req.headers().get(header::ACCESS_CONTROL_REQUEST_HEADERS).and_then(|v| v.to_str().ok()).map(str::to_string);
     let mut res = match &origin {
         Some(o) if !origin_allowed(&app.cors, o) => error(ApiError {
             status: 403,
@@ -181,17 +183,28 @@ pub async fn around(State(app): State<Arc<App>>, req: Request, next: Next) -> Re
             let mut r = StatusCode::NO_CONTENT.into_response();
             let h = r.headers_mut();
             h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
-            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type"));
+            // The headers the page asks for (the OpenAI JS SDK sends x-stainless-*), as long
+            // as they are header names.
+            let asked = asked_headers
+                .as_deref()
+                .filter(|a| a.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_, ".contains(&b)));
+            let allow = asked.map_or(HeaderValue::from_static("authorization, content-type"), |a| {
+                HeaderValue::from_str(a).unwrap_or(HeaderValue::from_static("authorization, content-type"))
+            });
+            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, allow);
             h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
             r
         }
         _ => next.run(req).await,
     };
-    if let Some(o) = origin.filter(|o| origin_allowed(&app.cors, o))
-        && let Ok(v) = HeaderValue::from_str(&o)
-    {
-        res.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
-        res.headers_mut().insert(header::VARY, HeaderValue::from_static("Origin"));
+    if let Some(o) = &origin {
+        // The answer depends on the Origin, allowed or not: caches must keep them apart.
+        res.headers_mut().append(header::VARY, HeaderValue::from_static("Origin"));
+        if origin_allowed(&app.cors, o)
+            && let Ok(v) = HeaderValue::from_str(o)
+        {
+            res.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+        }
     }
     if app.log && res.extensions().get::<Streamed>().is_none() {
         let tokens = res.extensions().get::<Served>().and_then(|s| s.tokens);

@@ -31,12 +31,14 @@ pub async fn tokenize(State(app): State<Arc<App>>, req: Request) -> Response {
     let Some(Value::String(content)) = o.get("content") else {
         return error(ApiError::bad_request("'content' must be a string"));
     };
-    let tok = app.handle.tokenizer();
+    let tok = Arc::clone(app.handle.tokenizer());
     // Special-token text stays text, as in chat messages (llama-server parses it only when
-    // asked to).
-    let ids = match tok.encode_literal(content) {
-        Ok(ids) => ids,
-        Err(e) => return error(ApiError::bad_request(e.to_string())),
+    // asked to). Off the async workers: a large text takes a while.
+    let (worker, text) = (Arc::clone(&tok), content.clone());
+    let ids = match tokio::task::spawn_blocking(move || worker.encode_literal(&text)).await {
+        Ok(Ok(ids)) => ids,
+        Ok(Err(e)) => return error(ApiError::bad_request(e.to_string())),
+        Err(e) => return error(ApiError { status: 500, kind: "server_error", message: e.to_string() }),
     };
     let ids: Vec<u32> = tok.bos.filter(|_| add_special && tok.add_bos).into_iter().chain(ids).collect();
     let tokens: Vec<Value> = if with_pieces {

@@ -122,6 +122,19 @@ impl PromptEncoder {
                         self.allow_special,
                     ),
                     Some(tools) => {
+                        // The tools and earlier calls reach the template as they are: text in
+                        // them that spells a control token would become it (unless --special).
+                        let calls = messages.iter().filter_map(|m| m.tool_calls.as_ref());
+                        let spelled = std::iter::once(serde_json::Value::Array(tools.list.clone()).to_string())
+                            .chain(calls.map(|c| c.to_string()))
+                            .any(|t| self.tokenizer.holds_special_text(&t));
+                        if spelled && !self.allow_special {
+                            return Err(SubmitError::BadPrompt(
+                                "the tools or tool calls hold the text of a control token (<|im_start|>…), which \
+                                 would become that token; duet serve --special lets it"
+                                    .into(),
+                            ));
+                        }
                         let format = self.tool_format();
                         let messages = tool_calls::prepare_messages(messages.clone(), tools, format);
                         let list = serde_json::Value::Array(tools.list.clone());
@@ -154,7 +167,8 @@ impl PromptEncoder {
         }
         // Last: a grammar compiles in milliseconds, after the cheaper checks. Tools bring
         // their own (calls of them, or text).
-        let tool_grammar = req.tools.as_ref().and_then(|t| tool_calls::grammar(t, self.tool_format()));
+        let marker = self.tokenizer.token_to_id("[TOOL_CALLS]");
+        let tool_grammar = req.tools.as_ref().and_then(|t| tool_calls::grammar(t, self.tool_format(), marker));
         let grammar = req.grammar.as_ref().or(tool_grammar.as_ref());
         let constraint = grammar.map(|g| self.grammars.compile(g)).transpose().map_err(SubmitError::BadGrammar)?;
         Ok(Encoded { tokens, req, constraint })

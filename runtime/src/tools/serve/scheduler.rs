@@ -49,6 +49,13 @@ struct Active {
     /// probabilities).
     logprobs: Option<usize>,
     group: Option<u64>,
+    /// Log probabilities waiting for their token's text to go out (a stop string's start
+    /// is held back, and a stop string's own tokens are never reported), each with where its
+    /// bytes end in the reply.
+    held_logprobs: std::collections::VecDeque<(TokenLogprob, usize)>,
+    /// Bytes of the text the drawn tokens made so far, and of the text sent.
+    drawn_bytes: usize,
+    sent_bytes: usize,
 }
 
 struct Waiting {
@@ -268,6 +275,9 @@ impl<B: Backend> Scheduler<B> {
                 stop: StopText::new(&w.req.stop),
                 logprobs: w.req.logprobs,
                 group: w.req.group,
+                held_logprobs: std::collections::VecDeque::new(),
+                drawn_bytes: 0,
+                sent_bytes: 0,
             });
         }
     }
@@ -439,7 +449,19 @@ impl<B: Backend> Scheduler<B> {
             self.metrics.lock().unwrap_or_else(|p| p.into_inner()).generated_tokens_total += 1;
             let text = a.stream.push(&self.tokenizer, tok)?;
             let (out, stopped) = a.stop.push(&text);
-            let heard = logprob.is_none_or(|lp| (a.sink)(GenEvent::Logprob(lp)));
+            // (Counted in the text the token made, as the stop strings see it: a piece of a
+            // character makes none until the character is whole.)
+            a.drawn_bytes += text.len();
+            if let Some(lp) = logprob {
+                a.held_logprobs.push_back((lp, a.drawn_bytes));
+            }
+            a.sent_bytes += out.len();
+            // The log probabilities of the tokens whose text goes out now, then the text.
+            let mut heard = true;
+            while heard && a.held_logprobs.front().is_some_and(|(_, end)| *end <= a.sent_bytes) {
+                let (lp, _) = a.held_logprobs.pop_front().expect("a front");
+                heard = (a.sink)(GenEvent::Logprob(lp));
+            }
             if !heard || (!out.is_empty() && !(a.sink)(GenEvent::Text(out))) {
                 Outcome::Gone
             } else if stopped {
@@ -479,8 +501,16 @@ impl<B: Backend> Scheduler<B> {
                 // The metrics are locked before the reply's end goes out, so that a client
                 // that reads /metrics once its reply is complete sees it counted (sinks only
                 // hand events to a channel and never take this lock).
+                // Held log probabilities: their text goes out now, unless a stop string cut it.
+                let mut heard = true;
+                if !by_stop_string {
+                    for (lp, _) in a.held_logprobs.drain(..) {
+                        heard = heard && (a.sink)(GenEvent::Logprob(lp));
+                    }
+                }
                 let mut m = self.metrics.lock().unwrap_or_else(|p| p.into_inner());
-                let delivered = (rest.is_empty() || (a.sink)(GenEvent::Text(rest)))
+                let delivered = heard
+                    && (rest.is_empty() || (a.sink)(GenEvent::Text(rest)))
                     && (a.sink)(GenEvent::Done {
                         finish,
                         prompt_tokens: a.prompt.len(),

@@ -136,6 +136,11 @@ pub fn parse_tools(
     Ok(Some(Tools { list, choice, parallel }))
 }
 
+/// The names of `tools`' functions.
+pub fn names(tools: &Tools) -> Vec<&str> {
+    tools.list.iter().filter_map(|t| t["function"]["name"].as_str()).collect()
+}
+
 /// An API message's `tool_calls` in the shape Hugging Face templates read: arguments as an
 /// object, not the API's JSON text.
 pub fn template_tool_calls(calls: &Value, at: usize) -> Result<Value, String> {
@@ -233,8 +238,9 @@ pub fn prepare_messages(messages: Vec<Message>, tools: &Tools, format: Format) -
 }
 
 /// The grammar of the reply: calls (or, with `auto`, text that does not start one); None
-/// for `tool_choice: none`.
-pub fn grammar(tools: &Tools, format: Format) -> Option<GrammarSpec> {
+/// for `tool_choice: none`. `marker` is the id of Mistral's `[TOOL_CALLS]` control token
+/// (a grammar names a control token by its id; without one the array stands alone).
+pub fn grammar(tools: &Tools, format: Format, marker: Option<u32>) -> Option<GrammarSpec> {
     let compact = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
     let allowed: Vec<&Value> = match &tools.choice {
         ToolChoice::None => return None,
@@ -272,30 +278,29 @@ pub fn grammar(tools: &Tools, format: Format) -> Option<GrammarSpec> {
                 array["maxItems"] = json!(1);
             }
             array["x-guidance"] = compact;
-            (format!("calls: <[TOOL_CALLS]> %json {array}"), r#"TEXT: /(?s:.+)/ & ~/(?s:\s*\[.*)/"#)
+            let marker = marker.map_or(String::new(), |id| format!("<[{id}]> "));
+            (format!("calls: {marker}%json {array}"), r#"TEXT: /(?s:.+)/ & ~/(?s:\s*\[.*)/"#)
         }
     };
     let start = if tools.choice == ToolChoice::Auto { "start: TEXT | calls" } else { "start: calls" };
     Some(GrammarSpec::Lark(format!("{start}\n{calls}\n{text}\n")))
 }
 
-/// The calls in a reply, and the text beside them (None: no text); None when the reply is
-/// not calls.
-pub fn parse_reply(text: &str, format: Format) -> Option<(Option<String>, Vec<Call>)> {
+/// The calls a reply starts with, and the text after them (None: no text); None when the
+/// reply does not start with a call or names a function `names` does not have (then it is
+/// text, as the grammar's text branch let it be).
+pub fn parse_reply(text: &str, format: Format, names: &[&str]) -> Option<(Option<String>, Vec<Call>)> {
     let call = |v: &Value, args: &str| -> Option<Call> {
-        let name = v["name"].as_str()?.to_string();
+        let name = v["name"].as_str().filter(|n| names.contains(n))?.to_string();
         let a = v.get(args).or_else(|| v.get("arguments")).or_else(|| v.get("parameters"))?;
         Some(Call { name, arguments: a.to_string() })
     };
     let t = text.trim();
-    let calls: Vec<Call> = match format {
+    let (calls, rest): (Vec<Call>, &str) = match format {
         Format::Hermes | Format::Generic => {
             let mut calls = Vec::new();
-            let mut rest = String::new();
             let mut s = t;
-            while let Some(open) = s.find("<tool_call>") {
-                rest.push_str(&s[..open]);
-                let after = &s[open + "<tool_call>".len()..];
+            while let Some(after) = s.trim_start().strip_prefix("<tool_call>") {
                 // A call the token limit cut off is dropped; the whole ones before it stay.
                 let Some(close) = after.find("</tool_call>") else {
                     s = "";
@@ -305,31 +310,43 @@ pub fn parse_reply(text: &str, format: Format) -> Option<(Option<String>, Vec<Ca
                 calls.push(call(&v, "arguments")?);
                 s = &after[close + "</tool_call>".len()..];
             }
-            rest.push_str(s);
-            if calls.is_empty() {
-                return None;
-            }
-            let rest = rest.trim();
-            return Some(((!rest.is_empty()).then(|| rest.to_string()), calls));
+            (calls, s)
         }
         Format::Llama3 => {
-            let body = t.strip_prefix("<|python_tag|>").unwrap_or(t);
-            if !body.starts_with('{') {
+            let mut rest = t.strip_prefix("<|python_tag|>").unwrap_or(t);
+            if !rest.starts_with('{') {
                 return None;
             }
             let mut calls = Vec::new();
-            for piece in serde_json::Deserializer::from_str(body).into_iter::<Value>() {
-                calls.push(call(&piece.ok()?, "parameters")?);
+            // Objects, each optionally followed by `;`.
+            loop {
+                rest = rest.trim_start_matches(|c: char| c == ';' || c.is_whitespace());
+                if !rest.starts_with('{') {
+                    break;
+                }
+                let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+                let v = values.next()?.ok()?;
+                calls.push(call(&v, "parameters")?);
+                rest = &rest[values.byte_offset()..];
             }
-            calls
+            (calls, rest)
         }
         Format::Mistral => {
-            let body = t.strip_prefix("[TOOL_CALLS]").unwrap_or(t);
-            let v: Value = serde_json::from_str(body.trim()).ok()?;
-            v.as_array()?.iter().map(|c| call(c, "arguments")).collect::<Option<Vec<_>>>()?
+            let body = t.strip_prefix("[TOOL_CALLS]").unwrap_or(t).trim_start();
+            if !body.starts_with('[') {
+                return None;
+            }
+            let mut values = serde_json::Deserializer::from_str(body).into_iter::<Value>();
+            let v = values.next()?.ok()?;
+            let calls = v.as_array()?.iter().map(|c| call(c, "arguments")).collect::<Option<Vec<_>>>()?;
+            (calls, &body[values.byte_offset()..])
         }
     };
-    (!calls.is_empty()).then_some((None, calls))
+    if calls.is_empty() {
+        return None;
+    }
+    let rest = rest.trim();
+    Some(((!rest.is_empty()).then(|| rest.to_string()), calls))
 }
 
 #[cfg(test)]
@@ -371,19 +388,35 @@ mod tests {
 
     #[test]
     fn replies_are_read_in_each_format() {
-        let (text, calls) =
-            parse_reply("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>", Format::Hermes)
-                .unwrap();
+        let names = ["f", "g"];
+        let (text, calls) = parse_reply(
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+            Format::Hermes,
+            &names,
+        )
+        .unwrap();
         assert_eq!((text, calls), (None, vec![Call { name: "f".into(), arguments: "{\"a\":1}".into() }]));
-        let (_, calls) = parse_reply("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>", Format::Generic).unwrap();
+        let (_, calls) = parse_reply("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>", Format::Generic, &names).unwrap();
         assert_eq!(calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["f", "g"]);
-        assert_eq!(parse_reply("plain text", Format::Hermes), None);
+        assert_eq!(parse_reply("plain text", Format::Hermes, &names), None);
+        // Only at the start, and only the declared functions.
+        assert_eq!(
+            parse_reply("I'd use <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", Format::Hermes, &names),
+            None
+        );
+        assert_eq!(
+            parse_reply("<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>", Format::Hermes, &names),
+            None
+        );
         let cut = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"g\", \"argu";
-        assert_eq!(parse_reply(cut, Format::Hermes).unwrap().1.len(), 1, "the cut call is dropped");
+        assert_eq!(parse_reply(cut, Format::Hermes, &names).unwrap().1.len(), 1, "the cut call is dropped");
+        let llama =
+            "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"x\": \"y;\"}}; {\"name\": \"g\", \"parameters\": {}};";
+        let (_, calls) = parse_reply(llama, Format::Llama3, &names).unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, "{\"x\":\"y;\"}");
         let (_, calls) =
-            parse_reply("<|python_tag|>{\"name\": \"f\", \"parameters\": {\"x\": \"y\"}}", Format::Llama3).unwrap();
-        assert_eq!(calls[0].arguments, "{\"x\":\"y\"}");
-        let (_, calls) = parse_reply("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]", Format::Mistral).unwrap();
+            parse_reply("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]", Format::Mistral, &names).unwrap();
         assert_eq!(calls[0].name, "f");
         assert!(Format::Hermes.could_be_call(" <tool_") && !Format::Hermes.could_be_call("Sure"));
     }
@@ -411,6 +444,10 @@ mod tests {
             (out[3].role.as_str(), out[3].content.as_str()),
             ("user", "<tool_response>\n12 C\n</tool_response>")
         );
-        assert!(grammar(&Tools { choice: ToolChoice::None, ..tools }, Format::Generic).is_none());
+        assert!(grammar(&Tools { choice: ToolChoice::None, ..tools.clone() }, Format::Generic, None).is_none());
+        // Every family's grammar is valid Lark (compiled with a real tokenizer in
+        // tests/structured_output.rs); Mistral's names its marker by id.
+        let GrammarSpec::Lark(m) = grammar(&tools, Format::Mistral, Some(5)).unwrap() else { panic!() };
+        assert!(m.contains("calls: <[5]> %json"), "{m}");
     }
 }
