@@ -212,3 +212,45 @@ fn every_tool_call_grammar_compiles() {
         }
     }
 }
+
+/// The byte-fallback path: a SentencePiece vocabulary rebuilt from `tokenizer.ggml.*`
+/// (`<0xHH>` pieces, `▁` for spaces, control tokens): each id's bytes, and the bytes of a
+/// text's tokens spell the text as the normalizer wrote it (a leading space, `é` from two
+/// byte pieces).
+#[test]
+fn token_bytes_of_a_sentencepiece_vocabulary() {
+    use duet_quant::gguf::GgufWriter;
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types: Vec<i32> = vec![2, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    for piece in ["▁", "a", "b", "▁a", "▁b", "ab", "▁ab"] {
+        tokens.push(piece.into());
+        types.push(1);
+    }
+    let scores: Vec<f32> = (0..tokens.len()).map(|i| i as f32).collect();
+    let path = std::env::temp_dir().join(format!("duet-sp-vocab-{}.gguf", std::process::id()));
+    let mut w = GgufWriter::new(&path);
+    w.add("general.architecture", "llama").unwrap();
+    w.add("tokenizer.ggml.model", "llama").unwrap();
+    w.add("tokenizer.ggml.tokens", tokens.iter().map(String::as_str).collect::<Vec<&str>>()).unwrap();
+    w.add("tokenizer.ggml.scores", scores).unwrap();
+    w.add("tokenizer.ggml.token_type", types).unwrap();
+    w.add("tokenizer.ggml.bos_token_id", 1u32).unwrap();
+    w.add("tokenizer.ggml.eos_token_id", 2u32).unwrap();
+    w.start().unwrap().finish().unwrap();
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let bytes = token_bytes(&tok, tokens.len()).unwrap();
+    let id = |t: &str| tokens.iter().position(|x| x == t).unwrap();
+    assert_eq!(bytes[id("<0xE2>")], [0xE2]);
+    assert_eq!(bytes[id("▁ab")], b" ab");
+    assert_eq!(bytes[id("</s>")].first(), Some(&SPECIAL_MARKER));
+    let text = "ab a é";
+    let ids = tok.encode_literal(text).unwrap();
+    let spelled: Vec<u8> = ids.iter().flat_map(|&i| bytes[i as usize].iter().copied()).collect();
+    assert_eq!(String::from_utf8(spelled).unwrap(), format!(" {text}"), "{ids:?}");
+    assert_eq!(tok.decode(&ids, false).unwrap(), text);
+}
