@@ -400,12 +400,12 @@ fn choices_of_one_group_share_the_prompt_pages() {
 #[test]
 fn embeddings_are_unit_mean_pooled_states_whatever_the_steps() {
     let path = convert("llama-gqa", Preset::F32, false);
-    let text = "Call me Ishmael. Some years ago, never mind how long precisely, having little money";
+    let input = "Call me Ishmael. Some years ago, never mind how long precisely, having little money";
     let mut s = scheduler(&path, 2, 8);
     let tokens = {
         let opts = EngineOptions { n_ctx: 96, batch: 16, ..EngineOptions::default() };
         let e = Engine::load(CpuBackend::new(2), &path, &opts).unwrap();
-        e.tokenizer.encode(text, e.tokenizer.add_bos).unwrap()
+        e.tokenizer.encode(input, e.tokenizer.add_bos).unwrap()
     };
     assert!(tokens.len() > 16, "more tokens than a step of 16: {}", tokens.len());
     // A request in flight while embedding.
@@ -420,7 +420,7 @@ fn embeddings_are_unit_mean_pooled_states_whatever_the_steps() {
     let (req, want) = request("The", 8, &[]);
     quiet.submit(req).unwrap();
     run_to_idle(&mut quiet);
-    assert_eq!(text_of_events(&alone), text_of_events(&want), "the request's reply is untouched");
+    assert_eq!(text(&alone), text(&want), "the request's reply is untouched");
     // One step for the whole text.
     let opts = EngineOptions { n_ctx: 96, batch: 96, ..EngineOptions::default() };
     let mut whole = Scheduler::new(Engine::load(CpuBackend::new(2), &path, &opts).unwrap(), 1, 8).unwrap();
@@ -440,10 +440,6 @@ fn embeddings_are_unit_mean_pooled_states_whatever_the_steps() {
         }
     }
     assert!(s.embed(&[u32::MAX]).is_err());
-}
-
-fn text_of_events(events: &Events) -> String {
-    text(events)
 }
 
 /// Log probabilities go out with their token's text: a stop string's tokens (whose text is

@@ -213,17 +213,20 @@ impl SamplingArgs {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
         });
-        let base = hints.apply(SamplerConfig::default());
+        // The flags given are hints too, laid over the model's.
+        let flags = SamplingHints {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+        };
         SamplerConfig {
-            temperature: self.temperature.unwrap_or(base.temperature),
-            top_k: self.top_k.unwrap_or(base.top_k),
-            top_p: self.top_p.unwrap_or(base.top_p),
-            min_p: self.min_p.unwrap_or(base.min_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(base.repeat_penalty),
             repeat_last_n: self.repeat_last_n,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
             seed,
+            ..flags.apply(hints.apply(SamplerConfig::default()))
         }
     }
 }
