@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
-use duet_runtime::tools::calibrate::{CalibrationReport, Calibrator};
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::model::{Logits, Model};
 use duet_runtime::text::Tokenizer;
+use duet_runtime::tools::calibrate::{CalibrationReport, Calibrator};
 
 use crate::convert::{Conversion, Options, Progress, Quiet};
 use crate::error::ConvertError;
@@ -87,7 +87,7 @@ impl Conversion {
         }
         let report = if opts.input.is_dir() {
             // A fresh name of this process's own, removed when done, on error and (through
-            // duet_quant::output::remove_pending) on an interrupting signal.
+            // duet_quant::output::remove_pending_before_exit) on an interrupting signal.
             let tmp = duet_quant::output::TempPath::new_in(&std::env::temp_dir(), "duet-calibrate", ".f16.gguf")
                 .map_err(|e| ConvertError::Usage(format!("cannot create calibration's temporary model: {e}")))?;
             let f16 = Options { preset: Preset::F16, overrides: vec![], ..opts.clone() };

@@ -2,9 +2,9 @@
 //! or a regular file — never a device, FIFO, directory or socket, never a symbolic link, and
 //! never one of the command's inputs), written to a temporary file created exclusively under
 //! a random name beside it, and renamed over it only once complete. The temporary file is
-//! removed on every error, when its writer is dropped, and — through [`remove_pending`],
-//! which the CLI's signal handler calls — on SIGINT, SIGTERM and SIGHUP. Every file the
-//! tools write goes through here: GGUF files, saved logits, reports, calibration's
+//! removed on every error, when its writer is dropped, and — through
+//! [`remove_pending_before_exit`], which the CLI's signal handler calls — on SIGINT, SIGTERM
+//! and SIGHUP. Every file the tools write goes through here: GGUF files, saved logits, reports, calibration's
 //! temporary model ([`TempPath`]).
 
 use std::ffi::OsString;
@@ -13,29 +13,47 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-/// Temporary files alive now: removed by [`remove_pending`] when the process is stopped.
+/// Temporary files alive now: removed by [`remove_pending_before_exit`] when the process is
+/// stopped. Creating a temporary file and renaming one into place both happen under this lock, so
+/// a signal handler that removes the pending files never races a rename that would bring
+/// one back under its final name (the cause of a calibration model left in TMPDIR).
 static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-fn register(p: &Path) {
-    PENDING.lock().unwrap_or_else(|e| e.into_inner()).push(p.to_path_buf());
+fn pending_files() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    PENDING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn unregister(p: &Path) {
-    PENDING.lock().unwrap_or_else(|e| e.into_inner()).retain(|q| q != p);
+    pending_files().retain(|q| q != p);
 }
 
-/// Removes every temporary file still pending (a signal handler's last act before it exits:
-/// an interrupted command leaves nothing behind). Returns how many it removed.
-pub fn remove_pending() -> usize {
-    remove_pending_where(|_| true)
+/// Removes every pending temporary file and keeps the lock until the process exits, so no
+/// other thread creates a temporary file or renames one into place in between: what a
+/// signal handler calls right before `exit`. Returns how many it removed.
+pub fn remove_pending_before_exit() -> usize {
+    let mut pending = pending_files();
+    let removed = pending.drain(..).filter(|p| fs::remove_file(p).is_ok()).count();
+    // Never unlocked: the writers block in `create_exclusive` or `rename_into_place`.
+    std::mem::forget(pending);
+    removed
 }
 
-/// Removes the pending temporary files that `which` selects.
+/// Removes the pending temporary files that `which` selects (tests).
+#[cfg(test)]
 fn remove_pending_where(which: impl Fn(&Path) -> bool) -> usize {
-    let mut pending = PENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut pending = pending_files();
     let (gone, keep): (Vec<PathBuf>, Vec<PathBuf>) = pending.drain(..).partition(|p| which(p));
     *pending = keep;
     gone.iter().filter(|p| fs::remove_file(p).is_ok()).count()
+}
+
+/// Renames the pending temporary file `tmp` over `target` and forgets it, as one step
+/// under the pending-files lock (see [`PENDING`]).
+pub fn rename_into_place(tmp: &Path, target: &Path) -> io::Result<()> {
+    let mut pending = pending_files();
+    fs::rename(tmp, target)?;
+    pending.retain(|q| q != tmp);
+    Ok(())
 }
 
 /// The temporary files pending now (tests).
@@ -105,16 +123,18 @@ fn random_tag() -> String {
 }
 
 /// Creates a new file `dir/.{stem}.{random}{suffix}` exclusively (never following or reusing
-/// what is there), registered for [`remove_pending`].
+/// what is there), registered for [`remove_pending_before_exit`].
 fn create_exclusive(dir: &Path, stem: &std::ffi::OsStr, suffix: &str) -> io::Result<(PathBuf, File)> {
     for _ in 0..16 {
         let mut name = OsString::from(".");
         name.push(stem);
         name.push(format!(".{}{suffix}", random_tag()));
         let path = dir.join(name);
+        // Created and registered as one step: a signal between the two would leave the file.
+        let mut pending = pending_files();
         match OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(f) => {
-                register(&path);
+                pending.push(path.clone());
                 return Ok((path, f));
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
@@ -130,14 +150,15 @@ fn parent_of(target: &Path) -> &Path {
 
 /// Creates the temporary file for `target` beside it (its directory, so that the final
 /// rename is atomic): a fresh random name, created exclusively, registered for
-/// [`remove_pending`] until [`release_temp`]. For writers that manage the rename themselves
+/// [`remove_pending_before_exit`] until [`release_temp`]. For writers that manage the rename themselves
 /// (the GGUF writer); others use [`AtomicFile`].
 pub fn create_temp_beside(target: &Path) -> io::Result<(PathBuf, File)> {
     let name = target.file_name().ok_or_else(|| refuse(target, "the path has no file name"))?;
     create_exclusive(parent_of(target), name, ".tmp")
 }
 
-/// Forgets a temporary file of [`create_temp_beside`]: renamed into place or removed.
+/// Forgets a temporary file of [`create_temp_beside`] that its writer removed (files
+/// renamed into place are forgotten by [`rename_into_place`]).
 pub fn release_temp(tmp: &Path) {
     unregister(tmp);
 }
@@ -180,10 +201,9 @@ impl AtomicFile {
         file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))?;
         drop(file);
         check_target(&self.target, &[])?;
-        fs::rename(&self.tmp, &self.target).map_err(|e| {
+        rename_into_place(&self.tmp, &self.target).map_err(|e| {
             io::Error::new(e.kind(), format!("cannot rename {} to {}: {e}", self.tmp.display(), self.target.display()))
         })?;
-        unregister(&self.tmp);
         // Makes the rename durable; not every platform or filesystem can sync a directory,
         // and the data is already safe, so a failure here is not reported.
         if let Ok(d) = File::open(parent_of(&self.target)) {
@@ -212,7 +232,7 @@ pub fn write_file(target: &Path, contents: &[u8]) -> io::Result<()> {
 
 /// A path for a temporary file of the process's own (calibration's F16 model): a fresh,
 /// unguessable name in `dir`, created empty and exclusively, registered for
-/// [`remove_pending`] and removed when dropped.
+/// [`remove_pending_before_exit`] and removed when dropped.
 pub struct TempPath(PathBuf);
 
 impl TempPath {

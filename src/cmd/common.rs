@@ -448,7 +448,7 @@ pub fn remove_temp_files_on_signal() {
     // Failing to install the handler (one is installed already) only means the signal keeps
     // its default meaning.
     let _ = ctrlc::set_handler(|| {
-        duet_quant::output::remove_pending();
+        duet_quant::output::remove_pending_before_exit();
         eprintln!("\ninterrupted: nothing was written");
         std::process::exit(130);
     });

@@ -454,12 +454,11 @@ impl GgufDataWriter {
         crate::output::check_target(&self.target, &[]).map_err(|source| {
             GgufError::new(&self.label, None, GgufErrorKind::Io { action: "cannot write".into(), source })
         })?;
-        fs::rename(&self.tmp, &self.target).map_err(|source| {
+        crate::output::rename_into_place(&self.tmp, &self.target).map_err(|source| {
             let action = format!("cannot rename {} to {}", self.tmp.display(), self.target.display());
             GgufError::new(&self.label, None, GgufErrorKind::Io { action, source })
         })?;
         self.state = State::Done;
-        crate::output::release_temp(&self.tmp);
         // Makes the rename itself durable; not every platform or filesystem can sync a
         // directory, and the data is already safe, so a failure here is not reported.
         if let Some(dir) = self.target.parent().filter(|d| !d.as_os_str().is_empty())
