@@ -8,7 +8,8 @@ use duet_convert::Preset;
 use duet_runtime::logits_file::LogitsFile;
 
 use common::{
-    F32_BOUND, Q8_KL_BOUND, Q8_TOP1_BOUND, Stats, compare, convert, cpu_logits, cpu_logits_with, dequantized, fixture,
+    F32_BOUND, Q8_KL_BOUND, Q8_TOP1_BOUND, Stats, compare, convert, cpu_logits, cpu_logits_pinned, cpu_logits_with,
+    dequantized, fixture,
 };
 
 fn check(name: &str, preset: Preset, keep_dex: bool) -> Stats {
@@ -192,4 +193,40 @@ fn logit_quantization_belongs_to_the_session_not_the_model() {
     let moved = plain.iter().zip(&quantized).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(moved > 1e-3, "4-bit logits changed nothing ({moved})");
     assert!(model.layers.iter().all(|l| l.attention.logit_quant.is_none()));
+}
+
+/// The packed kernel set is picked per weight type by timing at load (the CPU backend's
+/// GemmChoice): every candidate must give the same logits bit for bit, in a prompt (batch
+/// products) and token by token (decode products), for the K-quants and the 32-element types.
+#[test]
+fn every_packed_kernel_candidate_gives_the_same_logits() {
+    let candidates = duet_runtime::cpu::CpuBackend::new(1).gemm_candidates();
+    if candidates.len() < 2 {
+        duet_test_support::cpu_lacks(
+            "every_packed_kernel_candidate_gives_the_same_logits",
+            &["avx2", "fma", "f16c"],
+            &format!("packed kernel candidates {candidates:?}: nothing to compare"),
+        );
+        return;
+    }
+    let reference = LogitsFile::read(&fixture("diffllama-gqa").join("reference.logits")).unwrap();
+    let tokens = &reference.tokens[..24];
+    for preset in [Preset::Q4KM, Preset::Q6K, Preset::Q4_0, Preset::Q8_0] {
+        let gguf = convert("diffllama-gqa", preset, false);
+        for batch in [24, 1] {
+            let want = cpu_logits_pinned(&gguf, tokens, batch, candidates[0]);
+            for name in &candidates[1..] {
+                let got = cpu_logits_pinned(&gguf, tokens, batch, name);
+                let differ = want.iter().zip(&got).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(
+                    differ,
+                    0,
+                    "{} batch {batch}: {name} differs from {} in {differ} logits",
+                    preset.name(),
+                    candidates[0]
+                );
+            }
+        }
+        std::fs::remove_file(&gguf).unwrap();
+    }
 }

@@ -52,8 +52,10 @@ if [ "${MODELS:-}" = all ]; then
 fi
 
 # -> "pp tg GB/s" medians (t/s) of one run, GB/s: weights streamed by the decode
+# (The table is kept in $BENCH/cpu-speed-last.md for the kernels line below.)
 duet_run() {
-  "$duet" bench -m "$1" -p 128 -n 32 -r 5 -t 2 --device cpu "${@:2}" 2>/dev/null | bench_duet_parse
+  "$duet" bench -m "$1" -p 128 -n 32 -r 5 -t 2 --device cpu "${@:2}" 2>/dev/null >"$BENCH/cpu-speed-last.md"
+  bench_duet_parse <"$BENCH/cpu-speed-last.md"
 }
 lc_run() {
   "$bin/llama-bench" -m "$1" -p 128 -n 32 -r 5 -t 2 2>/dev/null | bench_llama_parse
@@ -72,6 +74,7 @@ echo "Machine: $(bench_machine)$limits; memory read bandwidth $bw GB/s (2 thread
 echo
 echo "| model | llama.cpp pp128 | duet pp128 | ratio | llama.cpp tg32 | duet tg32 | ratio | duet tg weights GB/s (of bandwidth) | duet \`--cpu-acts auto\` pp128 | ratio | tg32 | ratio |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+declare -A kernels=()
 for m in "${models[@]}"; do
   declare -A pp=() tg=() gbs=()
   for ((r = 0; r < rounds; r++)); do
@@ -79,7 +82,10 @@ for m in "${models[@]}"; do
       g=
       case $who in
         lc) read -r p t < <(lc_run "$m") ;;
-        duet) read -r p t g < <(duet_run "$m") ;;
+        duet)
+          read -r p t g < <(duet_run "$m")
+          kernels[$(basename "$m" .gguf)]=$(bench_duet_cell backend tg <"$BENCH/cpu-speed-last.md")
+          ;;
         duetauto) read -r p t g < <(duet_run "$m" --cpu-acts auto) ;;
       esac
       pp[$who]="${pp[$who]:-} $p"
@@ -95,4 +101,12 @@ for m in "${models[@]}"; do
   share=$(awk -v a="$g" -v b="$bw" 'BEGIN { printf "%.0f%%", 100 * a / b }')
   echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(bench_ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(bench_ratio "${tg[duet]}" "${tg[lc]}") | $g ($share) | ${pp[duetauto]} | $(bench_ratio "${pp[duetauto]}" "${pp[lc]}") | ${tg[duetauto]} | $(bench_ratio "${tg[duetauto]}" "${tg[lc]}") |"
   unset pp tg gbs
+done
+
+# duet times its packed kernel candidates per weight type at load (runtime/src/cpu/gemm_choice.rs):
+# what its last default run of each model picked.
+echo
+echo "duet's kernels (\`duet bench\`'s backend column, last default run):"
+for m in "${models[@]}"; do
+  echo "- $(basename "$m" .gguf): ${kernels[$(basename "$m" .gguf)]:-?}"
 done

@@ -111,9 +111,22 @@ pub fn cpu_logits(path: &Path, tokens: &[u32], batch: usize) -> Vec<f32> {
 
 /// [`cpu_logits`] with the quantized products' activations in `acts`.
 pub fn cpu_logits_with(path: &Path, tokens: &[u32], batch: usize, acts: duet_runtime::cpu::ActPrecision) -> Vec<f32> {
-    let file = std::sync::Arc::new(GgufFile::open(path).unwrap());
     let mut b = CpuBackend::new(2);
     b.set_act_precision(acts);
+    logits_on(b, path, tokens, batch)
+}
+
+/// [`cpu_logits`] with every weight type multiplied by the packed kernel candidate `gemm`
+/// (`CpuBackend::pin_gemm`).
+#[allow(dead_code)]
+pub fn cpu_logits_pinned(path: &Path, tokens: &[u32], batch: usize, gemm: &str) -> Vec<f32> {
+    let mut b = CpuBackend::new(2);
+    b.pin_gemm(gemm).unwrap();
+    logits_on(b, path, tokens, batch)
+}
+
+fn logits_on(mut b: CpuBackend, path: &Path, tokens: &[u32], batch: usize) -> Vec<f32> {
+    let file = std::sync::Arc::new(GgufFile::open(path).unwrap());
     let model = Model::load(&mut b, file).unwrap();
     let mut s = model.new_session(&mut b, tokens.len().max(1), CacheFormat::F32, CacheFormat::F32).unwrap();
     let mut ctx = model.new_context(&mut b, batch).unwrap();

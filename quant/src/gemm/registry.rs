@@ -126,6 +126,10 @@ impl GemmKernels {
 
 static CHOSEN_GEMM: OnceLock<Option<GemmKernels>> = OnceLock::new();
 
+/// Whether a program named the packed kernel set ([`choose_gemm_kernels`]): then it is the
+/// only candidate ([`gemm_candidates`]) and nothing is measured.
+static NAMED_GEMM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The packed kernel set of this process: the fastest this CPU has if any beats the
 /// per-row kernels, or what [`choose_gemm_kernels`] chose (decided once, at first use).
 pub fn gemm_kernels() -> Option<&'static GemmKernels> {
@@ -133,21 +137,50 @@ pub fn gemm_kernels() -> Option<&'static GemmKernels> {
 }
 
 /// A program's choice of packed kernels for the rest of the process: `"off"` (the per-row
-/// kernels only) or a set's name (`"avx512vnni"`, `"avx2"`, `"portable"`; [`available`] lists
-/// this CPU's). Refused for a name this CPU cannot run, and once kernels were used.
+/// kernels only), a set's name (`"avx512vnni"`, `"avx2"`, `"portable"`; [`available`] lists
+/// this CPU's) or a tuning variant's (`"avx2/n4c1,1"`, [`variants`]); a named set is then
+/// the only candidate of [`gemm_candidates`]. Refused for a name this CPU cannot run, and
+/// once kernels were used.
 pub fn choose_gemm_kernels(name: &str) -> Result<(), String> {
     let all = available();
     let chosen = match name {
         "off" => None,
-        _ => Some(all.iter().find(|k| k.name == name).copied().ok_or_else(|| {
-            let names: Vec<&str> = all.iter().map(|k| k.name).collect();
+        _ => Some(all.iter().chain(&variants()).find(|k| k.name == name).copied().ok_or_else(|| {
+            let names: Vec<&str> = all.iter().chain(&variants()).map(|k| k.name).collect();
             format!("no packed matmul kernels named {name:?} on this CPU (it has: off, {})", names.join(", "))
         })?),
     };
     let want = chosen.map(|k| k.name);
-    CHOSEN_GEMM.set(chosen).or_else(|_| {
-        if gemm_kernels().map(|k| k.name) == want { Ok(()) } else { Err("the packed matmul kernels were chosen before".into()) }
+    if CHOSEN_GEMM.set(chosen).is_err() && gemm_kernels().map(|k| k.name) != want {
+        return Err("the packed matmul kernels were chosen before".into());
+    }
+    NAMED_GEMM.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// The packed kernel sets a program may pick among, per weight type, for speed alone: the
+/// process's set ([`gemm_kernels`]) first, then its tuning variants (the same instruction
+/// set with other token tiles and accumulation chains: integer sums in another order, so the
+/// same bits; `tests.rs` holds them to it). Only the process's set when a program named one
+/// ([`choose_gemm_kernels`]); empty without packed kernels. Other instruction sets are not
+/// candidates: their results may differ in the last bit (Q4_K on plain AVX2 rounds a
+/// super-block's integer once, where VNNI's sums are exact).
+pub fn gemm_candidates() -> &'static [GemmKernels] {
+    static CANDIDATES: OnceLock<Vec<GemmKernels>> = OnceLock::new();
+    CANDIDATES.get_or_init(|| {
+        let Some(first) = gemm_kernels() else { return Vec::new() };
+        let mut v = vec![*first];
+        if !NAMED_GEMM.load(std::sync::atomic::Ordering::Relaxed) {
+            v.extend(variants().into_iter().filter(|k| variant_of(k.name, first.name)));
+        }
+        v
     })
+}
+
+/// Whether the set named `variant` is a tuning variant of the set named `base` ("avx2/n4c1,1"
+/// of "avx2").
+pub fn variant_of(variant: &str, base: &str) -> bool {
+    variant.strip_prefix(base).is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// Alternative tunings (tile size, accumulation chains) of the sets this CPU can run, for

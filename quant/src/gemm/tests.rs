@@ -725,3 +725,62 @@ fn merged_activations_are_optional_and_the_same_when_added_later() {
         assert_eq!(full.buf.as_slice()[..rows_bytes], lean.buf.as_slice()[..rows_bytes], "{ty}");
     }
 }
+
+/// A set's tuning variants give its products bit for bit (single-level and two-level
+/// activations, every tile size and remainder): the runtime picks among them per weight type
+/// by timing alone ([`gemm_candidates`]), so the choice must never change a result.
+#[test]
+fn tuning_variants_give_their_sets_bits() {
+    let (rows, cols) = (40, 512);
+    let sets: Vec<GemmKernels> = available().into_iter().filter(|k| k.fast).collect();
+    let mut compared = 0;
+    for ty in GgmlType::WEIGHT_TYPES.into_iter().filter(|&ty| packable(ty)) {
+        let kind = ActKind::for_weight(ty).unwrap();
+        let wb = quantize_matrix(ty, &normal(rows * cols, 7), cols);
+        let packed = PackedMatrix::pack(ty, &wb, rows, cols, &par_threads).unwrap();
+        for n_tok in [1, 2, 3, 5, 8, 13] {
+            let x: Vec<f32> = normal(n_tok * cols, 8 + n_tok as u64).iter().map(|v| 2.0 * v).collect();
+            for two_level in [false, true] {
+                let mut acts = QActs::new(kind);
+                if two_level {
+                    acts.quantize_two_level(&x, n_tok, cols, &par_threads);
+                } else {
+                    acts.quantize(&x, n_tok, cols, &par_threads);
+                }
+                for base in &sets {
+                    let mut want = vec![0f32; n_tok * rows];
+                    base.gemm(&packed, &acts, &mut want).unwrap();
+                    for k in variants().iter().filter(|k| variant_of(k.name, base.name)) {
+                        let mut got = vec![0f32; n_tok * rows];
+                        k.gemm(&packed, &acts, &mut got).unwrap();
+                        for i in 0..n_tok * rows {
+                            assert_eq!(
+                                got[i].to_bits(),
+                                want[i].to_bits(),
+                                "{ty} {} vs {}, {n_tok} tokens, two-level {two_level}: [{i}] {} vs {}",
+                                k.name,
+                                base.name,
+                                got[i],
+                                want[i]
+                            );
+                        }
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        assert!(compared > 0, "an AVX2 CPU has tuning variants to compare");
+    }
+    let _ = compared;
+}
+
+#[test]
+fn variant_names_belong_to_their_set() {
+    assert!(variant_of("avx2/n4c1,1", "avx2"));
+    assert!(!variant_of("avx2+avxvnni/n4c1,1", "avx2"));
+    assert!(!variant_of("avx2", "avx2"));
+    assert!(variant_of("avx512vnni/n8c1,1", "avx512vnni"));
+}

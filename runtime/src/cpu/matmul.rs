@@ -21,6 +21,8 @@
 use duet_quant::GgmlType;
 use duet_quant::dot::{ActRow, Kernels, act_type};
 use duet_quant::gemm::{ActKind, GROUP, GemmKernels, PackedMatrix, QActs};
+
+use super::gemm_choice::GemmChoice;
 use duet_quant::second_level;
 
 use super::SharedMut;
@@ -117,7 +119,7 @@ pub fn pack(pool: &ThreadPool, w: &CpuWeight) -> Option<PackedMatrix> {
 pub fn matmul(
     pool: &ThreadPool,
     k: &Kernels,
-    gk: Option<&GemmKernels>,
+    gk: Option<&GemmChoice>,
     w: &CpuWeight,
     x: &CpuTensor,
     out: &mut CpuTensor,
@@ -129,7 +131,7 @@ pub fn matmul(
     if let Some(gk) = gk
         && let Some(p) = w.packed.get_or_init(|| pack(pool, w))
     {
-        return matmul_packed(pool, gk, p, x, out, acts);
+        return matmul_packed(pool, gk.for_product(p.ty(), x.rows), p, x, out, acts);
     }
     let t_rows = x.rows;
     let a_ty = act_type(w.ty);
@@ -199,7 +201,7 @@ fn matmul_packed(
     let ld = out.cols;
     if !acts.precision.two_level(x.rows) || kind == ActKind::F32 {
         let qa = quantized(pool, acts, kind, x, 0, x.rows, false);
-        run_groups(pool, gk, w, qa, out.view_mut(), ld);
+        run_groups(pool, gk, w, 0..w.groups(), qa, out.view_mut(), ld);
         return;
     }
     // Chunks of tokens keep a chunk's activations in L2 while every group of rows runs over
@@ -212,7 +214,7 @@ fn matmul_packed(
         if gk.reads_merged(w.ty()) {
             qa.add_merged(&par(pool));
         }
-        run_groups(pool, gk, w, qa, &mut out.view_mut()[t0 * ld..(t0 + n) * ld], ld);
+        run_groups(pool, gk, w, 0..w.groups(), qa, &mut out.view_mut()[t0 * ld..(t0 + n) * ld], ld);
     }
 }
 
@@ -255,15 +257,25 @@ fn par(pool: &ThreadPool) -> impl Fn(usize, &(dyn Fn(std::ops::Range<usize>) + S
     |n, f| pool.for_chunks(n, 1, f)
 }
 
-/// `out[t·ld + r]` for every token of `qa` and row of `w`, split over the pool by groups.
-fn run_groups(pool: &ThreadPool, gk: &GemmKernels, w: &PackedMatrix, qa: &QActs, out: &mut [f32], ld: usize) {
-    assert!(out.len() >= qa.tokens() * ld && ld >= w.rows());
-    let groups = w.groups();
+/// `out[t·ld + r]` for every token of `qa` and the rows of `w`'s `groups`, split over the
+/// pool by groups.
+pub(super) fn run_groups(
+    pool: &ThreadPool,
+    gk: &GemmKernels,
+    w: &PackedMatrix,
+    groups: std::ops::Range<usize>,
+    qa: &QActs,
+    out: &mut [f32],
+    ld: usize,
+) {
+    assert!(out.len() >= qa.tokens() * ld && ld >= w.rows() && groups.end <= w.groups());
     // Enough chunks per thread to balance a busy machine; whole groups of 16 rows each.
-    let chunk = (groups / (pool.n_threads() * 6)).max(1);
+    let chunk = (groups.len() / (pool.n_threads() * 6)).max(1);
     let outp = SharedMut::new(out.as_mut_ptr());
-    debug_assert!(groups * GROUP >= w.rows());
-    pool.for_chunks(groups, chunk, &|range| {
+    debug_assert!(w.groups() * GROUP >= w.rows());
+    let first = groups.start;
+    pool.for_chunks(groups.len(), chunk, &|range| {
+        let range = first + range.start..first + range.end;
         // SAFETY: `out` holds qa.tokens() × ld (ld ≥ w.rows) and this chunk's groups own their
         // rows for every token; chunks are disjoint.
         unsafe { gk.gemm_groups(w, qa, range, outp.get(), ld) }.expect("packed matmul shapes match");
@@ -303,7 +315,7 @@ mod tests {
     /// and kinds) against the per-row kernels, for every packable type.
     #[test]
     fn packed_matmul_matches_per_row_kernels() {
-        let Some(gk) = duet_quant::gemm::gemm_kernels() else {
+        let Some(choice) = GemmChoice::new() else {
             duet_test_support::cpu_lacks(
                 "packed_matmul_matches_per_row_kernels",
                 &["avx2", "fma", "f16c"],
@@ -312,13 +324,18 @@ mod tests {
             return;
         };
         let pool = ThreadPool::new(3);
-        for precision in [ActPrecision::Q8, ActPrecision::Q8x2] {
-            let mut cache = ActCache { precision, ..ActCache::default() };
-            packed_matches_per_row(&pool, gk, &mut cache);
+        // Every candidate of the timing (GemmChoice), each pinned in turn.
+        for name in choice.candidate_names() {
+            let mut gk = choice.clone();
+            gk.pin(name).unwrap();
+            for precision in [ActPrecision::Q8, ActPrecision::Q8x2] {
+                let mut cache = ActCache { precision, ..ActCache::default() };
+                packed_matches_per_row(&pool, &gk, &mut cache);
+            }
         }
     }
 
-    fn packed_matches_per_row(pool: &ThreadPool, gk: &GemmKernels, cache: &mut ActCache) {
+    fn packed_matches_per_row(pool: &ThreadPool, gk: &GemmChoice, cache: &mut ActCache) {
         let types = GgmlType::WEIGHT_TYPES;
         // 70 tokens: two chunks of the two-level path.
         for n_tok in [1, 7, 19, 70] {
@@ -347,7 +364,7 @@ mod tests {
     #[test]
     fn two_level_activations_are_closer_to_exact() {
         let pool = ThreadPool::new(2);
-        let gk = duet_quant::gemm::gemm_kernels();
+        let gk = GemmChoice::new();
         let (n_tok, cols, rows) = (3, 512, 40);
         let mut x = acts(n_tok, cols, 9);
         for t in 0..n_tok {
@@ -357,7 +374,7 @@ mod tests {
             let w = weight(ty, rows, cols, 3);
             let mut wd = vec![0f32; rows * cols];
             duet_quant::dequantize(ty, w.bytes(), &mut wd).unwrap();
-            let err = |precision: ActPrecision, gk: Option<&GemmKernels>| {
+            let err = |precision: ActPrecision, gk: Option<&GemmChoice>| {
                 let mut cache = ActCache { precision, ..ActCache::default() };
                 let mut out = CpuTensor::new(n_tok, rows);
                 matmul(&pool, kernels(), gk, &w, &x, &mut out, &mut cache);
@@ -370,7 +387,7 @@ mod tests {
                 }
                 e.sqrt()
             };
-            for gk in [None, gk] {
+            for gk in [None, gk.as_ref()] {
                 let (e1, e2) = (err(ActPrecision::Q8, gk), err(ActPrecision::Q8x2, gk));
                 assert!(e2 * 30.0 < e1, "{ty} packed={}: Q8x2 error {e2:e} vs Q8 {e1:e}", gk.is_some());
             }
@@ -382,7 +399,8 @@ mod tests {
     fn auto_uses_the_second_level_only_for_small_batches() {
         let pool = ThreadPool::new(2);
         let w = weight(GgmlType::Q4_K, 40, 512, 5);
-        for gk in [None, duet_quant::gemm::gemm_kernels()] {
+        let choice = GemmChoice::new();
+        for gk in [None, choice.as_ref()] {
             for (n_tok, same_as) in
                 [(1, ActPrecision::Q8x2), (TWO_LEVEL_FREE_ROWS, ActPrecision::Q8x2), (5, ActPrecision::Q8)]
             {

@@ -4,6 +4,7 @@
 
 mod attention;
 pub mod bandwidth;
+mod gemm_choice;
 mod kernel_choice;
 mod matmul;
 pub mod ops;
@@ -16,9 +17,9 @@ use std::sync::{Arc, OnceLock};
 
 use duet_quant::GgmlType;
 use duet_quant::dot::{Kernels, kernels};
-use duet_quant::gemm::{GemmKernels, gemm_kernels};
 
 pub use attention::{CpuKvCache, Placement};
+pub use gemm_choice::GemmChoice;
 pub use kernel_choice::{KernelChoice, choose_kernels};
 pub use matmul::ActPrecision;
 pub use tensor::{CpuTensor, CpuWeight, Storage};
@@ -32,8 +33,9 @@ use pool::ThreadPool;
 pub struct CpuBackend {
     pool: ThreadPool,
     kernels: &'static Kernels,
-    /// Packed matmul kernels, when this CPU has a fast set ([`KernelChoice::gemm`]).
-    gemm: Option<&'static GemmKernels>,
+    /// Packed matmul kernels by weight type, when this CPU has a fast set
+    /// ([`KernelChoice::gemm`]); timed at load ([`GemmChoice`]).
+    gemm: Option<GemmChoice>,
     acts: ActCache,
     /// Cached RoPE frequencies (they depend only on the spec).
     thetas: Option<(usize, f32, Vec<f32>)>,
@@ -50,7 +52,7 @@ impl CpuBackend {
         CpuBackend {
             pool: ThreadPool::new(threads),
             kernels: kernels(),
-            gemm: gemm_kernels(),
+            gemm: GemmChoice::new(),
             acts: ActCache::default(),
             thetas: None,
             observer: None,
@@ -75,6 +77,23 @@ impl CpuBackend {
 
     pub fn act_precision(&self) -> ActPrecision {
         self.acts.precision
+    }
+
+    /// Makes the packed kernel candidate `name` multiply every weight type, untimed
+    /// ([`GemmChoice::pin`]); call before loading weights.
+    pub fn pin_gemm(&mut self, name: &str) -> Result<(), RuntimeError> {
+        match self.gemm.as_mut() {
+            Some(g) => g.pin(name).map_err(RuntimeError::Usage),
+            None => Err(RuntimeError::Usage(
+                "this process runs no packed kernels (DUET_GEMM=off or none fits this CPU)".into(),
+            )),
+        }
+    }
+
+    /// The packed kernel candidates of this process, the default first (empty without packed
+    /// kernels).
+    pub fn gemm_candidates(&self) -> Vec<&'static str> {
+        self.gemm.as_ref().map(GemmChoice::candidate_names).unwrap_or_default()
     }
 
     fn thetas(&mut self, rope: &RopeSpec) -> &[f32] {
@@ -124,8 +143,8 @@ impl Backend for CpuBackend {
             1 => "1 thread".to_string(),
             n => format!("{n} threads"),
         };
-        match self.gemm {
-            Some(g) => format!("CPU, {threads}, {} packed / {} kernels, {acts}", g.name, self.kernels.name),
+        match &self.gemm {
+            Some(g) => format!("CPU, {threads}, {} / {} kernels, {acts}", g.describe(), self.kernels.name),
             None => format!("CPU, {threads}, {} kernels, {acts}", self.kernels.name),
         }
     }
@@ -172,8 +191,17 @@ impl Backend for CpuBackend {
         // Repack matrices once, now (in parallel). The token embedding is read by rows for
         // the embedding lookup and is a matmul weight only when the output is tied to it: it
         // is packed at its first matmul instead, if ever.
-        if self.gemm.is_some() && w.rows > 1 && w.role != WeightRole::Embedding {
-            let _ = weight.packed.set(matmul::pack(&self.pool, &weight));
+        if let Some(choice) = self.gemm.as_mut()
+            && w.rows > 1
+            && w.role != WeightRole::Embedding
+        {
+            let packed = matmul::pack(&self.pool, &weight);
+            if let Some(p) = &packed
+                && choice.wants_timing(p.ty(), p.rows() * p.cols())
+            {
+                choice.time(&self.pool, p, self.acts.precision);
+            }
+            let _ = weight.packed.set(packed);
         }
         Ok(weight)
     }
@@ -224,7 +252,7 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&mut self, w: &CpuWeight, x: &CpuTensor, out: &mut CpuTensor) {
-        matmul::matmul(&self.pool, self.kernels, self.gemm, w, x, out, &mut self.acts);
+        matmul::matmul(&self.pool, self.kernels, self.gemm.as_ref(), w, x, out, &mut self.acts);
     }
 
     fn add_bias(&mut self, x: &mut CpuTensor, bias: &CpuWeight) {

@@ -1,7 +1,6 @@
 //! Element-wise and row-wise CPU ops. Reductions accumulate in f64 (as ggml's rms_norm
 //! does) so the CPU backend stays a trustworthy reference.
 
-
 /// `out = x / sqrt(mean(x²) + eps) · w` for one row (`w` = None: no weight).
 pub fn rms_norm_row(x: &[f32], w: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     let ss = sum_squares_f64(x);

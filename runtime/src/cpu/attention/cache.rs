@@ -11,7 +11,7 @@ use super::blocks::{self, RowBlocks};
 use super::channel::ChannelRows;
 use super::plain;
 use crate::error::RuntimeError;
-use crate::kv_cache::{CacheLayout, CacheFormat, KvCacheSpec};
+use crate::kv_cache::{CacheFormat, CacheLayout, KvCacheSpec};
 use crate::kv_pages::{PAGE, Run, SeqPages};
 use crate::memory::zeroed;
 
@@ -229,7 +229,9 @@ impl CpuKvCache {
     /// a quantized cache can turn into different codes (runtime/bench/kv_cache_accuracy.sh).
     pub fn new(spec: &KvCacheSpec, jitter: f32) -> Result<CpuKvCache, RuntimeError> {
         if !(jitter.is_finite() && (0.0..1.0).contains(&jitter)) {
-            return Err(RuntimeError::Usage(format!("K/V jitter {jitter}: expected a relative size in [0, 1), e.g. 1e-6")));
+            return Err(RuntimeError::Usage(format!(
+                "K/V jitter {jitter}: expected a relative size in [0, 1), e.g. 1e-6"
+            )));
         }
         let (p, s, d, hd) = (spec.n_pages(), spec.n_seqs, spec.kv_dim, spec.head_dim);
         Ok(CpuKvCache {

@@ -31,7 +31,8 @@ pub fn usable(hd: usize) -> bool {
 /// Keeps attention to the 8-lane AVX2 forms for the rest of the process (to measure or test
 /// them on an AVX-512 CPU). Refused once attention ran with the 16-lane forms.
 pub fn keep_to_avx2() -> Result<(), &'static str> {
-    ON.set(false).or_else(|_| if *ON.get_or_init(|| false) { Err("attention's kernels were chosen before") } else { Ok(()) })
+    ON.set(false)
+        .or_else(|_| if *ON.get_or_init(|| false) { Err("attention's kernels were chosen before") } else { Ok(()) })
 }
 
 /// 16 values at element `i` of a row of f16 (`F16`) or f32.
