@@ -4,8 +4,11 @@
 #
 #   runtime/bench/kv_cache_speed.sh            # SmolLM2-135M and the reference DIFF model
 #   ROUNDS=3 runtime/bench/kv_cache_speed.sh   # rounds of the alternation (default 2)
+#   DEPTHS="512 4096" CONFIGS="f16 f16,q8c q8r" runtime/bench/kv_cache_speed.sh
+#                                              # other depths (default 4096) and cache pairs
+#                                              # (comma-separated "K V"; the first is the base)
 #
-# `duet bench -c 4128 -d 4096 -p 0 -n 32 -r 3 -t 2 --device cpu` per cache type; the types
+# `duet bench -c DEPTH+32 -d DEPTH -p 0 -n 32 -r 3 -t 2 --device cpu` per cache type; the types
 # alternate within each round so they share the machine's noise; the table gives the
 # median over rounds of each run's median tokens/s and the ratio to f16. The cache bytes
 # come from `duet bench -c 4096` (everything included: scales, offsets, the f16 window).
@@ -17,10 +20,11 @@ duet=$(bench_duet kv-speed)
 smol=$(bench_smollm2)
 [ -s "$BENCH/diff-ref.f16.gguf" ] || "$duet" convert models/diff-ref --type f16 -o "$BENCH/diff-ref.f16.gguf" -q
 rounds=${ROUNDS:-2}
-configs=("f16 f16" "q8 q8" "q8c q8r" "q6c q6r" "q4 q4" "q4c q4r")
+IFS=, read -r -a configs <<<"${CONFIGS:-f16 f16,q8 q8,q8c q8r,q6c q6r,q4 q4,q4c q4r}"
+read -r -a depths <<<"${DEPTHS:-4096}"
 
-tps() { # model k v -> median t/s of one `duet bench` run
-  "$duet" bench -m "$1" -c 4128 -d 4096 -p 0 -n 32 -r 3 -t 2 --device cpu --cache-type-k "$2" --cache-type-v "$3" 2>/dev/null \
+tps() { # model k v depth -> median t/s of one `duet bench` run
+  "$duet" bench -m "$1" -c $(($4 + 32)) -d "$4" -p 0 -n 32 -r 3 -t 2 --device cpu --cache-type-k "$2" --cache-type-v "$3" 2>/dev/null \
     | bench_duet_cell "t/s" "^tg32"
 }
 kv_bytes() { # model k v -> "MiB (ratio× f16)" at 4,096 positions
@@ -31,22 +35,27 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 
 echo "Machine: $(bench_machine). duet $(bench_duet_label)."
 echo
-echo "| model | K / V cache | KV cache at 4,096 positions | tg32 @ d4096 (t/s) | vs f16 |"
-echo "|---|---|---|---|---|"
+echo "| model | K / V cache | KV cache at 4,096 positions | depth | tg32 (t/s) | vs ${configs[0]/ / \/ } |"
+echo "|---|---|---|---|---|---|"
 for model in "$smol" "$BENCH/diff-ref.f16.gguf"; do
   declare -A runs=()
   for ((r = 0; r < rounds; r++)); do
-    for c in "${configs[@]}"; do
-      set -- $c
-      runs[$c]="${runs[$c]:-} $(tps "$model" "$1" "$2")"
+    for d in "${depths[@]}"; do
+      for c in "${configs[@]}"; do
+        set -- $c
+        runs[$c $d]="${runs[$c $d]:-} $(tps "$model" "$1" "$2" "$d")"
+      done
     done
   done
-  base=$(echo "${runs["f16 f16"]}" | tr ' ' '\n' | grep . | median)
   for c in "${configs[@]}"; do
     set -- $c
-    m=$(echo "${runs[$c]}" | tr ' ' '\n' | grep . | median)
-    ratio=$(awk -v a="$m" -v b="$base" 'BEGIN { printf "%.2f×", a / b }')
-    echo "| $(basename "$model" .gguf) | $1 / $2 | $(kv_bytes "$model" "$1" "$2") | $m (runs:${runs[$c]}) | $ratio |"
+    bytes=$(kv_bytes "$model" "$1" "$2")
+    for d in "${depths[@]}"; do
+      base=$(echo "${runs[${configs[0]} $d]}" | tr ' ' '\n' | grep . | median)
+      m=$(echo "${runs[$c $d]}" | tr ' ' '\n' | grep . | median)
+      ratio=$(awk -v a="$m" -v b="$base" 'BEGIN { printf "%.2f×", a / b }')
+      echo "| $(basename "$model" .gguf) | $1 / $2 | $bytes | $d | $m (runs:${runs[$c $d]}) | $ratio |"
+    done
   done
   unset runs
 done
