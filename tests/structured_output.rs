@@ -84,6 +84,12 @@ fn token_bytes_spell_the_text_the_tokenizer_encodes() {
         for &eog in &tok.eog {
             assert_eq!(bytes[eog as usize].first(), Some(&SPECIAL_MARKER), "{}: eog {eog}", path.display());
         }
+        // The tokenizer's own table (grammars and log probabilities read it) is this one,
+        // made once and shared, clones included; another vocabulary size gets its own.
+        let shared = tok.id_bytes(n + 3).unwrap();
+        assert_eq!(*shared, bytes);
+        assert!(std::sync::Arc::ptr_eq(&shared, &tok.clone().id_bytes(n + 3).unwrap()), "made twice");
+        assert_eq!(tok.id_bytes(n).unwrap().len(), n);
     }
 }
 

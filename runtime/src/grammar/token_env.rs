@@ -7,7 +7,6 @@ use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
 use crate::error::RuntimeError;
 use crate::text::Tokenizer;
-use crate::text::token_bytes::token_bytes;
 
 pub struct TokenEnv {
     tok: Arc<Tokenizer>,
@@ -17,7 +16,7 @@ pub struct TokenEnv {
 impl TokenEnv {
     /// The environment of ids `0..n_vocab` of `tok`, `eos` the id a finished grammar allows.
     pub fn shared(tok: Arc<Tokenizer>, n_vocab: usize, eos: u32) -> Result<TokEnv, RuntimeError> {
-        let words = token_bytes(&tok, n_vocab)?;
+        let words = tok.id_bytes(n_vocab)?;
         let info = TokRxInfo {
             vocab_size: n_vocab as u32,
             tok_eos: eos,

@@ -7,4 +7,4 @@ pub mod tokenizer;
 
 pub use chat_template::{ChatTemplate, Message, TemplateLimits};
 pub use stream::TextStream;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{IdBytes, Tokenizer};

@@ -12,6 +12,7 @@
 //! rendered chat template's markers encode to their ids).
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
 use duet_quant::gguf::GgufFile;
 use tokenizers::decoders::byte_fallback::ByteFallback;
@@ -50,7 +51,13 @@ pub struct Tokenizer {
     pub eog: Vec<u32>,
     /// Where it came from ("tokenizer.huggingface.json" or "tokenizer.ggml (gpt2, smollm)").
     pub source: String,
+    /// [`Tokenizer::id_bytes`]'s table, made once (shared by clones): the vocabulary size it
+    /// was made for, and the table or why it cannot be made.
+    id_bytes: Arc<OnceLock<(usize, Result<IdBytes, String>)>>,
 }
+
+/// The bytes of every id ([`crate::text::token_bytes`]).
+pub type IdBytes = Arc<Vec<Vec<u8>>>;
 
 fn err(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Tokenizer(e.to_string())
@@ -125,7 +132,7 @@ impl Tokenizer {
         }
         let mut seen = std::collections::HashSet::new();
         eog.retain(|id| seen.insert(*id));
-        Ok(Tokenizer { inner, bos, eos, add_bos, eog, source })
+        Ok(Tokenizer { inner, bos, eos, add_bos, eog, source, id_bytes: Arc::default() })
     }
 
     /// Token ids of `text`; with `add_bos` and a BOS id, BOS first. Special-token texts in
@@ -208,6 +215,18 @@ impl Tokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The bytes of ids `0..n_vocab` ([`crate::text::token_bytes::token_bytes`]), made at the
+    /// first call and shared by every later one for the same `n_vocab` (the grammar's token
+    /// trie and the server's log probabilities read the same table).
+    pub fn id_bytes(&self, n_vocab: usize) -> Result<IdBytes, RuntimeError> {
+        let make = || crate::text::token_bytes::token_bytes(self, n_vocab).map(Arc::new);
+        match self.id_bytes.get_or_init(|| (n_vocab, make().map_err(|e| e.to_string()))) {
+            (n, Ok(table)) if *n == n_vocab => Ok(Arc::clone(table)),
+            (n, Err(why)) if *n == n_vocab => Err(RuntimeError::Unsupported(why.clone())),
+            _ => make(),
+        }
     }
 
     /// The Hugging Face tokenizer underneath (for [`crate::text::token_bytes`]).

@@ -11,7 +11,8 @@ use crate::grammar::{Constraint, Grammars};
 use crate::kv_pages::PAGE;
 use crate::model::{Batch, BatchContext, Logits, Model, Session};
 use crate::sampler::Sampler;
-use crate::text::{ChatTemplate, TextStream, Tokenizer};
+use crate::text::token_bytes::SPECIAL_MARKER;
+use crate::text::{ChatTemplate, IdBytes, TextStream, Tokenizer};
 use crate::tools::serve::logprobs::Distribution;
 use crate::tools::serve::metrics::Metrics;
 use crate::tools::serve::prompt::{Encoded, PromptEncoder};
@@ -97,7 +98,7 @@ pub struct Scheduler<B: Backend> {
     /// Compiles requests' schemas and grammars (on the submitting threads).
     grammars: Grammars,
     /// Each id's bytes, for log probabilities (made at the first request for them).
-    pieces: std::sync::OnceLock<Vec<Vec<u8>>>,
+    pieces: std::sync::OnceLock<IdBytes>,
 }
 
 impl<B: Backend> Scheduler<B> {
@@ -408,7 +409,11 @@ impl<B: Backend> Scheduler<B> {
             }
             let logprob = before.map(|(dist, raw)| {
                 let pieces = self.pieces.get_or_init(|| piece_table(&self.tokenizer, raw.len()));
-                let piece = |id: u32| pieces.get(id as usize).cloned().unwrap_or_default();
+                let piece = |id: u32| match pieces.get(id as usize) {
+                    // A control token's text, without the marker that keeps grammars off it.
+                    Some(p) => p.strip_prefix(&[SPECIAL_MARKER]).unwrap_or(p).to_vec(),
+                    None => Vec::new(),
+                };
                 dist.entry(tok, raw.get(tok as usize).copied().unwrap_or(f32::NEG_INFINITY), &piece)
             });
             if let Err(e) = self.accept(i, tok, logprob) {
@@ -528,16 +533,11 @@ impl<B: Backend> Scheduler<B> {
     }
 }
 
-/// Each id's bytes for log probabilities: what the token spells, control tokens as their
-/// text.
-fn piece_table(tok: &Tokenizer, n_vocab: usize) -> Vec<Vec<u8>> {
-    let mut pieces = crate::text::token_bytes::token_bytes(tok, n_vocab).unwrap_or_else(|_| {
-        (0..n_vocab as u32).map(|id| tok.id_to_token(id).unwrap_or_default().into_bytes()).collect()
-    });
-    for p in &mut pieces {
-        if p.first() == Some(&crate::text::token_bytes::SPECIAL_MARKER) {
-            p.remove(0);
-        }
-    }
-    pieces
+/// Each id's bytes for log probabilities: what the token spells (the tokenizer's own table,
+/// which grammars use too), control tokens as their text after [`SPECIAL_MARKER`]; each
+/// piece's text where the decoder is neither byte-level nor byte-fallback.
+fn piece_table(tok: &Tokenizer, n_vocab: usize) -> IdBytes {
+    tok.id_bytes(n_vocab).unwrap_or_else(|_| {
+        Arc::new((0..n_vocab as u32).map(|id| tok.id_to_token(id).unwrap_or_default().into_bytes()).collect())
+    })
 }
