@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use duet_convert::Preset;
@@ -21,17 +22,44 @@ use common::convert;
 struct Server {
     child: Child,
     addr: String,
+    /// Its stderr so far, when started by [`Server::start_logged`].
+    log: Option<Arc<Mutex<String>>>,
 }
 
 impl Server {
     fn start(model: &Path, extra: &[&str]) -> Server {
+        Server::spawn(model, extra, false)
+    }
+
+    /// A server whose stderr (its log lines) the test reads ([`Server::log`]).
+    fn start_logged(model: &Path, extra: &[&str]) -> Server {
+        Server::spawn(model, extra, true)
+    }
+
+    fn log(&self) -> String {
+        self.log.as_ref().map(|l| l.lock().unwrap().clone()).unwrap_or_default()
+    }
+
+    fn spawn(model: &Path, extra: &[&str], logged: bool) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_duet"))
             .args(["serve", "-q", "--device", "cpu", "-t", "2", "--port", "0", "-m", model.to_str().unwrap()])
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if logged { Stdio::piped() } else { Stdio::inherit() })
             .spawn()
             .unwrap();
+        let log = child.stderr.take().map(|err| {
+            let log = Arc::new(Mutex::new(String::new()));
+            let sink = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    let mut l = sink.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            });
+            log
+        });
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let addr = line
@@ -39,7 +67,7 @@ impl Server {
             .nth(1)
             .and_then(|s| s.split_whitespace().next())
             .unwrap_or_else(|| panic!("no address in {line:?}"));
-        Server { addr: addr.to_string(), child }
+        Server { addr: addr.to_string(), child, log }
     }
 
     fn url(&self) -> String {
@@ -277,7 +305,7 @@ fn a_full_queue_is_503_and_a_disconnect_mid_stream_frees_the_slot() {
     // The bundled model over 2,048 positions, end-of-generation ignored: a reply of ~2,000
     // tokens, seconds long, so the slot is certainly busy while the test acts.
     let model = repo_root().join("models/duet-diff-ref.q8_0.gguf");
-    let srv = Server::start(&model, &["-c", "2048", "--parallel", "1", "--max-queue", "0"]);
+    let srv = Server::start_logged(&model, &["-c", "2048", "--parallel", "1", "--max-queue", "0"]);
     let mut s = TcpStream::connect(&srv.addr).unwrap();
     let body = json!({"prompt": "Call me Ishmael.", "stream": true, "ignore_eos": true, "temperature": 0}).to_string();
     write!(
@@ -314,6 +342,16 @@ fn a_full_queue_is_503_and_a_disconnect_mid_stream_frees_the_slot() {
     assert_eq!(metric(&srv, "requests_finished_total", None), 0.0);
     let (status, _) = post(&srv, "/v1/completions", None, &json!({"prompt": "x", "max_tokens": 2}));
     assert_eq!(status, 200, "the freed slot serves the next request");
+    // The abandoned stream has its log line too (nginx's 499), the finished request its 200.
+    let t0 = Instant::now();
+    while !srv.log().contains("the client closed the stream") && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = srv.log();
+    let abandoned: Vec<&str> = log.lines().filter(|l| l.contains("the client closed the stream")).collect();
+    assert_eq!(abandoned.len(), 1, "{log}");
+    assert!(abandoned[0].starts_with("POST /v1/completions 499 tokens "), "{log}");
+    assert!(log.lines().any(|l| l.starts_with("POST /v1/completions 200 ")), "{log}");
 }
 
 #[test]

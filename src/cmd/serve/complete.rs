@@ -143,6 +143,17 @@ struct StreamState {
     usage: Usage,
     /// `data: [DONE]` is next.
     done: bool,
+    /// Where the log line goes when the stream is dropped before its end (the client went
+    /// away): the request's kind and start; None without a log.
+    log: Option<(Kind, std::time::Instant)>,
+}
+
+impl Drop for StreamState {
+    fn drop(&mut self) {
+        if let (false, Some((kind, since))) = (self.done, self.log) {
+            super::guard::log_stream_abandoned(kind, self.usage, since);
+        }
+    }
 }
 
 /// Server-sent events: a chunk per piece of text of each choice (with its tokens' log
@@ -160,6 +171,7 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
         open: n,
         usage: Usage { prompt, completion: 0 },
         done: false,
+        log: app.log.then(|| (req.kind, std::time::Instant::now())),
     };
     let (kind, log_start) = (req.kind, std::time::Instant::now());
     let format = calls_format(&app, &req);
@@ -175,7 +187,15 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
             let chunk =
                 |p: Piece| Event::default().data(openai_reply::chunk(kind, &id, &app.model, created, p).to_string());
             loop {
-                let (i, e) = st.rx.recv().await?;
+                let Some((i, e)) = st.rx.recv().await else {
+                    // The engine stopped (the server is shutting down): not the client's doing.
+                    if app.log {
+                        super::guard::log_stream_end(kind, 500, None, log_start);
+                    }
+                    st.done = true;
+                    drop(st); // (done: its Drop logs nothing more)
+                    return None;
+                };
                 let mut first = || !std::mem::replace(&mut st.started[i], true);
                 match e {
                     GenEvent::Logprob(lp) => st.pending[i].push(lp),

@@ -153,14 +153,28 @@ pub fn origin_allowed(allowed: &[String], origin: &str) -> bool {
 }
 
 fn log_line(method: &str, path: &str, status: u16, tokens: Option<Usage>, since: Instant) {
+    eprintln!("{}", line(method, path, status, tokens, since));
+}
+
+fn line(method: &str, path: &str, status: u16, tokens: Option<Usage>, since: Instant) -> String {
     let tokens = tokens.map_or("-".to_string(), |u| format!("{}+{}", u.prompt, u.completion));
-    eprintln!("{method} {path} {status} tokens {tokens} {:.0} ms", since.elapsed().as_secs_f64() * 1e3);
+    format!("{method} {path} {status} tokens {tokens} {:.0} ms", since.elapsed().as_secs_f64() * 1e3)
 }
 
 /// The log line of a streamed completion, when its stream ends.
 pub fn log_stream_end(kind: Kind, status: u16, tokens: Option<Usage>, since: Instant) {
-    let path = if kind == Kind::Chat { "/v1/chat/completions" } else { "/v1/completions" };
-    log_line("POST", path, status, tokens, since);
+    log_line("POST", completion_path(kind), status, tokens, since);
+}
+
+/// The log line of a stream whose client went away before its end: status 499 (nginx's
+/// "client closed request"), the tokens of the choices that had finished.
+pub fn log_stream_abandoned(kind: Kind, tokens: Usage, since: Instant) {
+    let l = line("POST", completion_path(kind), 499, Some(tokens), since);
+    eprintln!("{l} (the client closed the stream)");
+}
+
+fn completion_path(kind: Kind) -> &'static str {
+    if kind == Kind::Chat { "/v1/chat/completions" } else { "/v1/completions" }
 }
 
 /// CORS and the log line, around every request.
