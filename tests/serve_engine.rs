@@ -394,6 +394,42 @@ fn choices_of_one_group_share_the_prompt_pages() {
     assert_eq!(m.prompt_tokens_total, (prompt_len + 2 * (prompt_len - whole)) as u64);
 }
 
+/// The choices of one group with a grammar compile it once: the later ones fork the first's
+/// compiled grammar, and each follows its own copy (three greedy choices give the reply a
+/// request alone gets, which a shared, advancing parser would not).
+#[test]
+fn choices_of_one_group_compile_their_grammar_once() {
+    let path = duet_test_support::repo_root().join("models/duet-diff-ref.q8_0.gguf");
+    let spec = duet_runtime::grammar::GrammarSpec::JsonObject;
+    let mut alone = scheduler(&path, 3, 8);
+    let (mut req, want) = request("JSON:", 24, &[]);
+    req.grammar = Some(spec.clone());
+    alone.submit(req).unwrap();
+    run_to_idle(&mut alone);
+    assert!(text(&want).starts_with('{'), "{}", text(&want));
+
+    let mut s = scheduler(&path, 3, 8);
+    let grammars = s.encoder().grammars().clone();
+    let events: Vec<Events> = (0..3)
+        .map(|_| {
+            let (mut req, ev) = request("JSON:", 24, &[]);
+            req.grammar = Some(spec.clone());
+            req.group = Some(11);
+            s.submit(req).unwrap();
+            ev
+        })
+        .collect();
+    assert_eq!(grammars.compiled(), 1, "three choices of one group");
+    run_to_idle(&mut s);
+    for ev in &events {
+        assert_eq!(text(ev), text(&want));
+    }
+    let (mut req, _) = request("JSON:", 4, &[]);
+    req.grammar = Some(spec);
+    s.submit(req).unwrap();
+    assert_eq!(grammars.compiled(), 2, "a request of no group compiles its own");
+}
+
 /// Embeddings: unit length, the same whether the text runs in one step or in chunks of the
 /// context, the same on the GPU (lavapipe in CI) as on the CPU, and evaluated beside a
 /// running request without changing its reply.

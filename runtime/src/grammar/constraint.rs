@@ -33,6 +33,17 @@ impl Constraint {
         }
     }
 
+    /// An independent copy in the same state (the parser and its lexer caches cloned): the
+    /// choices of one request each follow their own copy of one compiled grammar.
+    pub fn fork(&self) -> Constraint {
+        Constraint {
+            matcher: self.matcher.deep_clone(),
+            mask: self.mask.clone(),
+            eog: Arc::clone(&self.eog),
+            n_vocab: self.n_vocab,
+        }
+    }
+
     /// Computes the next token's mask unless it is known: the slow part (tens to hundreds
     /// of microseconds), which callers run beside the forward pass.
     pub fn prepare(&mut self) -> Result<(), String> {

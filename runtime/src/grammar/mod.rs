@@ -106,6 +106,11 @@ pub struct Grammars {
     /// The model's logits: ids `0..n_vocab`.
     n_vocab: usize,
     compiler: Arc<OnceLock<Result<Compiler, String>>>,
+    /// Grammars compiled so far (by every clone).
+    compiled: Arc<std::sync::atomic::AtomicU64>,
+    /// The last request group's grammar as compiled, untouched: the group's other choices
+    /// (`n`) fork it instead of compiling it again ([`Grammars::compile_in_group`]).
+    last_group: Arc<std::sync::Mutex<Option<(u64, Constraint)>>>,
 }
 
 /// What the first compile builds.
@@ -117,7 +122,19 @@ struct Compiler {
 
 impl Grammars {
     pub fn new(tok: Arc<Tokenizer>, n_vocab: usize) -> Grammars {
-        Grammars { tok, n_vocab, compiler: Arc::new(OnceLock::new()) }
+        Grammars {
+            tok,
+            n_vocab,
+            compiler: Arc::new(OnceLock::new()),
+            compiled: Arc::default(),
+            last_group: Arc::default(),
+        }
+    }
+
+    /// How many grammars this set (and its clones) compiled: the choices of one request
+    /// compile theirs once (tests).
+    pub fn compiled(&self) -> u64 {
+        self.compiled.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn n_vocab(&self) -> usize {
@@ -155,8 +172,22 @@ impl Grammars {
         }
         let grammar = spec.to_llguidance()?;
         let c = self.compiler()?;
+        self.compiled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let parser = c.factory.create_parser(grammar).map_err(|e| first_line(&e.to_string()))?;
         Constraint::new(Matcher::new(Ok(parser)), Arc::clone(&c.eog), self.n_vocab)
+    }
+
+    /// [`Grammars::compile`] for a request of group `group` (the choices of one API request:
+    /// the same spec): a fork of the group's compiled grammar when it was the last group
+    /// compiled, else compiled now (outside the lock: it takes milliseconds) and kept.
+    pub fn compile_in_group(&self, group: u64, spec: &GrammarSpec) -> Result<Constraint, String> {
+        let lock = || self.last_group.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, c)) = lock().as_ref().filter(|(id, _)| *id == group) {
+            return Ok(c.fork());
+        }
+        let c = self.compile(spec)?;
+        *lock() = Some((group, c.fork()));
+        Ok(c)
     }
 }
 

@@ -68,6 +68,11 @@ impl PromptEncoder {
         Format::of(&self.template)
     }
 
+    /// The grammar compiler of this model's requests.
+    pub fn grammars(&self) -> &Grammars {
+        &self.grammars
+    }
+
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
@@ -170,7 +175,12 @@ impl PromptEncoder {
         let marker = self.tokenizer.token_to_id("[TOOL_CALLS]");
         let tool_grammar = req.tools.as_ref().and_then(|t| tool_calls::grammar(t, self.tool_format(), marker));
         let grammar = req.grammar.as_ref().or(tool_grammar.as_ref());
-        let constraint = grammar.map(|g| self.grammars.compile(g)).transpose().map_err(SubmitError::BadGrammar)?;
+        let constraint = match (grammar, req.group) {
+            (None, _) => None,
+            (Some(g), None) => Some(self.grammars.compile(g)),
+            (Some(g), Some(group)) => Some(self.grammars.compile_in_group(group, g)),
+        };
+        let constraint = constraint.transpose().map_err(SubmitError::BadGrammar)?;
         Ok(Encoded { tokens, req, constraint })
     }
 }
