@@ -150,7 +150,7 @@ fn parent_of(target: &Path) -> &Path {
 
 /// Creates the temporary file for `target` beside it (its directory, so that the final
 /// rename is atomic): a fresh random name, created exclusively, registered for
-/// [`remove_pending_before_exit`] until [`release_temp`]. For writers that manage the rename themselves
+/// [`remove_pending_before_exit`] until [`rename_into_place`] or [`release_temp`]. For writers that manage the rename themselves
 /// (the GGUF writer); others use [`AtomicFile`].
 pub fn create_temp_beside(target: &Path) -> io::Result<(PathBuf, File)> {
     let name = target.file_name().ok_or_else(|| refuse(target, "the path has no file name"))?;
@@ -196,14 +196,27 @@ impl AtomicFile {
 
     /// Syncs the file and renames it over the target (checked again: it may have changed
     /// since), then syncs the directory where the platform allows.
+    /// On failure the temporary file is removed, as when dropped.
     pub fn commit(mut self) -> io::Result<()> {
         let file = self.file.take().expect("committed once");
-        file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))?;
-        drop(file);
-        check_target(&self.target, &[])?;
-        rename_into_place(&self.tmp, &self.target).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot rename {} to {}: {e}", self.tmp.display(), self.target.display()))
-        })?;
+        let placed = file
+            .sync_all()
+            .map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))
+            .and_then(|()| {
+                drop(file);
+                check_target(&self.target, &[])
+            })
+            .and_then(|()| {
+                rename_into_place(&self.tmp, &self.target).map_err(|e| {
+                    let (tmp, target) = (self.tmp.display(), self.target.display());
+                    io::Error::new(e.kind(), format!("cannot rename {tmp} to {target}: {e}"))
+                })
+            });
+        if let Err(e) = placed {
+            let _ = fs::remove_file(&self.tmp);
+            unregister(&self.tmp);
+            return Err(e);
+        }
         // Makes the rename durable; not every platform or filesystem can sync a directory,
         // and the data is already safe, so a failure here is not reported.
         if let Ok(d) = File::open(parent_of(&self.target)) {

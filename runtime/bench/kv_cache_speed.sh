@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Decode speed at depth 4,096 with each K/V cache type against f16, CPU backend, 2 threads,
-# and the bytes each cache takes at 4,096 positions: docs/kv-cache-formats.md's speed and memory tables.
+# Decode speed at depth 4,096 (or DEPTHS) with each K/V cache type against f16 (or the first of
+# CONFIGS), CPU backend, 2 threads, and the bytes each cache takes at 4,096 positions:
+# docs/kv-cache-formats.md's speed and memory tables.
 #
 #   runtime/bench/kv_cache_speed.sh            # SmolLM2-135M and the reference DIFF model
 #   ROUNDS=3 runtime/bench/kv_cache_speed.sh   # rounds of the alternation (default 2)
@@ -10,7 +11,7 @@
 #
 # `duet bench -c DEPTH+32 -d DEPTH -p 0 -n 32 -r 3 -t 2 --device cpu` per cache type; the types
 # alternate within each round so they share the machine's noise; the table gives the
-# median over rounds of each run's median tokens/s and the ratio to f16. The cache bytes
+# median over rounds of each run's median tokens/s and the ratio to the first pair. The cache bytes
 # come from `duet bench -c 4096` (everything included: scales, offsets, the f16 window).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -449,7 +449,7 @@ pub fn remove_temp_files_on_signal() {
     // its default meaning.
     let _ = ctrlc::set_handler(|| {
         duet_quant::output::remove_pending_before_exit();
-        eprintln!("\ninterrupted: nothing was written");
+        eprintln!("\ninterrupted: the files being written were removed");
         std::process::exit(130);
     });
 }

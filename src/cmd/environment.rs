@@ -12,10 +12,10 @@ pub const HELP: &str = "\
 Environment:
   DUET_DEFAULT_MODEL=PATH  the model `duet chat` runs without -m
   DUET_FORCE_SCALAR=1      CPU dot products with the scalar reference kernels
-  DUET_GEMM=off|NAME       CPU packed matmul kernels: off, or a set (avx512vnni, avx2, portable)
-                           or one of its tuning variants (avx2/n4c1,1), used for every weight
-                           type; unset: the fastest set, with its variants timed per weight
-                           type at load (same results, `loaded … on` names any picked)
+  DUET_GEMM=off|NAME       CPU packed matmul kernels: off, a set (avx512vnni, avx2, portable;
+                           its tuning variants are timed per weight type at load, same
+                           results, `loaded … on` names any picked), or one variant for every
+                           type, untimed (avx2/n4c1,1); unset: the fastest set, timed so
   DUET_ATTN_SIMD=avx2      CPU attention in 8 lanes even where AVX-512 is available
   DUET_KV_JITTER=REL       perturb every K/V value the CPU caches by a relative REL (a diagnostic)
   DUET_GPU_F16=0|1         f16 products in the GPU's matrix kernels (default: on hardware GPUs)";

@@ -126,9 +126,12 @@ impl GemmKernels {
 
 static CHOSEN_GEMM: OnceLock<Option<GemmKernels>> = OnceLock::new();
 
-/// Whether a program named the packed kernel set ([`choose_gemm_kernels`]): then it is the
-/// only candidate ([`gemm_candidates`]) and nothing is measured.
-static NAMED_GEMM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Whether a program named a tuning variant ([`choose_gemm_kernels`]): then it is the only
+/// candidate ([`gemm_candidates`]) and nothing is timed.
+static PINNED_GEMM: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// [`gemm_candidates`]'s list, made at its first call.
+static CANDIDATES: OnceLock<Vec<GemmKernels>> = OnceLock::new();
 
 /// The packed kernel set of this process: the fastest this CPU has if any beats the
 /// per-row kernels, or what [`choose_gemm_kernels`] chose (decided once, at first use).
@@ -138,9 +141,9 @@ pub fn gemm_kernels() -> Option<&'static GemmKernels> {
 
 /// A program's choice of packed kernels for the rest of the process: `"off"` (the per-row
 /// kernels only), a set's name (`"avx512vnni"`, `"avx2"`, `"portable"`; [`available`] lists
-/// this CPU's) or a tuning variant's (`"avx2/n4c1,1"`, [`variants`]); a named set is then
-/// the only candidate of [`gemm_candidates`]. Refused for a name this CPU cannot run, and
-/// once kernels were used.
+/// this CPU's; its tuning variants stay [`gemm_candidates`]) or a tuning variant's
+/// (`"avx2/n4c1,1"`, [`variants`]; then the only candidate). Refused for a name this CPU
+/// cannot run, and once kernels were used.
 pub fn choose_gemm_kernels(name: &str) -> Result<(), String> {
     let all = available();
     let chosen = match name {
@@ -151,26 +154,27 @@ pub fn choose_gemm_kernels(name: &str) -> Result<(), String> {
         })?),
     };
     let want = chosen.map(|k| k.name);
-    if CHOSEN_GEMM.set(chosen).is_err() && gemm_kernels().map(|k| k.name) != want {
+    let pin = name.contains('/');
+    let used = CANDIDATES.get().is_some_and(|c| c.len() > 1) && pin;
+    if used || (CHOSEN_GEMM.set(chosen).is_err() && gemm_kernels().map(|k| k.name) != want) {
         return Err("the packed matmul kernels were chosen before".into());
     }
-    NAMED_GEMM.store(true, std::sync::atomic::Ordering::Relaxed);
+    PINNED_GEMM.store(pin, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 
 /// The packed kernel sets a program may pick among, per weight type, for speed alone: the
 /// process's set ([`gemm_kernels`]) first, then its tuning variants (the same instruction
 /// set with other token tiles and accumulation chains: integer sums in another order, so the
-/// same bits; `tests.rs` holds them to it). Only the process's set when a program named one
-/// ([`choose_gemm_kernels`]); empty without packed kernels. Other instruction sets are not
-/// candidates: their results may differ in the last bit (Q4_K on plain AVX2 rounds a
+/// same bits; `tests.rs` holds them to it). Only the process's set when a program named a
+/// variant ([`choose_gemm_kernels`]); empty without packed kernels. Other instruction sets
+/// are not candidates: their results may differ in the last bit (Q4_K on plain AVX2 rounds a
 /// super-block's integer once, where VNNI's sums are exact).
 pub fn gemm_candidates() -> &'static [GemmKernels] {
-    static CANDIDATES: OnceLock<Vec<GemmKernels>> = OnceLock::new();
     CANDIDATES.get_or_init(|| {
         let Some(first) = gemm_kernels() else { return Vec::new() };
         let mut v = vec![*first];
-        if !NAMED_GEMM.load(std::sync::atomic::Ordering::Relaxed) {
+        if !PINNED_GEMM.load(std::sync::atomic::Ordering::Relaxed) {
             v.extend(variants().into_iter().filter(|k| variant_of(k.name, first.name)));
         }
         v

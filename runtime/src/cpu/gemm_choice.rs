@@ -91,13 +91,17 @@ impl GemmChoice {
 
     /// The set that multiplies `rows` activation rows by a `ty` matrix.
     pub fn for_product(&self, ty: GgmlType, rows: usize) -> &'static GemmKernels {
-        let i = match (self.pinned, self.picks.iter().find(|p| p.ty == ty)) {
+        &self.candidates[self.index(ty, rows)]
+    }
+
+    /// [`GemmChoice::for_product`]'s index into the candidates.
+    fn index(&self, ty: GgmlType, rows: usize) -> usize {
+        match (self.pinned, self.picks.iter().find(|p| p.ty == ty)) {
             (Some(i), _) => i,
             (None, Some(p)) if rows <= DECODE_ROWS => p.decode,
             (None, Some(p)) => p.batch,
             (None, None) => 0,
-        };
-        &self.candidates[i]
+        }
     }
 
     /// Whether a matrix of `weights` weights of type `ty` is timed when it loads.
@@ -116,8 +120,10 @@ impl GemmChoice {
         // Activations of a plausible spread (a fixed pseudo-random sequence): the time of an
         // integer kernel does not depend on the values.
         let x: Vec<f32> = (0..BATCH_TOKENS * cols).map(|i| ((i as f32) * 0.618_034).fract() * 2.0 - 1.0).collect();
-        let decode = acts(pool, kind, &x[..cols], 1, precision.two_level(1), self.default_set(), ty);
-        let batch = acts(pool, kind, &x, BATCH_TOKENS, precision.two_level(BATCH_TOKENS), self.default_set(), ty);
+        // As matmul_packed quantizes them: float weights take their activations as f32.
+        let two_level = |rows| precision.two_level(rows) && kind != ActKind::F32;
+        let decode = acts(pool, kind, &x[..cols], 1, two_level(1), self.default_set(), ty);
+        let batch = acts(pool, kind, &x, BATCH_TOKENS, two_level(BATCH_TOKENS), self.default_set(), ty);
         let batch_groups = w.groups().min(BATCH_GROUPS);
         let mut out = vec![0f32; BATCH_TOKENS * w.rows()];
         let n = self.candidates.len();
@@ -248,15 +254,15 @@ mod tests {
         });
         let mut c = GemmChoice::with_candidates(sets).unwrap();
         c.picks.push(Pick { ty: GgmlType::Q6_K, decode: 1, batch: 0 });
-        assert_eq!(c.for_product(GgmlType::Q6_K, 1).name, sets[1].name);
-        assert_eq!(c.for_product(GgmlType::Q6_K, DECODE_ROWS + 1).name, sets[0].name);
-        assert_eq!(c.for_product(GgmlType::Q4_K, 1).name, sets[0].name, "an untimed type runs the default");
+        assert_eq!(c.index(GgmlType::Q6_K, 1), 1);
+        assert_eq!(c.index(GgmlType::Q6_K, DECODE_ROWS + 1), 0);
+        assert_eq!(c.index(GgmlType::Q4_K, 1), 0, "an untimed type runs the default");
         assert!(!c.wants_timing(GgmlType::Q6_K, TIMED_MIN_WEIGHTS), "timed once");
         assert!(c.wants_timing(GgmlType::Q4_K, TIMED_MIN_WEIGHTS));
         assert!(!c.wants_timing(GgmlType::Q4_K, TIMED_MIN_WEIGHTS - 1), "too small to time");
         assert_eq!(c.describe(), format!("{} packed (Q6_K decode: {})", sets[0].name, sets[1].name));
         c.pin(sets[0].name).unwrap();
-        assert_eq!(c.for_product(GgmlType::Q6_K, 1).name, sets[0].name);
+        assert_eq!(c.index(GgmlType::Q6_K, 1), 0);
         assert!(c.pin("nonesuch").unwrap_err().contains(sets[0].name), "the refusal lists the candidates");
     }
 }

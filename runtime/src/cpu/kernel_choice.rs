@@ -10,8 +10,9 @@ use crate::error::RuntimeError;
 pub struct KernelChoice {
     /// The scalar reference dot kernels instead of the SIMD ones.
     pub scalar_dots: bool,
-    /// Packed matmul kernels: `None` the fastest; `"off"` none (per-row dot kernels); or a
-    /// set by name (`"avx2"`, `"avx512vnni"`, `"portable"`).
+    /// Packed matmul kernels: `None` the fastest; `"off"` none (per-row dot kernels); a set
+    /// by name (`"avx2"`, `"avx512vnni"`, `"portable"`; its tuning variants still timed per
+    /// weight type, [`super::GemmChoice`]); or one variant, untimed (`"avx2/n4c1,1"`).
     pub gemm: Option<String>,
     /// Attention's logits in 8 lanes (AVX2) even on an AVX-512 CPU.
     pub attention_avx2: bool,

@@ -192,9 +192,10 @@ fn stream(app: Arc<App>, req: ApiRequest, id: String, prompt: usize, rx: mpsc::U
                     if app.log {
                         super::guard::log_stream_end(kind, 500, None, log_start);
                     }
+                    let message = "the engine stopped before the reply ended".to_string();
+                    let body = ApiError { status: 500, kind: "server_error", message }.body();
                     st.done = true;
-                    drop(st); // (done: its Drop logs nothing more)
-                    return None;
+                    return Some((Ok(Event::default().data(body)), st));
                 };
                 let mut first = || !std::mem::replace(&mut st.started[i], true);
                 match e {

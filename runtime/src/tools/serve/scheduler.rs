@@ -410,8 +410,10 @@ impl<B: Backend> Scheduler<B> {
             let logprob = before.map(|(dist, raw)| {
                 let pieces = self.pieces.get_or_init(|| piece_table(&self.tokenizer, raw.len()));
                 let piece = |id: u32| match pieces.get(id as usize) {
-                    // A control token's text, without the marker that keeps grammars off it.
-                    Some(p) => p.strip_prefix(&[SPECIAL_MARKER]).unwrap_or(p).to_vec(),
+                    // A control token's text, without the marker that keeps grammars off it
+                    // (a lone 0xFF is the byte token itself).
+                    Some(p) if p.len() > 1 => p.strip_prefix(&[SPECIAL_MARKER]).unwrap_or(p).to_vec(),
+                    Some(p) => p.clone(),
                     None => Vec::new(),
                 };
                 dist.entry(tok, raw.get(tok as usize).copied().unwrap_or(f32::NEG_INFINITY), &piece)
