@@ -14,7 +14,7 @@
 //! and `integer_parts_are_exact` checks the exactness directly: with all scales ±1 and small
 //! integer activations every float operation is exact, and packed == scalar bit for bit.
 //!
-//! One file (~720 lines) because every test here uses the bound derived above.
+//! One file (~790 lines) because its tests share the bound derived above and its fixtures.
 
 use std::ops::Range;
 
