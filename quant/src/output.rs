@@ -150,25 +150,28 @@ fn parent_of(target: &Path) -> &Path {
 
 /// Creates the temporary file for `target` beside it (its directory, so that the final
 /// rename is atomic): a fresh random name, created exclusively, registered for
-/// [`remove_pending_before_exit`] until [`rename_into_place`] or [`release_temp`]. For writers that manage the rename themselves
-/// (the GGUF writer); others use [`AtomicFile`].
+/// [`remove_pending_before_exit`] until [`rename_into_place`] or [`remove_temp`]. For
+/// writers that manage the rename themselves (the GGUF writer); others use [`AtomicFile`].
 pub fn create_temp_beside(target: &Path) -> io::Result<(PathBuf, File)> {
     let name = target.file_name().ok_or_else(|| refuse(target, "the path has no file name"))?;
     create_exclusive(parent_of(target), name, ".tmp")
 }
 
-/// Forgets a temporary file of [`create_temp_beside`] that its writer removed (files
+/// Removes a temporary file that will not be renamed into place, and forgets it (files
 /// renamed into place are forgotten by [`rename_into_place`]).
-pub fn release_temp(tmp: &Path) {
+pub fn remove_temp(tmp: &Path) {
+    let _ = fs::remove_file(tmp);
     unregister(tmp);
 }
 
 /// A file being written in place of its target: the temporary file beside it, renamed over
-/// the target by [`AtomicFile::commit`], removed if dropped before.
+/// the target by [`AtomicFile::commit`], removed if dropped before or if the commit fails.
 pub struct AtomicFile {
     target: PathBuf,
     tmp: PathBuf,
     file: Option<File>,
+    /// Renamed over the target: nothing left to remove.
+    placed: bool,
 }
 
 impl AtomicFile {
@@ -177,7 +180,7 @@ impl AtomicFile {
     pub fn create(target: &Path) -> io::Result<AtomicFile> {
         check_target(target, &[])?;
         let (tmp, file) = create_temp_beside(target)?;
-        Ok(AtomicFile { target: target.to_path_buf(), tmp, file: Some(file) })
+        Ok(AtomicFile { target: target.to_path_buf(), tmp, file: Some(file), placed: false })
     }
 
     /// The temporary file's path (error messages).
@@ -195,28 +198,17 @@ impl AtomicFile {
     }
 
     /// Syncs the file and renames it over the target (checked again: it may have changed
-    /// since), then syncs the directory where the platform allows.
-    /// On failure the temporary file is removed, as when dropped.
+    /// since), then syncs the directory where the platform allows. On failure the temporary
+    /// file is removed (by the drop), as when dropped uncommitted.
     pub fn commit(mut self) -> io::Result<()> {
         let file = self.file.take().expect("committed once");
-        let placed = file
-            .sync_all()
-            .map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))
-            .and_then(|()| {
-                drop(file);
-                check_target(&self.target, &[])
-            })
-            .and_then(|()| {
-                rename_into_place(&self.tmp, &self.target).map_err(|e| {
-                    let (tmp, target) = (self.tmp.display(), self.target.display());
-                    io::Error::new(e.kind(), format!("cannot rename {tmp} to {target}: {e}"))
-                })
-            });
-        if let Err(e) = placed {
-            let _ = fs::remove_file(&self.tmp);
-            unregister(&self.tmp);
-            return Err(e);
-        }
+        file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))?;
+        drop(file);
+        check_target(&self.target, &[])?;
+        rename_into_place(&self.tmp, &self.target).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot rename {} to {}: {e}", self.tmp.display(), self.target.display()))
+        })?;
+        self.placed = true;
         // Makes the rename durable; not every platform or filesystem can sync a directory,
         // and the data is already safe, so a failure here is not reported.
         if let Ok(d) = File::open(parent_of(&self.target)) {
@@ -228,9 +220,9 @@ impl AtomicFile {
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if self.file.take().is_some() {
-            let _ = fs::remove_file(&self.tmp);
-            unregister(&self.tmp);
+        if !self.placed {
+            drop(self.file.take());
+            remove_temp(&self.tmp);
         }
     }
 }
@@ -261,8 +253,7 @@ impl TempPath {
 
 impl Drop for TempPath {
     fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-        unregister(&self.0);
+        remove_temp(&self.0);
     }
 }
 
@@ -292,6 +283,14 @@ mod tests {
         }
         assert_eq!(fs::read(&t).unwrap(), b"two");
         assert_eq!(fs::read_dir(&d).unwrap().count(), 1, "only the target is left");
+        // A commit that fails (the target became a directory meanwhile) leaves no temporary file.
+        let late = d.join("late.bin");
+        let mut f = AtomicFile::create(&late).unwrap();
+        let tmp = f.temp_path().to_path_buf();
+        std::io::Write::write_all(f.file(), b"x").unwrap();
+        fs::create_dir(&late).unwrap();
+        assert!(f.commit().unwrap_err().to_string().contains("a directory"));
+        assert!(!tmp.exists() && !pending().contains(&tmp), "the failed commit left {}", tmp.display());
         let _ = fs::remove_dir_all(&d);
     }
 

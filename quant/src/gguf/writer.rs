@@ -7,7 +7,7 @@
 //! computation (offsets, alignment, padding) that must agree byte for byte with the reader.
 
 use std::collections::HashSet;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -520,8 +520,7 @@ impl GgufDataWriter {
 
     fn discard(&mut self) {
         drop(self.out.take());
-        let _ = fs::remove_file(&self.tmp);
-        crate::output::release_temp(&self.tmp);
+        crate::output::remove_temp(&self.tmp);
     }
 }
 
