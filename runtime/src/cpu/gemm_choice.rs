@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use duet_quant::GgmlType;
 use duet_quant::gemm::{ActKind, GemmKernels, PackedMatrix, QActs, gemm_candidates};
 
-use super::matmul::{ActPrecision, TWO_LEVEL_FREE_ROWS, run_groups};
+use super::matmul::{self, ActPrecision, TWO_LEVEL_FREE_ROWS, run_groups};
 use super::pool::ThreadPool;
 
 /// Products of at most this many activation rows use the decode pick.
@@ -182,16 +182,10 @@ fn acts(
     set: &GemmKernels,
     ty: GgmlType,
 ) -> QActs {
-    let par = |n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)| pool.for_chunks(n, 1, f);
-    let cols = x.len() / n;
     let mut a = QActs::new(kind);
-    if two_level {
-        a.quantize_two_level_unmerged(x, n, cols, &par);
-        if set.reads_merged(ty) {
-            a.add_merged(&par);
-        }
-    } else {
-        a.quantize(x, n, cols, &par);
+    matmul::quantize(pool, &mut a, x, n, x.len() / n, two_level);
+    if two_level && set.reads_merged(ty) {
+        a.add_merged(&matmul::par(pool));
     }
     a
 }

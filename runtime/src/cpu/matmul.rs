@@ -241,19 +241,24 @@ fn quantized<'a>(
     };
     let p = &mut acts.packed[slot];
     if p.key != Some(key) {
-        let xs = &x.view()[t0 * x.cols..(t0 + n) * x.cols];
-        if two_level {
-            p.acts.quantize_two_level_unmerged(xs, n, x.cols, &par(pool));
-        } else {
-            p.acts.quantize(xs, n, x.cols, &par(pool));
-        }
+        quantize(pool, &mut p.acts, &x.view()[t0 * x.cols..(t0 + n) * x.cols], n, x.cols, two_level);
         p.key = Some(key);
     }
     &mut p.acts
 }
 
+/// `n` rows of `cols` values quantized into `a`: two-level without the merged activations
+/// (added for the kernels that read them, [`QActs::add_merged`]), or single-level.
+pub(super) fn quantize(pool: &ThreadPool, a: &mut QActs, xs: &[f32], n: usize, cols: usize, two_level: bool) {
+    if two_level {
+        a.quantize_two_level_unmerged(xs, n, cols, &par(pool));
+    } else {
+        a.quantize(xs, n, cols, &par(pool));
+    }
+}
+
 /// The pool as the parallel for-loop `duet_quant` takes: one token (or pair) a chunk.
-fn par(pool: &ThreadPool) -> impl Fn(usize, &(dyn Fn(std::ops::Range<usize>) + Sync)) + '_ {
+pub(super) fn par(pool: &ThreadPool) -> impl Fn(usize, &(dyn Fn(std::ops::Range<usize>) + Sync)) + '_ {
     |n, f| pool.for_chunks(n, 1, f)
 }
 
