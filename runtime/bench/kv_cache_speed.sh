@@ -32,7 +32,6 @@ kv_bytes() { # model k v -> "MiB (ratio× f16)" at 4,096 positions
   "$duet" bench -m "$1" -c 4096 -p 1 -n 0 -r 1 -t 2 --device cpu --cache-type-k "$2" --cache-type-v "$3" 2>/dev/null \
     | bench_duet_cell "KV cache" "^pp1$" | sed 's/^.*, //'
 }
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "Machine: $(bench_machine). duet $(bench_duet_label)."
 echo
@@ -52,8 +51,8 @@ for model in "$smol" "$BENCH/diff-ref.f16.gguf"; do
     set -- $c
     bytes=$(kv_bytes "$model" "$1" "$2")
     for d in "${depths[@]}"; do
-      base=$(echo "${runs[${configs[0]} $d]}" | tr ' ' '\n' | grep . | median)
-      m=$(echo "${runs[$c $d]}" | tr ' ' '\n' | grep . | median)
+      base=$(echo "${runs[${configs[0]} $d]}" | bench_median)
+      m=$(echo "${runs[$c $d]}" | bench_median)
       ratio=$(awk -v a="$m" -v b="$base" 'BEGIN { printf "%.2f×", a / b }')
       echo "| $(basename "$model" .gguf) | $1 / $2 | $bytes | $d | $m (runs:${runs[$c $d]}) | $ratio |"
     done
