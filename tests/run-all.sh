@@ -14,7 +14,8 @@
 #     for the HTML report tests, via apt-get when run as root
 # then runs `cargo test --workspace --release --no-fail-fast`, the parser and converter tests again
 # with overflow checks and debug assertions (`--profile checked`), the quant crate's tests for aarch64 under
-# qemu (NEON kernels), and prints every test that skipped, and why.
+# qemu (NEON kernels), a compile for macOS and Windows (tests/check-platforms.sh), and prints every
+# test that skipped, and why.
 #
 # What the tests need is required, not optional: a download or an install that fails stops
 # the script with an error, and the tests run with DUET_REQUIRE_ORACLES=1 (a missing oracle
@@ -166,6 +167,11 @@ if [ "$(uname -m)" = x86_64 ]; then
   note "quant crate for aarch64 under qemu (NEON kernels)"
   bash quant/tests/cross-aarch64.sh
 fi
+
+# macOS (Metal) and Windows (DX12) cannot run here: compile for them (tests/check-platforms.sh
+# adds the rustup targets; nothing is linked or run).
+note "cargo check for macOS and Windows"
+bash tests/check-platforms.sh
 
 note "skipped tests"
 if [ -s "$skip_log" ]; then sort -u "$skip_log"; else echo "none"; fi
