@@ -193,6 +193,32 @@ fn endpoints_errors_and_the_openai_client() {
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(msg.contains("tokens but the context holds 128"), "both lengths: {msg}");
 
+    // Embeddings of token ids are of those tokens as given: the text's own tokens (as
+    // /tokenize gives them) embed as the text does, bit for bit, and the same text spelt
+    // one character a token is another input (decoding the ids and tokenizing the text
+    // again would merge them back); an id past the vocabulary is a 400.
+    let text = "Call me Ishmael.";
+    let tokenize = |content: &str| -> Vec<u64> {
+        let (_, v) = post(&srv, "/tokenize", key, &json!({"content": content, "add_special": true}));
+        v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
+    };
+    let ids = tokenize(text);
+    let spelt: Vec<u64> = text.chars().flat_map(|c| tokenize(&c.to_string())).collect();
+    assert!(spelt.len() > ids.len(), "the tokenizer merges characters: {ids:?} vs {spelt:?}");
+    let embed = |input: Value| {
+        let (status, v) = post(&srv, "/v1/embeddings", key, &json!({ "input": input }));
+        assert_eq!(status, 200, "{v}");
+        (v["data"][0]["embedding"].clone(), v["usage"]["prompt_tokens"].as_u64().unwrap())
+    };
+    let (of_text, n) = embed(json!(text));
+    assert_eq!(n as usize, ids.len(), "the text's token count");
+    assert_eq!(embed(json!(ids)), (of_text.clone(), n), "the text's ids embed as the text");
+    assert_eq!(embed(json!([ids.clone()])).0, of_text, "as one of a list of id lists");
+    let (of_spelt, m) = embed(json!(spelt));
+    assert!(m as usize == spelt.len() && of_spelt != of_text, "the spelt ids are their own input");
+    let (status, v) = post(&srv, "/v1/embeddings", key, &json!({"input": [ids[0], 1u64 << 31]}));
+    assert!(status == 400 && v["error"]["message"].as_str().unwrap().contains("vocabulary"), "{v}");
+
     if let Some(python) = oracle_python("endpoints_errors_and_the_openai_client") {
         let script = repo_root().join("tests/serve/openai_client.py");
         let out = Command::new(python).arg(script).arg(format!("{}/v1", srv.url())).arg("sekrit").output().unwrap();

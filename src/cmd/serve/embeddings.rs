@@ -12,6 +12,12 @@ use serde_json::{Value, json};
 use super::App;
 use super::guard::{Served, error, object};
 
+/// One input to embed.
+enum Input {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
 /// Inputs one request may give (OpenAI's limit is 2,048; each here is a forward pass over
 /// up to a context of tokens, between other requests' steps).
 const MAX_INPUTS: usize = 64;
@@ -32,36 +38,41 @@ pub async fn embeddings(State(app): State<Arc<App>>, req: Request) -> Response {
     if o.get("dimensions").is_some_and(|d| !d.is_null()) {
         return bad("'dimensions' is not implemented by duet: the embedding has the model's width".into());
     }
-    // Texts; token-id inputs are decoded back to text (tokenized again the model's way).
-    let tok = app.handle.tokenizer();
+    // Texts (tokenized the model's way) or token ids (embedded as given).
+    let vocab = app.handle.tokenizer().vocab_size();
     let ids = |v: &Value| -> Option<Vec<u32>> {
-        v.as_array()?.iter().map(|x| x.as_u64().filter(|&i| i < tok.vocab_size() as u64).map(|i| i as u32)).collect()
+        v.as_array()?.iter().map(|x| x.as_u64().filter(|&i| i < vocab as u64).map(|i| i as u32)).collect()
     };
-    let texts: Vec<String> = match o.get("input") {
-        Some(Value::String(s)) => vec![s.clone()],
+    let bad_ids = || bad(format!("'input' token ids must be below the vocabulary's {vocab}"));
+    let inputs: Vec<Input> = match o.get("input") {
+        Some(Value::String(s)) => vec![Input::Text(s.clone())],
         Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {
-            a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()
+            a.iter().filter_map(|s| s.as_str().map(|s| Input::Text(s.to_string()))).collect()
         }
         Some(v @ Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => match ids(v) {
-            Some(t) => vec![tok.decode(&t, true).unwrap_or_default()],
-            None => return bad(format!("'input' token ids must be below {}", tok.vocab_size())),
+            Some(t) => vec![Input::Tokens(t)],
+            None => return bad_ids(),
         },
         Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_array) => {
-            match a.iter().map(|x| ids(x).map(|t| tok.decode(&t, true).unwrap_or_default())).collect() {
+            match a.iter().map(|x| ids(x).map(Input::Tokens)).collect() {
                 Some(t) => t,
-                None => return bad(format!("'input' token ids must be below {}", tok.vocab_size())),
+                None => return bad_ids(),
             }
         }
         _ => return bad("'input' must be a string, an array of strings, or token ids".into()),
     };
-    if texts.len() > MAX_INPUTS {
-        return bad(format!("'input' holds {} inputs; duet takes at most {MAX_INPUTS}", texts.len()));
+    if inputs.len() > MAX_INPUTS {
+        return bad(format!("'input' holds {} inputs; duet takes at most {MAX_INPUTS}", inputs.len()));
     }
-    let mut data = Vec::with_capacity(texts.len());
+    let mut data = Vec::with_capacity(inputs.len());
     let mut tokens = 0;
-    for (i, text) in texts.into_iter().enumerate() {
+    for (i, input) in inputs.into_iter().enumerate() {
         let worker = Arc::clone(&app);
-        let out = tokio::task::spawn_blocking(move || worker.handle.embed(&text)).await;
+        let out = tokio::task::spawn_blocking(move || match input {
+            Input::Text(text) => worker.handle.embed(&text),
+            Input::Tokens(ids) => worker.handle.embed_tokens(ids),
+        })
+        .await;
         match out {
             Ok(Ok((v, n))) => {
                 tokens += n;

@@ -109,14 +109,24 @@ impl Handle {
         reply_rx.recv().unwrap_or_else(|_| Err(SubmitError::Stopped("the engine thread is gone".into())))
     }
 
-    /// The embedding of `text` (see [`crate::tools::embed`]): tokenized and checked here (not
-    /// empty, within the context), evaluated on the engine thread between two steps; also
-    /// its token count.
+    /// The embedding of `text` (see [`crate::tools::embed`]), tokenized here the model's way
+    /// (BOS where the model wants it), then as [`Handle::embed_tokens`].
     pub fn embed(&self, text: &str) -> Result<(Vec<f32>, usize), SubmitError> {
         let tok = self.encoder.tokenizer();
         let tokens = tok.encode(text, tok.add_bos).map_err(|e| SubmitError::BadPrompt(e.to_string()))?;
+        self.embed_tokens(tokens)
+    }
+
+    /// The embedding of `tokens` as given (nothing added: a client that sends token ids has
+    /// tokenized already), checked here (not empty, within the context, every id in the
+    /// vocabulary), evaluated on the engine thread between two steps; also the token count.
+    pub fn embed_tokens(&self, tokens: Vec<u32>) -> Result<(Vec<f32>, usize), SubmitError> {
         if tokens.is_empty() {
             return Err(SubmitError::BadPrompt("an input to embed is empty".into()));
+        }
+        let vocab = self.encoder.tokenizer().vocab_size();
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(SubmitError::BadPrompt(format!("token id {t} is not below the vocabulary's {vocab}")));
         }
         if tokens.len() > self.n_ctx {
             return Err(SubmitError::TooLong { prompt_tokens: tokens.len(), n_ctx: self.n_ctx });
