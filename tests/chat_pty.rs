@@ -91,6 +91,12 @@ fn a_terminal_chat_with_history_multi_line_input_and_commands() {
     p.exp_string("(saved 4 turns to talk.json)").unwrap();
     p.send_line("/save talk.json").unwrap();
     p.exp_string("exists").unwrap();
+    let left: Vec<_> = std::fs::read_dir(&home)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.starts_with(".talk.json"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
     let users: Vec<String> =
         saved(&home.join("talk.json")).into_iter().filter(|(r, _)| r == "user").map(|(_, c)| c).collect();
     assert_eq!(users, ["Hello there", "Hello there", "line one\nline two", "first \nsecond"]);

@@ -218,6 +218,38 @@ impl AtomicFile {
     }
 }
 
+impl AtomicFile {
+    /// As [`AtomicFile::commit`], but never replaces a file: the complete file is linked
+    /// under the target's name, which fails when that name exists (appeared since the
+    /// check, too), then the temporary name goes. Where the filesystem has no hard links it
+    /// is renamed, after checking that the target is still absent.
+    pub fn commit_new(mut self) -> io::Result<()> {
+        let file = self.file.take().expect("committed once");
+        file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))?;
+        drop(file);
+        let exists = || io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists", self.target.display()));
+        match fs::hard_link(&self.tmp, &self.target) {
+            // The drop removes the temporary name.
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(exists()),
+            Err(_) if fs::symlink_metadata(&self.target).is_ok() => return Err(exists()),
+            Err(_) => {
+                rename_into_place(&self.tmp, &self.target).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot rename {} to {}: {e}", self.tmp.display(), self.target.display()),
+                    )
+                })?;
+                self.placed = true;
+            }
+        }
+        if let Ok(d) = File::open(parent_of(&self.target)) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
 impl Drop for AtomicFile {
     fn drop(&mut self) {
         if !self.placed {
@@ -291,6 +323,30 @@ mod tests {
         fs::create_dir(&late).unwrap();
         assert!(f.commit().unwrap_err().to_string().contains("a directory"));
         assert!(!tmp.exists() && !pending().contains(&tmp), "the failed commit left {}", tmp.display());
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn commit_new_never_replaces_a_file() {
+        let d = scratch("new");
+        let t = d.join("saved.json");
+        let mut f = AtomicFile::create(&t).unwrap();
+        std::io::Write::write_all(f.file(), b"first").unwrap();
+        let tmp = f.temp_path().to_path_buf();
+        f.commit_new().unwrap();
+        assert_eq!(fs::read(&t).unwrap(), b"first");
+        assert!(!tmp.exists() && !pending().contains(&tmp), "the temporary name is gone");
+        // A file that appeared between the check and the commit is kept, and nothing is left.
+        let late = d.join("late.json");
+        let mut f = AtomicFile::create(&late).unwrap();
+        let tmp = f.temp_path().to_path_buf();
+        std::io::Write::write_all(f.file(), b"second").unwrap();
+        fs::write(&late, b"theirs").unwrap();
+        let e = f.commit_new().unwrap_err();
+        assert!(e.kind() == io::ErrorKind::AlreadyExists && e.to_string().contains("late.json"), "{e}");
+        assert_eq!(fs::read(&late).unwrap(), b"theirs");
+        assert!(!tmp.exists() && !pending().contains(&tmp), "the failed commit left {}", tmp.display());
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 2, "only the two targets are left");
         let _ = fs::remove_dir_all(&d);
     }
 

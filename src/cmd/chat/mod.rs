@@ -101,6 +101,8 @@ fn chat<B: Backend>(engine: &mut Engine<B>, args: &Args) -> Result<()> {
         if GENERATING.load(Ordering::SeqCst) {
             STOP.store(true, Ordering::SeqCst);
         } else {
+            // A /save being written leaves no temporary file.
+            duet_quant::output::remove_pending_before_exit();
             eprintln!();
             std::process::exit(130);
         }
@@ -237,25 +239,17 @@ fn apply(sampler: &mut Sampler, conv: &mut Conversation, s: Setting) {
 /// The largest conversation `/load` reads.
 const MAX_CONVERSATION_BYTES: u64 = 64 << 20;
 
-/// `/save`: the conversation as JSON, written whole (a temporary file renamed over) and
-/// never over an existing file.
+/// `/save`: the conversation as JSON, written whole (duet_quant::output's temporary file,
+/// removed on error and on a signal) and never over an existing file.
 fn save(conv: &Conversation, path: &Path) -> Result<()> {
+    use std::io::Write;
     if path.exists() {
         anyhow::bail!("{} exists; /save writes a new file (pick another name or remove it)", path.display());
     }
     let text = serde_json::to_string_pretty(&conv.to_json())? + "\n";
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.part",
-        path.file_name().map_or("conversation".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-    // hard_link fails when the target exists (appeared meanwhile): nothing is overwritten.
-    let linked = std::fs::hard_link(&tmp, path).or_else(|_| {
-        if path.exists() { Err(std::io::Error::other("it appeared meanwhile")) } else { std::fs::rename(&tmp, path) }
-    });
-    let _ = std::fs::remove_file(&tmp);
-    linked.with_context(|| format!("writing {}", path.display()))
+    let mut f = duet_quant::output::AtomicFile::create(path)?;
+    f.file().write_all(text.as_bytes()).with_context(|| format!("writing {}", f.temp_path().display()))?;
+    f.commit_new().with_context(|| format!("writing {}", path.display()))
 }
 
 /// `/load`: a conversation `/save` wrote.
