@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compiles duet (every crate, library and program, every feature) for the platforms the CI
-# machine cannot run: macOS on Apple silicon (the Metal backend) and Windows (DX12), with
-# warnings as errors, so that code which only builds on Linux (a Unix-only API, a C
-# dependency, a platform's dead code) fails here rather than on a user's machine:
+# machine cannot run: macOS on Apple silicon (the Metal backend) and Windows (DX12), and the
+# runtime for WebAssembly (wasm32-unknown-unknown, wgpu's WebGPU backend: the browser build's
+# base), with warnings as errors, so that code which only builds on Linux (a Unix-only API,
+# a C dependency, a platform's dead code) fails here rather than on a user's machine:
 #
 #   bash tests/check-platforms.sh
 #
@@ -16,7 +17,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-targets=(aarch64-apple-darwin x86_64-pc-windows-msvc)
+targets=(aarch64-apple-darwin x86_64-pc-windows-msvc wasm32-unknown-unknown)
 note() { printf '\n== %s\n' "$*"; }
 skip() {
   if [ -n "${DUET_REQUIRE_ORACLES:-}" ]; then
@@ -37,7 +38,12 @@ for t in "${targets[@]}"; do
 done
 
 export CARGO_TARGET_DIR="${DUET_PLATFORMS_TARGET_DIR:-$(pwd)/target/check-platforms}"
-for t in "${targets[@]}"; do
+for t in aarch64-apple-darwin x86_64-pc-windows-msvc; do
   note "cargo check --target $t --workspace --all-features (warnings are errors)"
   RUSTFLAGS="-D warnings" cargo check --release --locked --target "$t" --workspace --all-features
 done
+# In a browser: the runtime (the CLI, its server and the converter stay native). RUSTFLAGS
+# replaces .cargo/config.toml's flags for the target, so getrandom's backend is named again.
+note "cargo check --target wasm32-unknown-unknown -p duet-runtime (warnings are errors)"
+RUSTFLAGS='-D warnings --cfg getrandom_backend="wasm_js"' \
+  cargo check --release --locked --target wasm32-unknown-unknown -p duet-runtime
