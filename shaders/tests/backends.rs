@@ -1,17 +1,20 @@
 //! Every kernel variant translated by naga's SPIR-V, Metal (MSL) and HLSL back ends with the
-//! options wgpu 30's Vulkan, Metal and DX12 back ends give them (wgpu-hal's `vulkan/adapter.rs`,
-//! `metal/device.rs` and `dx12/device.rs`), so that a kernel that would fail to build on a Mac
-//! or on Windows fails here, without their hardware. The SPIR-V is also checked by Khronos'
-//! `spirv-val` (Debian's spirv-tools) for the Vulkan version it targets. Metal's and DXC's own
-//! compilers do not run on Linux: the MSL and HLSL are translated, not compiled.
+//! options wgpu 30's Vulkan, Metal and DX12 back ends give them (wgpu-hal's `vulkan/adapter.rs`
+//! and `device.rs`, `metal/device.rs`, `dx12/device.rs`), so that a kernel that would fail to
+//! build on a Mac or on Windows fails here, without their hardware. The SPIR-V is also checked
+//! by Khronos' `spirv-val` (Debian's spirv-tools) for the Vulkan version it targets. Apple's
+//! Metal compiler does not run on Linux, and Microsoft's DXC is packaged neither for Debian
+//! nor on PyPI: the MSL and HLSL are translated, not compiled.
 //!
 //! Each variant is translated for the oldest platform that runs it and for a current one: a
 //! variant without f16 or subgroups (the fallback an adapter lacking them is given) on
-//! Vulkan 1.0 (SPIR-V 1.0), MSL 2.2 (macOS 10.15) and HLSL shader model 5.1 (FXC); the
-//! subgroup reductions on Vulkan 1.1 (SPIR-V 1.3) and shader model 6.0, the f16 products on
-//! shader model 6.2; and every variant on Vulkan 1.3 (SPIR-V 1.6), MSL 3.1 and shader model
-//! 6.6. The kernels built as trusted modules (`Op::trusted`) are translated with and
-//! without bounds checks, as the GPU backend builds them either way (`--gpu-tune trusted`).
+//! Vulkan 1.0 (SPIR-V 1.0) and HLSL shader model 5.1 (FXC); the subgroup reductions on
+//! Vulkan 1.1 (SPIR-V 1.3) and shader model 6.0, the f16 products on shader model 6.2; every
+//! variant on MSL 2.0 (the oldest wgpu maps a Mac to, macOS 10.13); and every variant on
+//! Vulkan 1.3 (SPIR-V 1.6, workgroup memory zeroed by the device), MSL 3.1 and shader model
+//! 6.6. The kernels built as trusted modules (`Op::trusted`) are translated with and without
+//! the runtime checks (bounds, loop bounding, integer division), as the GPU backend builds
+//! them either way (`--gpu-tune trusted`).
 
 mod common;
 
@@ -24,8 +27,10 @@ use naga::valid::ModuleInfo;
 use naga::{AddressSpace, Module, ResourceBinding, ShaderStage, StorageAccess};
 use wgpu_types::Features;
 
-/// One binding of a kernel, as its pipeline layout declares it (the runtime's layouts
-/// match the modules: wgpu checks that when it builds the pipeline).
+/// One binding of a kernel, as the module declares it. (wgpu numbers Metal slots and DX12
+/// registers from the pipeline layout's entries, which may include a binding a module does
+/// not declare; the numbers here can then differ from wgpu's, which changes nothing about
+/// whether the module translates.)
 enum Resource {
     Uniform,
     Storage { writable: bool },
@@ -67,7 +72,9 @@ impl Checks {
         BoundsCheckPolicies { index: p, buffer: p, image_load: p, binding_array: BoundsCheckPolicy::Unchecked }
     }
 
-    fn loop_bounding(self) -> bool {
+    /// Whether loops are bounded and integer divisions checked (runtime checks that
+    /// `ShaderRuntimeChecks::unchecked()` turns off).
+    fn on(self) -> bool {
         matches!(self, Checks::On)
     }
 
@@ -129,7 +136,14 @@ fn spirv(
         flags: spv::WriterFlags::FORCE_POINT_SIZE | spv::WriterFlags::LABEL_VARYINGS,
         capabilities: Some(caps.into_iter().collect()),
         bounds_check_policies: checks.policies(),
-        force_loop_bounding: checks.loop_bounding(),
+        force_loop_bounding: checks.on(),
+        emit_int_div_checks: checks.on(),
+        // Vulkan 1.3 devices zero workgroup memory themselves; older ones get naga's stores.
+        zero_initialize_workgroup_memory: if version >= (1, 6) {
+            spv::ZeroInitializeWorkgroupMemoryMode::Native
+        } else {
+            spv::ZeroInitializeWorkgroupMemoryMode::Polyfill
+        },
         ..Default::default()
     };
     let pipeline = spv::PipelineOptions { shader_stage: ShaderStage::Compute, entry_point: "main".into() };
@@ -155,7 +169,10 @@ fn metal(module: &Module, info: &ModuleInfo, version: (u8, u8), checks: Checks) 
         per_entry_point_map: msl::EntryPointResourceMap::from([("main".to_string(), entry)]),
         bounds_check_policies: checks.policies(),
         zero_initialize_workgroup_memory: true,
-        force_loop_bounding: checks.loop_bounding(),
+        force_loop_bounding: checks.on(),
+        emit_int_div_checks: checks.on(),
+        // A binding missing from the map is an error, as in wgpu, not one made up.
+        fake_missing_bindings: false,
         ..Default::default()
     };
     let pipeline = msl::PipelineOptions {
@@ -185,9 +202,13 @@ fn hlsl(module: &Module, info: &ModuleInfo, model: hlsl::ShaderModel, checks: Ch
     let options = hlsl::Options {
         shader_model: model,
         binding_map,
+        fake_missing_bindings: false,
+        // wgpu's pipeline layouts always carry the special constants (first vertex and
+        // instance, the workgroup count), at the next constant buffer register.
+        special_constants_binding: Some(hlsl::BindTarget { space: 0, register: b, ..Default::default() }),
         zero_initialize_workgroup_memory: true,
         restrict_indexing: matches!(checks, Checks::On),
-        force_loop_bounding: checks.loop_bounding(),
+        force_loop_bounding: checks.on(),
         ..Default::default()
     };
     let pipeline = hlsl::PipelineOptions { entry_point: Some((ShaderStage::Compute, "main".into())) };
@@ -298,7 +319,7 @@ fn every_variant_translates_to_metal() {
         let (module, info) = common::module(v)?;
         let (module, info) = specialised(&module, &info);
         let mut n = 0;
-        for version in [(2, 2), (3, 1)] {
+        for version in [(2, 0), (3, 1)] {
             for &checks in Checks::of(v) {
                 let src = metal(&module, &info, version, checks)
                     .map_err(|e| format!("MSL {version:?}, checks {checks:?}: {e}"))?;
@@ -362,5 +383,6 @@ fn spirv_val_rejects_a_broken_module() {
     let mut broken = words.clone();
     broken[3] = 2;
     let err = spirv_val(&tool, &dir.0, "add-broken", &broken, "vulkan1.0").expect_err("a broken module");
-    assert!(err.contains("spirv-val"), "{err}");
+    // spirv-val's own complaint: "Result <id> '2' must be less than the ID bound '2'".
+    assert!(err.to_lowercase().contains("bound"), "{err}");
 }
