@@ -14,7 +14,7 @@
 #     for the HTML report tests, via apt-get when run as root
 # then runs `cargo test --workspace --release --no-fail-fast`, the parser and converter tests again
 # with overflow checks and debug assertions (`--profile checked`), the quant crate's tests for aarch64 under
-# qemu (NEON kernels), a compile for macOS and Windows (tests/check-platforms.sh), and prints every
+# qemu (NEON kernels), a compile for macOS, Windows and WebAssembly (tests/check-platforms.sh), and prints every
 # test that skipped, and why.
 #
 # What the tests need is required, not optional: a download or an install that fails stops
@@ -168,9 +168,9 @@ if [ "$(uname -m)" = x86_64 ]; then
   bash quant/tests/cross-aarch64.sh
 fi
 
-# macOS (Metal) and Windows (DX12) cannot run here: compile for them (tests/check-platforms.sh
-# adds the rustup targets; nothing is linked or run).
-note "cargo check for macOS and Windows"
+# macOS (Metal), Windows (DX12) and the browser (WebGPU) cannot run here: compile for them
+# (tests/check-platforms.sh adds the rustup targets; nothing is linked or run).
+note "cargo check for macOS, Windows and WebAssembly"
 bash tests/check-platforms.sh
 
 note "skipped tests"
