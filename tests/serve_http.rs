@@ -198,12 +198,12 @@ fn endpoints_errors_and_the_openai_client() {
     // one character a token is another input (decoding the ids and tokenizing the text
     // again would merge them back); an id past the vocabulary is a 400.
     let text = "Call me Ishmael.";
-    let tokenize = |content: &str| -> Vec<u64> {
-        let (_, v) = post(&srv, "/tokenize", key, &json!({"content": content, "add_special": true}));
+    let tokenize = |content: &str, add_special: bool| -> Vec<u64> {
+        let (_, v) = post(&srv, "/tokenize", key, &json!({"content": content, "add_special": add_special}));
         v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
     };
-    let ids = tokenize(text);
-    let spelt: Vec<u64> = text.chars().flat_map(|c| tokenize(&c.to_string())).collect();
+    let ids = tokenize(text, true);
+    let spelt: Vec<u64> = text.chars().flat_map(|c| tokenize(&c.to_string(), false)).collect();
     assert!(spelt.len() > ids.len(), "the tokenizer merges characters: {ids:?} vs {spelt:?}");
     let embed = |input: Value| {
         let (status, v) = post(&srv, "/v1/embeddings", key, &json!({ "input": input }));
@@ -218,6 +218,8 @@ fn endpoints_errors_and_the_openai_client() {
     assert!(m as usize == spelt.len() && of_spelt != of_text, "the spelt ids are their own input");
     let (status, v) = post(&srv, "/v1/embeddings", key, &json!({"input": [ids[0], 1u64 << 31]}));
     assert!(status == 400 && v["error"]["message"].as_str().unwrap().contains("vocabulary"), "{v}");
+    let (status, v) = post(&srv, "/v1/embeddings", key, &json!({"input": [ids[0], -1]}));
+    assert!(status == 400 && v["error"]["message"].as_str().unwrap().contains("whole numbers"), "{v}");
 
     if let Some(python) = oracle_python("endpoints_errors_and_the_openai_client") {
         let script = repo_root().join("tests/serve/openai_client.py");

@@ -39,11 +39,11 @@ pub async fn embeddings(State(app): State<Arc<App>>, req: Request) -> Response {
         return bad("'dimensions' is not implemented by duet: the embedding has the model's width".into());
     }
     // Texts (tokenized the model's way) or token ids (embedded as given).
-    let vocab = app.handle.tokenizer().vocab_size();
+    let vocab = app.handle.n_vocab();
     let ids = |v: &Value| -> Option<Vec<u32>> {
         v.as_array()?.iter().map(|x| x.as_u64().filter(|&i| i < vocab as u64).map(|i| i as u32)).collect()
     };
-    let bad_ids = || bad(format!("'input' token ids must be below the vocabulary's {vocab}"));
+    let bad_ids = || bad(format!("'input' token ids must be whole numbers below the model's vocabulary of {vocab}"));
     let inputs: Vec<Input> = match o.get("input") {
         Some(Value::String(s)) => vec![Input::Text(s.clone())],
         Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_string) => {

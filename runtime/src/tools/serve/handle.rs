@@ -124,9 +124,9 @@ impl Handle {
         if tokens.is_empty() {
             return Err(SubmitError::BadPrompt("an input to embed is empty".into()));
         }
-        let vocab = self.encoder.tokenizer().vocab_size();
+        let vocab = self.encoder.n_vocab();
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(SubmitError::BadPrompt(format!("token id {t} is not below the vocabulary's {vocab}")));
+            return Err(SubmitError::BadPrompt(format!("token id {t} is outside the model's vocabulary of {vocab}")));
         }
         if tokens.len() > self.n_ctx {
             return Err(SubmitError::TooLong { prompt_tokens: tokens.len(), n_ctx: self.n_ctx });
@@ -154,6 +154,11 @@ impl Handle {
     /// How the model's template writes tool calls (to read them from replies).
     pub fn tool_format(&self) -> crate::tools::serve::tool_calls::Format {
         self.encoder.tool_format()
+    }
+
+    /// Rows of the model's token embedding: the ids it can evaluate.
+    pub fn n_vocab(&self) -> usize {
+        self.encoder.n_vocab()
     }
 
     /// The model's tokenizer (for /tokenize and /detokenize).

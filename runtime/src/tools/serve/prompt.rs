@@ -78,6 +78,12 @@ impl PromptEncoder {
         &self.tokenizer
     }
 
+    /// Rows of the model's token embedding: the ids it can evaluate (the tokenizer may
+    /// know more).
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
     /// The most prompt bytes this context takes.
     pub fn max_prompt_bytes(&self) -> usize {
         self.n_ctx.saturating_mul(PROMPT_BYTES_PER_TOKEN)
