@@ -219,10 +219,11 @@ impl AtomicFile {
 }
 
 impl AtomicFile {
-    /// As [`AtomicFile::commit`], but never replaces a file: the complete file is linked
-    /// under the target's name, which fails when that name exists (appeared since the
-    /// check, too), then the temporary name goes. Where the filesystem has no hard links it
-    /// is renamed, after checking that the target is still absent.
+    /// As [`AtomicFile::commit`], but refuses to replace a file: the complete file is
+    /// linked under the target's name, which fails atomically when that name exists, then
+    /// the temporary name goes. Where the filesystem has no hard links it is renamed after
+    /// checking that the target is still absent: a file created between that check and the
+    /// rename is replaced.
     pub fn commit_new(mut self) -> io::Result<()> {
         let file = self.file.take().expect("committed once");
         file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))?;
