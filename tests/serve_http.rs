@@ -371,8 +371,13 @@ fn a_full_queue_is_503_and_a_disconnect_mid_stream_frees_the_slot() {
     let (status, _) = post(&srv, "/v1/completions", None, &json!({"prompt": "x", "max_tokens": 2}));
     assert_eq!(status, 200, "the freed slot serves the next request");
     // The abandoned stream has its log line too (nginx's 499), the finished request its 200.
+    // (The log reaches the test through a pipe and a reader thread, which can lag the reply
+    // on a loaded machine: wait for both lines.)
+    let logged = |log: &str| {
+        log.contains("the client closed the stream") && log.lines().any(|l| l.starts_with("POST /v1/completions 200 "))
+    };
     let t0 = Instant::now();
-    while !srv.log().contains("the client closed the stream") && t0.elapsed() < Duration::from_secs(10) {
+    while !logged(&srv.log()) && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let log = srv.log();
