@@ -255,9 +255,26 @@ impl Drop for Scratch {
     }
 }
 
-/// Runs `check` on every variant (in parallel), asserting none fails; returns how many
-/// translations were checked.
-fn every_variant(what: &str, check: impl Fn(&Variant) -> Result<usize, String> + Sync) -> usize {
+/// Translates every variant (in parallel) for each of the two platform versions `targets`
+/// gives it and each way it is built ([`Checks::of`]), parsed, validated and specialised
+/// first; asserts that none fails and that every translation was made.
+fn every_variant<T: Send>(
+    what: &str,
+    targets: impl Fn(&Variant) -> [T; 2] + Sync,
+    translate: impl Fn(&Module, &ModuleInfo, &Variant, &T, Checks) -> Result<(), String> + Sync,
+) {
+    let check = |v: &Variant| -> Result<usize, String> {
+        let (module, info) = common::module(v)?;
+        let (module, info) = specialised(&module, &info);
+        let mut n = 0;
+        for target in targets(v) {
+            for &checks in Checks::of(v) {
+                translate(&module, &info, v, &target, checks)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    };
     let all = Variant::all();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
     let results: Vec<(String, Result<usize, String>)> = std::thread::scope(|s| {
@@ -272,12 +289,16 @@ fn every_variant(what: &str, check: impl Fn(&Variant) -> Result<usize, String> +
     let failures: Vec<String> =
         results.iter().filter_map(|(l, r)| r.as_ref().err().map(|e| format!("{l}:\n{e}"))).collect();
     assert!(failures.is_empty(), "{} of {} variants fail {what}:\n{}", failures.len(), all.len(), failures.join("\n"));
-    results.iter().map(|(_, r)| *r.as_ref().unwrap()).sum()
+    // Two platform versions of each way each variant is built.
+    let expected: usize = all.iter().map(|v| 2 * Checks::of(v).len()).sum();
+    let n: usize = results.iter().map(|(_, r)| *r.as_ref().unwrap()).sum();
+    assert_eq!(n, expected, "{what}: translations made");
 }
 
-/// Translations a back end makes: two platform versions of each way each variant is built.
-fn expected_count() -> usize {
-    Variant::all().iter().map(|v| 2 * Checks::of(v).len()).sum()
+/// spirv-val from `$DUET_SPIRV_VAL` or Debian's path (a recorded skip, or a failure under
+/// `$DUET_REQUIRE_ORACLES`, when missing).
+fn spirv_val_tool(test: &str) -> Option<std::path::PathBuf> {
+    duet_test_support::program(test, "DUET_SPIRV_VAL", "/usr/bin/spirv-val", "spirv-val (Debian's spirv-tools)")
 }
 
 /// The Vulkan version (SPIR-V version, spirv-val environment) of the oldest device that
@@ -290,57 +311,37 @@ fn vulkan_targets(v: &Variant) -> [((u8, u8), &'static str); 2] {
 #[test]
 fn every_variant_translates_to_spirv_that_spirv_val_accepts() {
     let test = "every_variant_translates_to_spirv_that_spirv_val_accepts";
-    let Some(tool) =
-        duet_test_support::program(test, "DUET_SPIRV_VAL", "/usr/bin/spirv-val", "spirv-val (Debian's spirv-tools)")
-    else {
-        return;
-    };
+    let Some(tool) = spirv_val_tool(test) else { return };
     let dir = Scratch::new(test);
-    let n = every_variant("SPIR-V translation or spirv-val", |v| {
-        let (module, info) = common::module(v)?;
-        let (module, info) = specialised(&module, &info);
-        let mut n = 0;
-        for ((version, env), &checks) in
-            vulkan_targets(v).into_iter().flat_map(|t| Checks::of(v).iter().map(move |c| (t, c)))
-        {
-            let words = spirv(&module, &info, version, common::features(v), checks)
-                .map_err(|e| format!("SPIR-V {version:?}, checks {checks:?}: {e}"))?;
-            spirv_val(&tool, &dir.0, &format!("{}-{checks:?}", v.label()), &words, env)?;
-            n += 1;
-        }
-        Ok(n)
+    every_variant("SPIR-V translation or spirv-val", vulkan_targets, |module, info, v, &(version, env), checks| {
+        let words = spirv(module, info, version, common::features(v), checks)
+            .map_err(|e| format!("SPIR-V {version:?}, checks {checks:?}: {e}"))?;
+        spirv_val(&tool, &dir.0, &format!("{}-{checks:?}", v.label()), &words, env)
     });
-    assert_eq!(n, expected_count(), "modules checked");
 }
 
 #[test]
 fn every_variant_translates_to_metal() {
-    let n = every_variant("MSL translation", |v| {
-        let (module, info) = common::module(v)?;
-        let (module, info) = specialised(&module, &info);
-        let mut n = 0;
-        for version in [(2, 0), (3, 1)] {
-            for &checks in Checks::of(v) {
-                let src = metal(&module, &info, version, checks)
-                    .map_err(|e| format!("MSL {version:?}, checks {checks:?}: {e}"))?;
-                if !src.contains("kernel void main_") {
-                    return Err(format!("MSL {version:?}: no compute kernel in the output"));
-                }
-                n += 1;
+    every_variant(
+        "MSL translation",
+        |_| [(2, 0), (3, 1)],
+        |module, info, _, &version, checks| {
+            let src =
+                metal(module, info, version, checks).map_err(|e| format!("MSL {version:?}, checks {checks:?}: {e}"))?;
+            if !src.contains("kernel void main_") {
+                return Err(format!("MSL {version:?}: no compute kernel in the output"));
             }
-        }
-        Ok(n)
-    });
-    assert_eq!(n, expected_count(), "modules translated");
+            Ok(())
+        },
+    );
 }
 
 #[test]
 fn every_variant_translates_to_hlsl() {
     use hlsl::ShaderModel as Sm;
-    let n = every_variant("HLSL translation", |v| {
-        let (module, info) = common::module(v)?;
-        let (module, info) = specialised(&module, &info);
-        // The oldest shader model with what the variant uses (FXC's 5.1 for the fallbacks).
+    // The oldest shader model with what the variant uses (FXC's 5.1 for the fallbacks), and
+    // a current one.
+    let models = |v: &Variant| {
         let oldest = if v.f16 {
             Sm::V6_2
         } else if v.op.uses_subgroups() {
@@ -348,20 +349,15 @@ fn every_variant_translates_to_hlsl() {
         } else {
             Sm::V5_1
         };
-        let mut n = 0;
-        for model in [oldest, Sm::V6_6] {
-            for &checks in Checks::of(v) {
-                let src = hlsl(&module, &info, model, checks)
-                    .map_err(|e| format!("HLSL {model:?}, checks {checks:?}: {e}"))?;
-                if !src.contains("[numthreads(") {
-                    return Err(format!("HLSL {model:?}: no compute entry point in the output"));
-                }
-                n += 1;
-            }
+        [oldest, Sm::V6_6]
+    };
+    every_variant("HLSL translation", models, |module, info, _, &model, checks| {
+        let src = hlsl(module, info, model, checks).map_err(|e| format!("HLSL {model:?}, checks {checks:?}: {e}"))?;
+        if !src.contains("[numthreads(") {
+            return Err(format!("HLSL {model:?}: no compute entry point in the output"));
         }
-        Ok(n)
+        Ok(())
     });
-    assert_eq!(n, expected_count(), "modules translated");
 }
 
 #[test]
@@ -369,11 +365,7 @@ fn spirv_val_rejects_a_broken_module() {
     // The check above can fail: the add kernel passes, and the same module with its header's
     // id bound set below the ids it uses is refused.
     let test = "spirv_val_rejects_a_broken_module";
-    let Some(tool) =
-        duet_test_support::program(test, "DUET_SPIRV_VAL", "/usr/bin/spirv-val", "spirv-val (Debian's spirv-tools)")
-    else {
-        return;
-    };
+    let Some(tool) = spirv_val_tool(test) else { return };
     let v = Variant::all().into_iter().find(|v| v.label() == "add").expect("the add kernel");
     let (module, info) = common::module(&v).unwrap();
     let words = spirv(&module, &info, (1, 0), Features::empty(), Checks::On).unwrap();
