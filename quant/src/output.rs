@@ -201,53 +201,53 @@ impl AtomicFile {
     /// since), then syncs the directory where the platform allows. On failure the temporary
     /// file is removed (by the drop), as when dropped uncommitted.
     pub fn commit(mut self) -> io::Result<()> {
-        let file = self.file.take().expect("committed once");
-        file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))?;
-        drop(file);
+        self.sync_and_close()?;
         check_target(&self.target, &[])?;
-        rename_into_place(&self.tmp, &self.target).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot rename {} to {}: {e}", self.tmp.display(), self.target.display()))
-        })?;
-        self.placed = true;
-        // Makes the rename durable; not every platform or filesystem can sync a directory,
-        // and the data is already safe, so a failure here is not reported.
-        if let Ok(d) = File::open(parent_of(&self.target)) {
-            let _ = d.sync_all();
-        }
+        self.rename_over()?;
+        self.sync_dir();
         Ok(())
     }
-}
 
-impl AtomicFile {
     /// As [`AtomicFile::commit`], but refuses to replace a file: the complete file is
     /// linked under the target's name, which fails atomically when that name exists, then
     /// the temporary name goes. Where the filesystem has no hard links it is renamed after
     /// checking that the target is still absent: a file created between that check and the
     /// rename is replaced.
     pub fn commit_new(mut self) -> io::Result<()> {
-        let file = self.file.take().expect("committed once");
-        file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))?;
-        drop(file);
+        self.sync_and_close()?;
         let exists = || io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists", self.target.display()));
         match fs::hard_link(&self.tmp, &self.target) {
             // The drop removes the temporary name.
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(exists()),
             Err(_) if fs::symlink_metadata(&self.target).is_ok() => return Err(exists()),
-            Err(_) => {
-                rename_into_place(&self.tmp, &self.target).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("cannot rename {} to {}: {e}", self.tmp.display(), self.target.display()),
-                    )
-                })?;
-                self.placed = true;
-            }
+            Err(_) => self.rename_over()?,
         }
+        self.sync_dir();
+        Ok(())
+    }
+
+    /// Syncs the written file and closes it.
+    fn sync_and_close(&mut self) -> io::Result<()> {
+        let file = self.file.take().expect("committed once");
+        file.sync_all().map_err(|e| io::Error::new(e.kind(), format!("syncing {}: {e}", self.tmp.display())))
+    }
+
+    /// Renames the temporary file over the target: nothing is left for the drop to remove.
+    fn rename_over(&mut self) -> io::Result<()> {
+        rename_into_place(&self.tmp, &self.target).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot rename {} to {}: {e}", self.tmp.display(), self.target.display()))
+        })?;
+        self.placed = true;
+        Ok(())
+    }
+
+    /// Makes the rename or link durable; not every platform or filesystem can sync a
+    /// directory, and the data is already safe, so a failure here is not reported.
+    fn sync_dir(&self) {
         if let Ok(d) = File::open(parent_of(&self.target)) {
             let _ = d.sync_all();
         }
-        Ok(())
     }
 }
 
