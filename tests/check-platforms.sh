@@ -21,15 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(aarch64-apple-darwin x86_64-pc-windows-msvc wasm32-unknown-unknown)
 note() { printf '\n== %s\n' "$*"; }
-skip() {
-  if [ -n "${DUET_REQUIRE_ORACLES:-}" ]; then
-    echo "error: check-platforms: $* (DUET_REQUIRE_ORACLES is set: macOS, Windows and WebAssembly must be checked)" >&2
-    exit 1
-  fi
-  echo "SKIPPED check-platforms: $*"
-  if [ -n "${DUET_SKIP_LOG:-}" ]; then echo "check-platforms: $*" >> "$DUET_SKIP_LOG"; fi
-  exit 0
-}
+source tests/support/skip.sh
+skip() { skip_script check-platforms "macOS, Windows and WebAssembly must be checked" "$@"; }
 
 command -v rustup >/dev/null || skip "rustup not found, cannot add the ${targets[*]} targets"
 # (The list is read whole first: `grep -q` would stop reading early, and under pipefail

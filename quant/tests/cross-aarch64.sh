@@ -26,15 +26,8 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 triple=aarch64-unknown-linux-gnu
 note() { printf '\n== %s\n' "$*"; }
-skip() {
-  if [ -n "${DUET_REQUIRE_ORACLES:-}" ]; then
-    echo "error: cross-aarch64: $* (DUET_REQUIRE_ORACLES is set: the NEON kernels must be tested)" >&2
-    exit 1
-  fi
-  echo "SKIPPED cross-aarch64: $*"
-  if [ -n "${DUET_SKIP_LOG:-}" ]; then echo "cross-aarch64: $*" >> "$DUET_SKIP_LOG"; fi
-  exit 0
-}
+source "$root/tests/support/skip.sh"
+skip() { skip_script cross-aarch64 "the NEON kernels must be tested" "$@"; }
 
 if [ "$(uname -m)" = aarch64 ] || [ "$(uname -m)" = arm64 ]; then
   note "aarch64 host: cargo test --release -p duet-quant $*"
