@@ -78,6 +78,8 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
         // the rest of q: what a cold run of q in the same batches gives.
         assert_eq!(bb.share_prefix(a, 70).unwrap(), 64, "{what}");
         assert_eq!(bb.pages().pages, [0, 1]);
+        // The first page's sink (a per-channel cache's f16 position 0) goes with it.
+        assert_eq!(bb.pages().sink, a.pages().sink, "{what}: the shared first page's sink");
         assert_eq!(pages_in_use(a), 3, "{what}: shared pages are held once");
         let shared = feed(b, &m, bb, &[&q[64..]]);
         assert_close(&shared, &cold_q[64 * n_vocab as usize..], &format!("{what}: shared prefix"));
@@ -106,6 +108,7 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
         feed(b, &m, x, &[&q[10..40]]);
         let got2 = feed(b, &m, y, &[&p[20..50]]);
         assert_eq!(y.pages().pages, [1, 3], "{what}: pages out of order");
+        assert_ne!(x.pages().sink, y.pages().sink, "{what}: a sink each");
         let scattered: Vec<f32> = got.into_iter().chain(got2).collect();
         assert_close(&scattered, &cold_r, &format!("{what}: scattered pages"));
     }

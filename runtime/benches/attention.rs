@@ -66,7 +66,7 @@ fn main() {
         let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
         // One sequence, its pages in order.
         let pages: Vec<u32> = (0..pages_for(ctx + 1) as u32).collect();
-        let seq = SeqPages { pages: &pages, slot: 0 };
+        let seq = SeqPages { pages: &pages, slot: 0, sink: 0 };
         let mut b = CpuBackend::new(2);
         let mut caches: Vec<_> = types
             .iter()
@@ -118,7 +118,8 @@ fn main() {
         let med: Vec<f64> = times.iter_mut().map(|t| median(t)).collect();
         for (i, (kt, vt)) in types.iter().enumerate() {
             let pages = pages_for(ctx + 1);
-            let bytes = (kt.layer_bytes(pages, 1, kv_dim, false) + vt.layer_bytes(pages, 1, kv_dim, false)) as f64 / (ctx + 1) as f64;
+            let bytes = (kt.layer_bytes(pages, 1, kv_dim, false) + vt.layer_bytes(pages, 1, kv_dim, false)) as f64
+                / (ctx + 1) as f64;
             println!("| {name} | {kt} / {vt} | {bytes:.1} | {:.1} | {:.2}× |", med[i], med[i] / med[0]);
         }
     }

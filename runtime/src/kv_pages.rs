@@ -9,7 +9,12 @@
 //!
 //! A page is as long as a per-channel group ([`duet_quant::kv::channel::GROUP`]): a full
 //! page of a per-channel cache is one quantized group, and the positions of a page not yet
-//! full are in the sequence's window, which is why only full pages are shared.
+//! full are in the sequence's window, which is why only full pages are shared. The page
+//! holding a sequence's positions 0.. also owns one of `n_slots` sinks (a per-channel
+//! cache's f16 copy of the sequence's first positions, [`duet_quant::kv::channel::SINK`]):
+//! sequences sharing the page share it, and it comes free with the page. A page is only
+//! ever shared as the first page of both sequences, so no more than one sink per sequence
+//! slot is in use.
 
 use crate::error::RuntimeError;
 
@@ -23,6 +28,8 @@ pub struct SeqPages<'a> {
     pub pages: &'a [u32],
     /// The sequence's slot (its window in a per-channel cache).
     pub slot: usize,
+    /// The sink of the sequence's first page ([`PagePool::sink`]; 0 while it has none).
+    pub sink: usize,
 }
 
 impl SeqPages<'_> {
@@ -77,7 +84,12 @@ pub struct PagePool {
     /// Free pages, the next one to take last (so pages are taken in increasing order).
     free: Vec<u32>,
     free_slots: Vec<usize>,
+    /// The sink each page owns ([`NO_SINK`]: none), and the sinks no page owns.
+    sink_of: Vec<u32>,
+    free_sinks: Vec<u32>,
 }
+
+const NO_SINK: u32 = u32::MAX;
 
 impl PagePool {
     pub fn new(n_pages: usize, n_slots: usize) -> PagePool {
@@ -85,6 +97,8 @@ impl PagePool {
             refs: vec![0; n_pages],
             free: (0..n_pages as u32).rev().collect(),
             free_slots: (0..n_slots).rev().collect(),
+            sink_of: vec![NO_SINK; n_pages],
+            free_sinks: (0..n_slots as u32).rev().collect(),
         }
     }
 
@@ -123,9 +137,21 @@ impl PagePool {
         for _ in 0..need {
             let p = self.free.pop().expect("counted above");
             self.refs[p as usize] = 1;
+            if pages.is_empty() {
+                // At most one first page per slot is held, so a sink is free (see the module docs).
+                self.sink_of[p as usize] = self.free_sinks.pop().expect("a sink for each sequence slot");
+            }
             pages.push(p);
         }
         Ok(())
+    }
+
+    /// The sink owned by the first of `pages` (0 when there is none).
+    pub fn sink(&self, pages: &[u32]) -> usize {
+        match pages.first().map(|&p| self.sink_of[p as usize]) {
+            Some(s) if s != NO_SINK => s as usize,
+            _ => 0,
+        }
     }
 
     /// Gives back the pages past the first `n` positions.
@@ -136,6 +162,10 @@ impl PagePool {
             *r -= 1;
             if *r == 0 {
                 self.free.push(p);
+                let sink = std::mem::replace(&mut self.sink_of[p as usize], NO_SINK);
+                if sink != NO_SINK {
+                    self.free_sinks.push(sink);
+                }
             }
         }
     }
@@ -162,7 +192,7 @@ mod tests {
     #[test]
     fn runs_merge_adjacent_pages() {
         let pages = [0, 1, 5, 2, 3];
-        let s = SeqPages { pages: &pages, slot: 0 };
+        let s = SeqPages { pages: &pages, slot: 0, sink: 0 };
         assert_eq!(s.row(33), 33);
         assert_eq!(s.row(70), 5 * PAGE + 6);
         let run = |pos, row, len| Run { pos, row, len };
@@ -182,8 +212,10 @@ mod tests {
         let mut a = Vec::new();
         pool.grow(&mut a, 70).unwrap();
         assert_eq!(a, [0, 1, 2]);
-        // b shares a's first two (full) pages and takes its own third.
+        assert_eq!(pool.sink(&a), 0);
+        // b shares a's first two (full) pages, so its sink too, and takes its own third.
         let mut b = pool.share(&a, 2);
+        assert_eq!(pool.sink(&b), 0);
         assert!(pool.shared(0) && pool.shared(1) && !pool.shared(2));
         pool.grow(&mut b, 80).unwrap();
         assert_eq!(b, [0, 1, 3]);
@@ -196,16 +228,23 @@ mod tests {
         pool.release(a_slot, &mut a);
         assert!(a.is_empty() && !pool.shared(0));
         assert_eq!(pool.pages_in_use(), 3);
-        // A new sequence gets the freed slot and page.
+        // A new sequence gets the freed slot and page, and the other sink: b still has the first.
         let slot = pool.take_slot().unwrap();
         assert_eq!(slot, a_slot);
         let mut c = Vec::new();
         pool.grow(&mut c, 1).unwrap();
-        assert_eq!(c, [2]);
+        assert_eq!((c.clone(), pool.sink(&c), pool.sink(&b)), (vec![2], 1, 0));
         pool.shrink(&mut b, 33);
         assert_eq!(b, [0, 1]);
         pool.release(b_slot, &mut b);
+        // b's first page is free and its sink with it: the next first page gets it.
+        let d_slot = pool.take_slot().unwrap();
+        let mut d = Vec::new();
+        pool.grow(&mut d, 1).unwrap();
+        assert_eq!(pool.sink(&d), 0);
+        pool.release(d_slot, &mut d);
         pool.release(slot, &mut c);
         assert_eq!(pool.pages_in_use(), 0);
+        assert_eq!(pool.free_sinks.len(), 2);
     }
 }

@@ -17,7 +17,7 @@ use duet_quant::gguf::{GgufFile, GgufWriter};
 use duet_runtime::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, SeqSpan, WeightRole, WeightView};
 use duet_runtime::cpu::{CpuBackend, CpuTensor};
 use duet_runtime::gpu::{GpuBackend, GpuOptions, GpuTensor, GpuTune};
-use duet_runtime::kv_cache::{CacheLayout, CacheFormat, KvCacheSpec};
+use duet_runtime::kv_cache::{CacheFormat, CacheLayout, KvCacheSpec};
 use duet_runtime::kv_pages::{PAGE, SeqPages, pages_for};
 use duet_test_support::{Rng, no_gpu};
 
@@ -540,7 +540,7 @@ fn attention_case_rope(
     let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
     let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
     let pages = scattered(&kv);
-    let seq = SeqPages { pages: &pages, slot: 1 };
+    let seq = SeqPages { pages: &pages, slot: 1, sink: 1 };
     let rows_total = kv.n_pages() * PAGE;
     let mut pos0 = 0;
     // f32 and the absmax types (both backends quantize the same f32 rows into the same
@@ -741,14 +741,15 @@ fn rope_attention_pairs_matches_cpu() {
     let (h, hkv, hd) = (8, 2, 64);
     let spec = AttentionSpec { kind: AttentionKind::PairedHeads, ..standard_spec(h, hkv, hd) };
     let rope = RopeSpec { n_rot: hd, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
-    for (kt, vt) in [(CacheFormat::F16, CacheFormat::F16), (CacheFormat::Q8, CacheFormat::Q6), (CacheFormat::Q8c, CacheFormat::Q4r)]
+    for (kt, vt) in
+        [(CacheFormat::F16, CacheFormat::F16), (CacheFormat::Q8, CacheFormat::Q6), (CacheFormat::Q8c, CacheFormat::Q4r)]
     {
         let kv =
             KvCacheSpec { n_layers: 1, n_ctx: 80, n_seqs: 1, kv_dim: hkv * hd, head_dim: hd, k_type: kt, v_type: vt };
         let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
         let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
         let pages = scattered(&kv);
-        let seq = SeqPages { pages: &pages, slot: 0 };
+        let seq = SeqPages { pages: &pages, slot: 0, sink: 0 };
         let mut pos0 = 0;
         for n in [23usize, 1, 30, 1] {
             let (mut qc, mut qg) = p.tensor(n, h * hd, &rng.normals(n * h * hd));
@@ -843,7 +844,9 @@ fn attention_quantized_logits() {
     // Static absmax below the largest logits (about 6), so clamping is exercised too.
     let statics: Vec<f32> = (0..h).map(|i| 1.5 + 0.5 * i as f32).collect();
     let scales = [LogitScale::Tensor, LogitScale::Head, LogitScale::Row, LogitScale::Static(statics)];
-    for (kt, vt) in [(CacheFormat::F32, CacheFormat::F32), (CacheFormat::Q8, CacheFormat::Q8), (CacheFormat::Q4, CacheFormat::Q6)] {
+    for (kt, vt) in
+        [(CacheFormat::F32, CacheFormat::F32), (CacheFormat::Q8, CacheFormat::Q8), (CacheFormat::Q4, CacheFormat::Q6)]
+    {
         for base in [&std, &diff] {
             for bits in [8, 6, 4] {
                 for scale in &scales {
@@ -918,7 +921,7 @@ fn absmax_cache_write_edge_rows() {
         let vt = g.new_tensor(n, kv_dim);
         g.upload(&vt, &kvv);
         let mut out = g.new_tensor(n, h * hd);
-        let span = [SeqSpan::whole(SeqPages { pages: &pages, slot: 0 }, n, 0, &spec)];
+        let span = [SeqSpan::whole(SeqPages { pages: &pages, slot: 0, sink: 0 }, n, 0, &spec)];
         g.attention(&mut qt, &mut kt, &vt, &mut cache, 0, &span, None, None, &mut out);
         for is_v in [false, true] {
             let got = g.read_kv_rows(&cache, 0, is_v, 0..n).unwrap();
@@ -974,7 +977,7 @@ fn rotated_and_channel_cache_write_edge_rows() {
         let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
         // Two pages, the second position's first.
         let pages = [1, 0];
-        let seq = SeqPages { pages: &pages, slot: 0 };
+        let seq = SeqPages { pages: &pages, slot: 0, sink: 0 };
         let mut pos0 = 0;
         for batch in [41].into_iter().chain(std::iter::repeat_n(1, n - 41)) {
             let vals = rows[pos0..pos0 + batch].concat();

@@ -12,12 +12,12 @@ use std::fmt::Write;
 mod matvec;
 mod params;
 
-pub use matvec::{MV_MAX_SPLIT, MvEpilogue, MvShape, has_own_slots, norm_binding};
-pub use params::*;
 /// The K/V cache formats, defined once in quant (the GPU pads block rows to u32 words:
 /// [`CacheFormat::word_row_bytes`]).
 pub use duet_quant::GgmlType;
 pub use duet_quant::kv::{CacheFormat, CacheKind};
+pub use matvec::{MV_MAX_SPLIT, MvEpilogue, MvShape, has_own_slots, norm_binding};
+pub use params::*;
 
 /// The weight types the matrix, matvec and embedding kernels read: ggml's (defined once, in
 /// quant), each with a WGSL decoder under `src/wgsl/weights/`.
@@ -381,6 +381,8 @@ pub fn source(v: &Variant) -> String {
     }
     let _ = writeln!(s, "const MM_TM: u32 = {MM_TM}u;\nconst MM_TN: u32 = {MM_TN}u;");
     let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;\nconst LA_WG: u32 = {LA_WG}u;");
+    // A per-channel cache's sink rows (kv_write_channel, channel_read).
+    let _ = writeln!(s, "const CHANNEL_SINK: u32 = {}u;", duet_quant::kv::channel::SINK);
     s.push_str(PRELUDE);
     let weights = |s: &mut String, t: GgmlType| {
         s.push_str(WEIGHTS_COMMON);

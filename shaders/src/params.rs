@@ -194,6 +194,8 @@ params! {
         pt_base: u32,
         /// The sequence's f16 window: its first word in the cache buffer.
         window_word: u32,
+        /// The sequence's sink (its first positions in f16): its first word.
+        sink_word: u32,
     }
 
     /// rope_kv.wgsl: RoPE on the new Q and K rows and their plain cache write.
@@ -251,9 +253,11 @@ params! {
         lq_qmax: f32,
         lq_stride: u32,
         cache_groups: u32,
-        /// The sequence's page table (first entry) and its per-channel window.
+        /// The sequence's page table (first entry), its per-channel window and the first
+        /// f16 row (after the cache's groups) of its sink.
         pt_base: u32,
         window: u32,
+        sink_row: u32,
     }
 
     /// attn_combine.wgsl: the chunks of attention.wgsl's partials merged.
@@ -284,6 +288,7 @@ params! {
         cache_groups: u32,
         pt_base: u32,
         window: u32,
+        sink_row: u32,
     }
 
     LogitReduceParams {

@@ -17,6 +17,12 @@
 //! * [`GROUP`] rows of codes `u ∈ [0, 2^bits − 1]`, each row `cols·bits/8` bytes, packed 32
 //!   at a time ([`super::pack`]).
 //!
+//! A sequence's first [`SINK`] positions — the attention sink, whose keys are outliers in
+//! several channels (SmolLM2: channel ranges of 13.6 with position 0, 2.5 without) — are
+//! kept in f16 apart from the groups; the sequence's group 0 takes its ranges over its other
+//! rows only (`sink_rows`), so one token no longer coarsens 31 others' steps. Their codes are
+//! still written (clamped into range) but never read.
+//!
 //! `value = lo + step·u` with `u = clamp(round((x − lo) / step), 0, 2^bits − 1)`, round
 //! halves away from zero (a step of 0 gives u = 0) — [`ChannelFormat::error_bound`]. Only
 //! correctly rounded subtraction and division are involved, never a product that a GPU
@@ -29,6 +35,9 @@ use crate::fp::{f16_bits_to_f32, f32_to_f16_bits};
 
 /// Rows per group.
 pub const GROUP: usize = 32;
+
+/// Positions at the start of a sequence kept in f16 outside the groups (the attention sink).
+pub const SINK: usize = 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ChannelFormat {
@@ -78,9 +87,12 @@ impl ChannelFormat {
     }
 
     /// Quantizes a group: `x` is [`GROUP`] rows of `cols` f16 values, row-major; `out` is
-    /// [`ChannelFormat::group_bytes`] bytes.
-    pub fn quantize_group(self, x: &[f16], cols: usize, out: &mut [u8]) {
+    /// [`ChannelFormat::group_bytes`] bytes. The first `sink_rows` rows (0, or [`SINK`] for
+    /// a sequence's group 0, whose first rows are read from elsewhere) are left out of the
+    /// columns' ranges; their codes are clamped like any other.
+    pub fn quantize_group(self, x: &[f16], cols: usize, sink_rows: usize, out: &mut [u8]) {
         assert!(cols.is_multiple_of(N), "channel groups are whole blocks of {N} columns, not {cols}");
+        assert!(sink_rows < GROUP, "a group of {GROUP} rows cannot leave {sink_rows} out");
         assert_eq!(x.len(), GROUP * cols, "a group is {GROUP} rows");
         assert_eq!(out.len(), self.group_bytes(cols), "output is not the group's size");
         let (header, codes) = out.split_at_mut(self.header_bytes(cols));
@@ -91,7 +103,7 @@ impl ChannelFormat {
         for c in 0..cols {
             // f32::min/max skip NaN; a column of NaN or ±inf decodes as NaN (step NaN).
             let (mut a, mut b) = (f32::INFINITY, f32::NEG_INFINITY);
-            for r in 0..GROUP {
+            for r in sink_rows..GROUP {
                 let v = x[r * cols + c].to_f32();
                 a = a.min(v);
                 b = b.max(v);
@@ -195,7 +207,7 @@ mod tests {
         let x = group();
         for f in ChannelFormat::ALL {
             let mut bytes = vec![0u8; f.group_bytes(COLS)];
-            f.quantize_group(&x, COLS, &mut bytes);
+            f.quantize_group(&x, COLS, 0, &mut bytes);
             let mut back = vec![0f32; x.len()];
             f.dequantize_group(&bytes, COLS, &mut back);
             for c in 0..COLS {
@@ -219,6 +231,42 @@ mod tests {
         }
     }
 
+    /// With the sink row left out, column 11's outlier in row 0 (300) no longer sets the
+    /// column's range: rows 1.. come back within the bound of their own range, which is
+    /// far finer, and row 0's code is clamped to the top.
+    #[test]
+    fn the_sink_row_is_left_out_of_the_ranges() {
+        let x = group();
+        for f in ChannelFormat::ALL {
+            let (mut with, mut without) = (vec![0u8; f.group_bytes(COLS)], vec![0u8; f.group_bytes(COLS)]);
+            f.quantize_group(&x, COLS, SINK, &mut with);
+            f.quantize_group(&x, COLS, 0, &mut without);
+            let (mut lo, mut step) = (vec![0f32; COLS], vec![0f32; COLS]);
+            f.header(&with, COLS, &mut lo, &mut step);
+            let mut step0 = vec![0f32; COLS];
+            f.header(&without, COLS, &mut lo.clone(), &mut step0);
+            assert!(
+                step[11] * 20.0 < step0[11],
+                "{f:?}: step {} with the sink left out, {} with it",
+                step[11],
+                step0[11]
+            );
+            let mut back = vec![0f32; x.len()];
+            f.dequantize_group(&with, COLS, &mut back);
+            for c in 0..COLS {
+                let col: Vec<f32> = (SINK..GROUP).map(|r| x[r * COLS + c].to_f32()).collect();
+                let lo = col.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+                let hi = col.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                for (r, &a) in col.iter().enumerate() {
+                    let b = back[(r + SINK) * COLS + c];
+                    assert!((a - b).abs() <= f.error_bound(lo, hi), "{f:?} col {c} row {}: {a} -> {b}", r + SINK);
+                }
+            }
+            let hi11 = (SINK..GROUP).map(|r| x[r * COLS + 11].to_f32()).fold(f32::NEG_INFINITY, f32::max);
+            assert!((back[11] - hi11).abs() <= f.error_bound(lo[11], hi11), "{f:?}: row 0 clamped to the top");
+        }
+    }
+
     /// Two more bits divide the step by ~4 and the squared error by ~16 (at least 8 here),
     /// over the columns of normal values (the row outlier of column 11 leaves its others a
     /// step or two, where the error stops shrinking that way).
@@ -227,7 +275,7 @@ mod tests {
         let x = group();
         let err = |f: ChannelFormat| {
             let mut bytes = vec![0u8; f.group_bytes(COLS)];
-            f.quantize_group(&x, COLS, &mut bytes);
+            f.quantize_group(&x, COLS, 0, &mut bytes);
             let mut back = vec![0f32; x.len()];
             f.dequantize_group(&bytes, COLS, &mut back);
             let normal_column = |i: &usize| ![3, 7, 9, 11].contains(&(i % COLS));
@@ -246,7 +294,7 @@ mod tests {
         let mut x = vec![f16::from_f32(1.0); GROUP * 32];
         x[5 * 32 + 2] = f16::from_f32(16.0);
         let mut b = vec![0u8; ChannelFormat::Q4.group_bytes(32)];
-        ChannelFormat::Q4.quantize_group(&x, 32, &mut b);
+        ChannelFormat::Q4.quantize_group(&x, 32, 0, &mut b);
         assert_eq!(u16::from_le_bytes([b[4], b[5]]), f16::from_f32(1.0).to_bits(), "lo of column 2");
         assert_eq!(u16::from_le_bytes([b[64 + 4], b[64 + 5]]), f16::from_f32(1.0).to_bits(), "step 15/15");
         assert_eq!(b[128 + 5 * 16 + 2], 15, "row 5, column 2 is the top code (low nibble)");
@@ -269,7 +317,7 @@ mod tests {
         x[COLS + 4] = f16::INFINITY;
         let f = ChannelFormat::Q4;
         let mut bytes = vec![0u8; f.group_bytes(COLS)];
-        f.quantize_group(&x, COLS, &mut bytes);
+        f.quantize_group(&x, COLS, 0, &mut bytes);
         let mut back = vec![0f32; x.len()];
         f.dequantize_group(&bytes, COLS, &mut back);
         assert!(back[4].is_nan(), "a column holding inf decodes as NaN");

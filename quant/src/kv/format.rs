@@ -7,7 +7,7 @@
 //! | `f32`, `f16` | plain | 128, 64 |
 //! | `q8`, `q6`, `q4` | symmetric absmax blocks of 32 along the row ([`super::absmax`]) | 34, 26, 18 |
 //! | `q8r`, `q6r`, `q4r` | each head Hadamard-rotated, then signed-max blocks of 64 ([`super::signed_max`]) | 33, 25, 17 |
-//! | `q8c`, `q6c`, `q4c` | per channel over groups of 32 positions ([`super::channel`]), the newest positions in f16 | 36, 28, 20 (+ the f16 window) |
+//! | `q8c`, `q6c`, `q4c` | per channel over groups of 32 positions ([`super::channel`]), the newest positions and the first (the attention sink) in f16 | 36, 28, 20 (+ the f16 window and sink) |
 //!
 //! A cache holds pages of [`PAGE`] positions (a per-channel group). On the GPU a block row is
 //! padded to whole u32 words ([`CacheFormat::word_row_bytes`]).
@@ -47,7 +47,8 @@ pub enum CacheLayout {
     /// Each row, every head Hadamard-rotated, in signed-max blocks of 64.
     Rotated(SignedMaxFormat),
     /// Groups of [`PAGE`] positions quantized per channel; the positions of the last,
-    /// incomplete group kept in an f16 window.
+    /// incomplete group kept in an f16 window, and a sequence's first [`channel::SINK`]
+    /// positions (the attention sink) in f16 too.
     Channel(ChannelFormat),
 }
 
@@ -196,11 +197,14 @@ impl CacheFormat {
     }
 
     /// Bytes one layer needs for `n_pages` pages of `kv_dim`-wide rows and `n_seqs`
-    /// sequences, everything included: scales, offsets and each sequence's f16 window of a
-    /// per-channel format. `word_rows`: rows padded as the GPU stores them.
+    /// sequences, everything included: scales, offsets and, in a per-channel format, after
+    /// the groups `n_seqs` f16 windows of [`PAGE`] rows, then `n_seqs` f16 sinks of
+    /// [`channel::SINK`] rows (a sink belongs to the page holding a sequence's group 0, so
+    /// sequences sharing that page share it; at most one in use per sequence).
+    /// `word_rows`: rows padded as the GPU stores them.
     pub fn layer_bytes(self, n_pages: usize, n_seqs: usize, kv_dim: usize, word_rows: bool) -> usize {
         match self.layout() {
-            CacheLayout::Channel(f) => n_pages * f.group_bytes(kv_dim) + n_seqs * PAGE * 2 * kv_dim,
+            CacheLayout::Channel(f) => n_pages * f.group_bytes(kv_dim) + n_seqs * (PAGE + channel::SINK) * 2 * kv_dim,
             _ if word_rows => n_pages * PAGE * self.word_row_bytes(kv_dim),
             _ => n_pages * PAGE * self.row_bytes(kv_dim),
         }
@@ -230,8 +234,10 @@ mod tests {
 
     #[test]
     fn quantized_is_every_format_but_f32_and_f16() {
-        let want: Vec<CacheFormat> =
-            CacheFormat::ALL.into_iter().filter(|t| !matches!(t.layout(), CacheLayout::F32 | CacheLayout::F16)).collect();
+        let want: Vec<CacheFormat> = CacheFormat::ALL
+            .into_iter()
+            .filter(|t| !matches!(t.layout(), CacheLayout::F32 | CacheLayout::F16))
+            .collect();
         assert_eq!(CacheFormat::QUANTIZED, &want[..]);
     }
 

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use duet_quant::kv::hadamard;
+use duet_quant::kv::{channel, hadamard};
 use duet_shaders::{
     ATT_MAX_CHUNKS, ATT_MAX_HEAD_DIM, AttentionParams, AttnCombineParams, AttnShape, CacheFormat, CacheKind, EW_WG,
     KvWindowParams, KvWriteChannelParams, KvWriteParams, LogitAbsmaxParams, LogitReduceParams, Op, RopeKvParams,
@@ -162,8 +162,14 @@ fn window_word(cache: &GpuKvCache, elem: CacheFormat, slot: usize) -> u32 {
     ((cache.n_pages * elem.group_bytes(cache.kv_dim) + slot * PAGE * 2 * cache.kv_dim) / 4) as u32
 }
 
+/// The first f16 row, counted from the end of the groups, of sink `sink` in a per-channel
+/// layer buffer: past every slot's window ([`CacheFormat::layer_bytes`]).
+fn sink_row(cache: &GpuKvCache, sink: usize) -> u32 {
+    (cache.n_seqs * PAGE + sink * channel::SINK) as u32
+}
+
 /// Writes `rows` rows of `src` (kv_dim values each) at positions pos0.. of the sequence in
-/// `slot` (page table at `pt_base`) in a cache layer.
+/// `slot` (page table at `pt_base`, sink `sink`) in a cache layer.
 #[allow(clippy::too_many_arguments)]
 fn write_rows(
     b: &mut GpuBackend,
@@ -172,7 +178,7 @@ fn write_rows(
     elem: CacheFormat,
     rows: usize,
     cache: &GpuKvCache,
-    (pt_base, slot): (u32, usize),
+    (pt_base, slot, sink): (u32, usize, usize),
     pos0: usize,
 ) {
     let kv_dim = cache.kv_dim;
@@ -191,6 +197,8 @@ fn write_rows(
         CacheKind::Channel { .. } => {
             let (first, end) = (pos0 / 32, (pos0 + rows) / 32);
             let window_word = window_word(cache, elem, slot);
+            let sink_word =
+                ((cache.n_pages * elem.group_bytes(kv_dim) + sink_row(cache, sink) as usize * 2 * kv_dim) / 4) as u32;
             if end > first {
                 let g = grid((end - first) * (kv_dim / 32), 1);
                 let params = KvWriteChannelParams {
@@ -202,6 +210,7 @@ fn write_rows(
                     n_groups: (end - first) as u32,
                     pt_base,
                     window_word,
+                    sink_word,
                 };
                 b.run(Op::KvWrite(elem), &params, &[src, dst, &pt], g);
             }
@@ -240,7 +249,7 @@ fn logit_absmax(
     kc: &Arc<Buf>,
     k_elem: CacheFormat,
     cache_groups: u32,
-    (pt, pt_base, window): (&Arc<Buf>, u32, u32),
+    (pt, pt_base, window, sink_row): (&Arc<Buf>, u32, u32, u32),
     rows: usize,
     pos0: usize,
     spec: &AttentionSpec,
@@ -266,6 +275,7 @@ fn logit_absmax(
         cache_groups,
         pt_base,
         window,
+        sink_row,
     };
     b.run(Op::LogitAbsmax(k_elem), &params, &[q, kc, &per_row, pt], g);
     match lq.scale {
@@ -363,16 +373,16 @@ pub fn attention(
                 rotate(b, &v.buf, &vb, rows, kv_dim, rot, None, 0);
             }
             let (kc, vc) = (Arc::clone(&cache.k[layer]), Arc::clone(&cache.v[layer]));
-            write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot), pos0);
-            write_rows(b, &vb, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot), pos0);
+            write_rows(b, &kb, &kc, cache.k_elem, rows, cache, (pt_base, seq.slot, seq.sink), pos0);
+            write_rows(b, &vb, &vc, cache.v_elem, rows, cache, (pt_base, seq.slot, seq.sink), pos0);
             qb
         }
     };
-    attend(b, &qb, &Place::of(rows, pos0, pt_base, seq.slot), cache, layer, spec, gate, att_out);
+    attend(b, &qb, &Place::of(rows, pos0, pt_base, &seq), cache, layer, spec, gate, att_out);
 }
 
 /// Where the query rows of an attend step sit: one sequence's rows at `pos0..` (page table
-/// at `pt_base`, window of `slot`), or ([`AttnShape::DecodeRows`]) one decoded token of
+/// at `pt_base`, window of `slot`, sink `sink`), or ([`AttnShape::DecodeRows`]) one decoded token of
 /// each of several sequences, described by the rows' table at `pt_base`.
 pub(super) struct Place {
     pub shape: AttnShape,
@@ -382,13 +392,14 @@ pub(super) struct Place {
     pub pos0: usize,
     pub pt_base: u32,
     pub slot: u32,
+    pub sink: u32,
 }
 
 impl Place {
     /// `rows` rows of one sequence at `pos0`: the decode shape for one, else prefill.
-    fn of(rows: usize, pos0: usize, pt_base: u32, slot: usize) -> Place {
+    fn of(rows: usize, pos0: usize, pt_base: u32, seq: &SeqPages) -> Place {
         let shape = if rows == 1 { AttnShape::Decode } else { AttnShape::Prefill };
-        Place { shape, rows, keys: pos0 + rows, pos0, pt_base, slot: slot as u32 }
+        Place { shape, rows, keys: pos0 + rows, pos0, pt_base, slot: seq.slot as u32, sink: seq.sink as u32 }
     }
 }
 
@@ -426,12 +437,12 @@ pub(super) fn attend(
     let (chunk_keys, n_chunks) = key_chunks(shape, at.keys, rows * units, bc as usize, b.ctx.decode_workgroups);
     let g = grid(rows.div_ceil(br as usize) * units * n_chunks, 1);
     let groups = cache_groups(cache);
-    let slot = at.slot;
+    let (slot, sink) = (at.slot, sink_row(cache, at.sink as usize));
     assert!(
         shape != AttnShape::DecodeRows || spec.logit_quant.is_none(),
         "the batched decode step quantizes no logits"
     );
-    let (la, la_stride) = logit_absmax(b, qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot), rows, pos0, spec);
+    let (la, la_stride) = logit_absmax(b, qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot, sink), rows, pos0, spec);
     let sub_buf = match sub {
         Some(w) => constant_buf(b, w, "sub-norm weight"),
         None => Arc::clone(&b.dummy),
@@ -458,6 +469,7 @@ pub(super) fn attend(
         cache_groups: groups,
         pt_base,
         window: slot,
+        sink_row: sink,
     };
     let op = Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem };
     b.run(op, &params, &[qb, &kc, &vc, &partials, &la, &pt], g);

@@ -114,7 +114,8 @@ fn decode_rows(
     rope_kv(b, (q, k, v), cache, layer, rope, spec.head_dim, at);
 
     // Attend and combine, every row's chunks counted over the longest row's keys.
-    let at = Place { shape: AttnShape::DecodeRows, rows, keys: max_pos + 1, pos0: 0, pt_base: rows_table, slot: 0 };
+    let at =
+        Place { shape: AttnShape::DecodeRows, rows, keys: max_pos + 1, pos0: 0, pt_base: rows_table, slot: 0, sink: 0 };
     let qb = Arc::clone(&q.buf);
     attend(b, &qb, &at, cache, layer, spec, None, out);
 }

@@ -176,7 +176,7 @@ pub fn upload_rows(
 }
 
 /// Per layer, K and V for `n_pages` pages of 32 positions (and a per-channel cache's
-/// windows), and the sequences' page tables: row `slot` of `page_tables` (`pages_per_seq`
+/// windows and sinks), and the sequences' page tables: row `slot` of `page_tables` (`pages_per_seq`
 /// entries) is the pages of the sequence in that slot, uploaded when they change. Past the
 /// rows, at word `rows_table`, the rows' table of a batch of several sequences' decoded
 /// tokens ((position, page-table row) per token, one token per slot at most).

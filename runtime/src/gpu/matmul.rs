@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use duet_shaders::{EmbedParams, MM_TM, MM_TN, MV_MAX_SPLIT, MatMulParams, MatVecParams, MvEpilogue, Op, GgmlType};
+use duet_shaders::{EmbedParams, GgmlType, MM_TM, MM_TN, MV_MAX_SPLIT, MatMulParams, MatVecParams, MvEpilogue, Op};
 
 use super::buffers::{Buf, Chunk, GpuTensor, GpuWeight, WEIGHT_PAD, group_layout, upload_rows, weight_type};
 use super::{GpuBackend, grid};

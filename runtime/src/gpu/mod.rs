@@ -224,7 +224,7 @@ impl GpuBackend {
     }
 
     /// The whole buffer of K (`v` false) or V of `layer` as stored: rows, or a per-channel
-    /// cache's groups then its windows (tests and tools). Recorded work runs first.
+    /// cache's groups then its windows and sinks (tests and tools). Recorded work runs first.
     pub fn read_kv_buffer(&mut self, cache: &GpuKvCache, layer: usize, v: bool) -> Result<Vec<u8>, RuntimeError> {
         let (buf, elem) = if v { (&cache.v[layer], cache.v_elem) } else { (&cache.k[layer], cache.k_elem) };
         let size = elem.layer_bytes(cache.n_pages, cache.n_seqs, cache.kv_dim, true) as u64;

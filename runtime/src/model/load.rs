@@ -6,8 +6,8 @@ use duet_quant::gguf::GgufFile;
 
 use super::{Arch, Layer, Model, ModelConfig};
 use crate::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightRole, WeightView};
-use crate::gguf_names::{self as names, LayerTensor as T};
 use crate::error::RuntimeError;
+use crate::gguf_names::{self as names, LayerTensor as T};
 
 /// λ_init of DIFF layer `layer` (0-based): 0.8 − 0.6·exp(−0.3·layer).
 pub fn lambda_init(layer: usize) -> f32 {
@@ -26,7 +26,13 @@ impl<'a, B: Backend> Loader<'a, B> {
             .ok_or_else(|| RuntimeError::BadModel(format!("{}: the model has no tensor '{name}'", self.file.label())))
     }
 
-    fn opt(&mut self, name: &str, role: WeightRole, cols: usize, rows: usize) -> Result<Option<B::Weight>, RuntimeError> {
+    fn opt(
+        &mut self,
+        name: &str,
+        role: WeightRole,
+        cols: usize,
+        rows: usize,
+    ) -> Result<Option<B::Weight>, RuntimeError> {
         match self.view(name, role, cols, rows)? {
             Some(view) => self.b.load_weight(&view).map(Some),
             None => Ok(None),

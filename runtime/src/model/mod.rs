@@ -120,6 +120,8 @@ pub struct Session<B: Backend> {
     /// least), given back when it is truncated or dropped.
     slot: usize,
     pages: Vec<u32>,
+    /// The sink of this session's first page ([`PagePool::sink`]), kept with `pages`.
+    sink: usize,
     /// What the cache holds and how (`n_ctx`: the most positions one session holds).
     pub cache_spec: KvCacheSpec,
     pub n_past: usize,
@@ -232,6 +234,7 @@ impl<B: Backend> Model<B> {
                 cache: Arc::clone(&cache),
                 slot,
                 pages: Vec::new(),
+                sink: 0,
                 cache_spec: spec.clone(),
                 n_past: 0,
                 n_ctx,
@@ -248,7 +251,7 @@ impl<B: Backend> Session<B> {
 
     /// Where this session's positions are in the cache.
     pub fn pages(&self) -> SeqPages<'_> {
-        SeqPages { pages: &self.pages, slot: self.slot }
+        SeqPages { pages: &self.pages, slot: self.slot, sink: self.sink }
     }
 
     /// Forgets everything: the next forward starts at position 0.
@@ -267,6 +270,7 @@ impl<B: Backend> Session<B> {
             keep -= keep % PAGE;
         }
         c.pool.shrink(&mut self.pages, keep);
+        self.sink = c.pool.sink(&self.pages);
         self.n_past = keep;
         keep
     }
@@ -282,6 +286,7 @@ impl<B: Backend> Session<B> {
         let mut c = locked(&self.cache);
         c.pool.shrink(&mut self.pages, 0);
         self.pages = c.pool.share(&other.pages, full);
+        self.sink = c.pool.sink(&self.pages);
         self.n_past = full * PAGE;
         Ok(self.n_past)
     }
@@ -293,7 +298,9 @@ impl<B: Backend> Session<B> {
             self.n_past.is_multiple_of(PAGE) || !c.pool.shared(self.pages[self.n_past / PAGE]),
             "a shared page would be written"
         );
-        c.pool.grow(&mut self.pages, self.n_past + n)
+        c.pool.grow(&mut self.pages, self.n_past + n)?;
+        self.sink = c.pool.sink(&self.pages);
+        Ok(())
     }
 }
 

@@ -42,6 +42,7 @@ struct Params {
     cache_groups: u32,
     pt_base: u32,
     window: u32,
+    sink_row: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

@@ -12,7 +12,9 @@
 // One workgroup of 32 per (group, block of 32 channels): thread c finds channel c's lo (the
 // smallest value: exact, the values are f16) and step = f16 up((largest - lo) / top), then
 // thread t packs row t's 32 codes clamp(round((x - lo) / step), 0, top) (halves away from
-// zero; step 0 gives 0).
+// zero; step 0 gives 0; a signed division, as group 0's sink rows may lie below lo). The sequence's group 0 leaves its first CHANNEL_SINK rows (the
+// attention sink) out of the ranges and copies their f16 values to the sequence's sink (at
+// word sink_word), where the readers take them from.
 
 struct Params {
     rows: u32,
@@ -23,6 +25,7 @@ struct Params {
     n_groups: u32,      // how many it completes
     pt_base: u32,       // the sequence's page table in PT
     window_word: u32,   // the sequence's window's first word in the buffer
+    sink_word: u32,     // the sequence's sink's first word in the buffer
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -33,7 +36,7 @@ const TOP: f32 = f32((1u << QBITS) - 1u);
 
 var<workgroup> lo_s: array<f32, 32>;
 var<workgroup> step_s: array<f32, 32>;
-var<workgroup> bits_s: array<u32, 64>;
+var<workgroup> bits_s: array<u32, 96>;
 
 fn group_bytes() -> u32 {
     return 4u * P.kv_dim + 32u * (P.kv_dim * QBITS / 8u);
@@ -63,7 +66,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // Thread lid: channel c0 + lid.
     var lo = 3.0e38;
     var hi = -3.0e38;
-    for (var t = 0u; t < 32u; t++) {
+    var t0 = 0u;
+    if (g == 0u) {
+        t0 = CHANNEL_SINK;
+    }
+    for (var t = t0; t < 32u; t++) {
         let x = value(p0 + t, c0 + lid);
         lo = min(lo, x);
         hi = max(hi, x);
@@ -87,6 +94,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         C[(base + 2u * (c0 + lid)) / 4u] = bits_s[lid] | (bits_s[lid + 1u] << 16u);
         C[(base + 2u * (P.kv_dim + c0 + lid)) / 4u] = bits_s[32u + lid] | (bits_s[33u + lid] << 16u);
     }
+    // Group 0: the sink rows' f16 values, row by row, to the sink.
+    for (var t = 0u; t < t0; t++) {
+        workgroupBarrier();
+        bits_s[64u + lid] = f16_rne_signed(value(p0 + t, c0 + lid));
+        workgroupBarrier();
+        if (lid % 2u == 0u) {
+            C[P.sink_word + (t * P.kv_dim + c0 + lid) / 2u] = bits_s[64u + lid] | (bits_s[65u + lid] << 16u);
+        }
+    }
 
     // Thread lid: row lid's codes for these 32 channels.
     for (var w = 0u; w < WBUF_WORDS; w++) {
@@ -95,7 +111,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var j = 0u; j < 32u; j++) {
         var u = 0.0;
         if (step_s[j] > 0.0) {
-            u = clamp(round_away(div_rn(value(p0 + lid, c0 + j) - lo_s[j], step_s[j])), 0.0, TOP);
+            u = clamp(round_away(div_signed(value(p0 + lid, c0 + j) - lo_s[j], step_s[j])), 0.0, TOP);
         }
         codes[j] = u32(u);
     }

@@ -17,6 +17,7 @@ struct Params {
     cache_groups: u32,  // groups a per-channel cache holds (its reader needs it)
     pt_base: u32,       // the sequence's page table in PT (binding 4)
     window: u32,        // the sequence's window in a per-channel cache
+    sink_row: u32,      // and its sink's first f16 row (channel_read)
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

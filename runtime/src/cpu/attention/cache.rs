@@ -125,13 +125,15 @@ impl CacheRows {
     }
 
     /// The stored bytes: the block rows back to back, or a per-channel cache's groups then
-    /// its windows (f16 little-endian) — what the GPU's cache holds too (tests).
+    /// its windows and sinks (f16 little-endian) — what the GPU's cache holds too (tests).
     pub fn stored_bytes(&self) -> Vec<u8> {
         match self {
             CacheRows::F32(v) => bytemuck::cast_slice(v).to_vec(),
             CacheRows::F16(v) => bytemuck::cast_slice(v).to_vec(),
             CacheRows::Blocks { bytes, .. } => bytes.clone(),
-            CacheRows::Channel(c) => [&c.groups[..], bytemuck::cast_slice(&c.windows)].concat(),
+            CacheRows::Channel(c) => {
+                [&c.groups[..], bytemuck::cast_slice(&c.windows), bytemuck::cast_slice(&c.sinks)].concat()
+            }
         }
     }
 

@@ -5,7 +5,10 @@
 //! GROUP); when a group's last position arrives the window is quantized into the group's
 //! bytes, which are the page holding those positions (a page is one group, see
 //! [`crate::kv_pages`]). So of `written` positions, `0..GROUP·⌊written/GROUP⌋` are read from
-//! groups and the rest, at most GROUP − 1, from the window's first slots.
+//! groups and the rest, at most GROUP − 1, from the window's first slots. The first
+//! [`SINK`] positions are read from the sink of the sequence's first page instead of group 0
+//! (whose ranges leave them out: [`ChannelFormat::quantize_group`]), copied there from the
+//! window when group 0 is quantized.
 //!
 //! With `value = lo_c + step_c·u`, one head's scores over a group are
 //! `Σ_c q_c·lo_c + Σ_c (q_c·step_c)·u_c`: the first sum and the scaled query `q·step` once
@@ -14,7 +17,7 @@
 //! channels' very different steps, too wide a range for one i16 level). The value sums
 //! accumulate `Σ_t p_t·u_t` per channel and apply `lo·Σp + step·acc` once per group.
 
-use duet_quant::kv::channel::{ChannelFormat, GROUP};
+use duet_quant::kv::channel::{ChannelFormat, GROUP, SINK};
 use duet_quant::kv::pack::{self, N};
 use half::f16;
 
@@ -31,6 +34,9 @@ pub struct ChannelRows {
     pub groups: Vec<u8>,
     /// Each sequence slot's window: GROUP rows of `kv_dim` f16 values.
     pub windows: Vec<f16>,
+    /// The sinks ([`crate::kv_pages::PagePool::sink`], one per slot): SINK rows of `kv_dim`
+    /// f16 values each.
+    pub sinks: Vec<f16>,
 }
 
 impl ChannelRows {
@@ -40,12 +46,18 @@ impl ChannelRows {
             kv_dim,
             groups: zeroed(n_pages * fmt.group_bytes(kv_dim), "the K/V cache")?,
             windows: zeroed(n_seqs * GROUP * kv_dim, "the K/V cache")?,
+            sinks: zeroed(n_seqs * SINK * kv_dim, "the K/V cache")?,
         })
     }
 
     /// The window of sequence slot `slot`.
     fn window(&self, slot: usize) -> &[f16] {
         &self.windows[slot * GROUP * self.kv_dim..(slot + 1) * GROUP * self.kv_dim]
+    }
+
+    /// Sink `sink`'s rows.
+    fn sink(&self, sink: usize) -> &[f16] {
+        &self.sinks[sink * SINK * self.kv_dim..(sink + 1) * SINK * self.kv_dim]
     }
 
     /// Stores `rows` (whole rows of kv_dim values) at positions pos0.. of sequence `seq`,
@@ -60,7 +72,10 @@ impl ChannelRows {
             plain::f32_to_f16(row, &mut window[slot * d..(slot + 1) * d]);
             if slot == GROUP - 1 {
                 let g = seq.pages[p / GROUP] as usize;
-                self.fmt.quantize_group(window, d, &mut self.groups[g * gb..(g + 1) * gb]);
+                let sink_rows = if p / GROUP == 0 { SINK } else { 0 };
+                let s0 = seq.sink * SINK * d;
+                self.sinks[s0..s0 + sink_rows * d].copy_from_slice(&window[..sink_rows * d]);
+                self.fmt.quantize_group(window, d, sink_rows, &mut self.groups[g * gb..(g + 1) * gb]);
             }
         }
     }
@@ -113,6 +128,9 @@ impl ChannelRows {
             }
         }
         plain::scores_f16(q, &self.window(at.seq.slot)[col0..], self.kv_dim, scale, &mut out[grouped..]);
+        // The sink's positions, in group 0 above, are read from the sink.
+        let sunk = SINK.min(grouped);
+        plain::scores_f16(q, &self.sink(at.seq.sink)[col0..], self.kv_dim, scale, &mut out[..sunk]);
     }
 
     /// `out += Σ_j p[j] · V_j[col0..col0 + out.len()]` over positions j < p.len().
@@ -122,7 +140,13 @@ impl ChannelRows {
         let hd = out.len();
         let grouped = grouped(at.written).min(n);
         let (mut lo, mut step, mut acc) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+        // The sink's positions are read from the sink, so group 0 weighs them 0.
+        let sunk = SINK.min(grouped);
+        plain::weighted_sum_f16(&p[..sunk], &self.sink(at.seq.sink)[col0..], self.kv_dim, out);
+        let (mut group0, g0) = ([0f32; GROUP], grouped.min(GROUP));
+        group0[sunk..g0].copy_from_slice(&p[sunk..g0]);
         for (g, pg) in p[..grouped].chunks(GROUP).enumerate() {
+            let pg = if g == 0 { &group0[..g0] } else { pg };
             let group = self.group(at.seq.pages[g]);
             self.head_header(group, col0, &mut lo, &mut step);
             let codes = &group[self.fmt.header_bytes(self.kv_dim)..];
@@ -180,6 +204,10 @@ impl ChannelRows {
             out[g * GROUP * d..(g + 1) * GROUP * d].copy_from_slice(&tmp);
         }
         for (o, h) in out[grouped * d..n * d].iter_mut().zip(self.window(at.seq.slot)) {
+            *o = h.to_f32();
+        }
+        let sunk = SINK.min(grouped);
+        for (o, h) in out[..sunk * d].iter_mut().zip(self.sink(at.seq.sink)) {
             *o = h.to_f32();
         }
     }
@@ -372,7 +400,7 @@ mod tests {
     fn loops_match_the_dequantized_cache() {
         let (n_pages, kv_dim) = (4, 128);
         let pages = [2, 0, 3];
-        let seq = SeqPages { pages: &pages, slot: 1 };
+        let seq = SeqPages { pages: &pages, slot: 1, sink: 1 };
         let len = 75; // two groups of 32 and 11 window rows
         // Offset channel 5 (as keys have), and an outlier row in channel 9 of group 0.
         let vals: Vec<f32> = (0..len * kv_dim)
@@ -394,7 +422,8 @@ mod tests {
                 let group = c.group(pages[g]);
                 fmt.dequantize_group(group, kv_dim, &mut deq[g * GROUP * kv_dim..(g + 1) * GROUP * kv_dim]);
             }
-            for p in 64..len {
+            // The window's rows and the sink's (position 0) as f16.
+            for p in (0..SINK).chain(64..len) {
                 for i in 0..kv_dim {
                     deq[p * kv_dim + i] = f16::from_f32(vals[p * kv_dim + i]).to_f32();
                 }
@@ -402,8 +431,8 @@ mod tests {
             let mut read_back = vec![0f32; len * kv_dim];
             c.dequantized(&at, &mut read_back);
             assert_eq!(read_back, deq);
-            // The other slot's window and the unused page were not touched.
-            assert!(c.window(0).iter().all(|h| h.to_bits() == 0));
+            // The other slot's window and sink and the unused page were not touched.
+            assert!(c.window(0).iter().chain(c.sink(0)).all(|h| h.to_bits() == 0));
             assert!(c.group(1).iter().all(|&b| b == 0));
             for (col0, hd) in [(0, 64), (64, 64), (0, 128), (32, 96), (16, 16), (8, 40)] {
                 let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();

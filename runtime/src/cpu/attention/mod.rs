@@ -260,7 +260,7 @@ mod tests {
     /// The sequence's pages, out of order in a cache of four pages shared by two sequences
     /// (it is in the second slot).
     const PAGES: [u32; 2] = [3, 1];
-    const SEQ: SeqPages = SeqPages { pages: &PAGES, slot: 1 };
+    const SEQ: SeqPages = SeqPages { pages: &PAGES, slot: 1, sink: 1 };
 
     /// A cache of the given types holding k and v, stored in two batches (0..POS0, then the
     /// query rows).
@@ -491,7 +491,7 @@ mod tests {
     fn spans_of_several_sequences_equal_each_alone() {
         // Sequence B: pages 0 and 2 of slot 0, 20 positions stored, then 5 query rows.
         const B_PAGES: [u32; 2] = [0, 2];
-        const B: SeqPages = SeqPages { pages: &B_PAGES, slot: 0 };
+        const B: SeqPages = SeqPages { pages: &B_PAGES, slot: 0, sink: 0 };
         const B_POS0: usize = 20;
         const B_ROWS: usize = 5;
         let (qa, ka, va) = inputs();

@@ -1,10 +1,12 @@
 // A $BITS-bit per-channel cache (q8c/q6c/q4c, duet_quant::kv::channel): P.cache_groups
 // groups of 32 positions, one per page — lo[kv_dim] and step[kv_dim] as f16, then 32 rows
 // of codes, each kv_dim·$BITS/8 bytes packed 32 at a time (value = lo + step·code) — then
-// each sequence's f16 window holding its positions past its last complete group (position
-// p in slot p mod 32 of window P.window). After this batch's write, the sequence's groups
-// complete are those below (pos0 + rows) / 32, group g on page PT[pt_base + g]. Values are
-// decoded where they are read.
+// f16 rows: each sequence's window holding its positions past its last complete group
+// (position p in slot p mod 32 of window P.window), then the sinks (the first CHANNEL_SINK
+// positions, read from there once group 0 is complete; this sequence's from f16 row
+// P.sink_row). After this batch's write, the sequence's groups complete are those below
+// (pos0 + rows) / 32, group g on page PT[pt_base + g]. Values are decoded where they are
+// read.
 @group(0) @binding($BINDING) var<storage, read> $BUF: array<u32>;
 
 fn $FN_half(i: u32) -> f32 {
@@ -18,6 +20,9 @@ fn $FN(row: u32, c: u32) -> f32 {
     let grouped = (P.pos0 + P.rows) / 32u * 32u;
     if (row >= grouped) {
         return $FN_half((P.cache_groups * gb) / 2u + (P.window * 32u + row % 32u) * P.kv_dim + c);
+    }
+    if (row < CHANNEL_SINK) {
+        return $FN_half((P.cache_groups * gb) / 2u + (P.sink_row + row) * P.kv_dim + c);
     }
     let base = cache_page(row) * gb;
     let lo = $FN_half(base / 2u + c);
