@@ -66,6 +66,7 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
         };
         let cold_q = cold(b, &[&q[..64], &q[64..]]);
         let cold_r = cold(b, &[&p[..20], &p[20..50]]);
+        let cold_c = cold(b, &[&q[..40]]);
 
         let mut s = m.new_sessions(b, 3, N_CTX, kt, vt).unwrap();
         let (first, rest) = s.split_at_mut(1);
@@ -94,8 +95,10 @@ fn check<B: Backend>(b: &mut B, path: &Path, what: &str) {
         drop(s.remove(0));
         let mut c = s.remove(0);
         assert_eq!(pages_in_use(&c), 0, "{what}: every page back");
-        feed(b, &m, &mut c, &[&q[..40]]);
+        let reused = feed(b, &m, &mut c, &[&q[..40]]);
         assert_eq!(c.pages().pages, [0, 1], "{what}: freed pages are taken again");
+        // Its first page's sink was a's: rewritten before it is read.
+        assert_close(&reused, &cold_c, &format!("{what}: reused pages and sink"));
         assert_eq!(c.truncate(0), 0);
         assert_eq!(pages_in_use(&c), 0, "{what}");
         drop(c);

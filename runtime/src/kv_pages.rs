@@ -12,9 +12,9 @@
 //! full are in the sequence's window, which is why only full pages are shared. The page
 //! holding a sequence's positions 0.. also owns one of `n_slots` sinks (a per-channel
 //! cache's f16 copy of the sequence's first positions, [`duet_quant::kv::channel::SINK`]):
-//! sequences sharing the page share it, and it comes free with the page. A page is only
-//! ever shared as the first page of both sequences, so no more than one sink per sequence
-//! slot is in use.
+//! sequences sharing the page share it, and it comes free with the page. A shared page
+//! keeps its index in every sequence holding it, so a page owning a sink is the first page
+//! of each of them, and no more sinks are in use than sequence slots.
 
 use crate::error::RuntimeError;
 
@@ -127,6 +127,12 @@ impl PagePool {
     /// enough are free.
     pub fn grow(&mut self, pages: &mut Vec<u32>, n: usize) -> Result<(), RuntimeError> {
         let need = pages_for(n).saturating_sub(pages.len());
+        if need > 0 && pages.is_empty() && self.free_sinks.is_empty() {
+            return Err(RuntimeError::Usage(
+                "the K/V cache has no sink left for a new sequence: every one of its sequence slots' sinks is in use"
+                    .into(),
+            ));
+        }
         if need > self.free.len() {
             return Err(RuntimeError::OutOfMemory(format!(
                 "the K/V cache has no room for {n} positions of this sequence: {need} more pages of {PAGE} positions needed, {} of {} free",
@@ -138,8 +144,7 @@ impl PagePool {
             let p = self.free.pop().expect("counted above");
             self.refs[p as usize] = 1;
             if pages.is_empty() {
-                // At most one first page per slot is held, so a sink is free (see the module docs).
-                self.sink_of[p as usize] = self.free_sinks.pop().expect("a sink for each sequence slot");
+                self.sink_of[p as usize] = self.free_sinks.pop().expect("checked above");
             }
             pages.push(p);
         }

@@ -540,7 +540,8 @@ fn attention_case_rope(
     let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
     let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
     let pages = scattered(&kv);
-    let seq = SeqPages { pages: &pages, slot: 1, sink: 1 };
+    // Sink 0 of slot 1: the slot and the sink are numbered apart.
+    let seq = SeqPages { pages: &pages, slot: 1, sink: 0 };
     let rows_total = kv.n_pages() * PAGE;
     let mut pos0 = 0;
     // f32 and the absmax types (both backends quantize the same f32 rows into the same
@@ -585,7 +586,7 @@ fn attention_case_rope(
         eprintln!("attention {kind} H={h} Hkv={hkv} hd={hd} K {kt} V {vt}{lq} rows {n} at {pos0}: nmse {e:.2e}");
         assert!(!check || e <= bound, "attention {kind} rows {n} at {pos0}: nmse {e:.3e} > {bound:.0e}");
         // What the GPU stored is the CPU's bytes, on the same pages: block rows each padded
-        // to a word, a per-channel layer's groups and windows as they are.
+        // to a word, a per-channel layer's groups, windows and sinks as they are.
         for (ty, is_v) in [(kt, false), (vt, true)] {
             let cpu = if is_v { &cc.v[1] } else { &cc.k[1] }.stored_bytes();
             let got = p.gpu.read_kv_buffer(&cg, 1, is_v).unwrap();
@@ -949,7 +950,9 @@ fn absmax_cache_write_edge_rows() {
 /// large values, values past f16's range (a per-channel column holding ±inf decodes as
 /// NaN on both), a constant channel (step 0) and a channel with one outlier row, written in
 /// a batch that completes a group of 32 and leaves 9 rows in the window, then in single
-/// rows that complete the next group.
+/// rows that complete the next group. Position 0 (a per-channel cache's sink, left out of
+/// group 0's ranges) holds values far outside the other rows' ranges both ways, whose
+/// codes clamp to 0 and to the top.
 #[test]
 fn rotated_and_channel_cache_write_edge_rows() {
     use CacheFormat::*;
@@ -963,6 +966,9 @@ fn rotated_and_channel_cache_write_edge_rows() {
     let n = 64;
     let mut rows: Vec<Vec<f32>> = (0..n).map(|_| rng.normals(kv_dim)).collect();
     rows[0][..64].fill(0.0);
+    for (c, v) in [(64, 300.0), (65, -300.0), (66, 3e4), (67, -5e3)] {
+        rows[0][c] = v;
+    }
     rows[1] = rng.normals(kv_dim).iter().map(|v| v * 1e-6).collect();
     rows[2] = rng.normals(kv_dim).iter().map(|v| v * 3e4).collect();
     rows[3] = rng.normals(kv_dim).iter().map(|v| v * 1e-3).collect();

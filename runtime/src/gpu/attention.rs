@@ -142,7 +142,10 @@ fn rotate(
 /// with a read of its logits, a submission). Returns the row's first entry.
 pub(super) fn sync_page_table(b: &mut GpuBackend, cache: &mut GpuKvCache, seq: &SeqPages) -> u32 {
     let base = seq.slot * cache.pages_per_seq;
-    assert!(seq.pages.len() <= cache.pages_per_seq && seq.slot < cache.n_seqs, "page table out of range");
+    assert!(
+        seq.pages.len() <= cache.pages_per_seq && seq.slot < cache.n_seqs && seq.sink < cache.n_seqs,
+        "page table, slot or sink out of range"
+    );
     let have = &mut cache.uploaded[seq.slot];
     if have.as_slice() != seq.pages {
         // Only the entries that changed (usually the one page just taken).

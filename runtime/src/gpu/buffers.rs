@@ -201,8 +201,8 @@ pub struct GpuKvCache {
 
 impl GpuKvCache {
     /// Block rows are [`CacheFormat::word_row_bytes`] (the CPU's block bytes padded to a
-    /// whole u32 word); a per-channel layer is the CPU's groups then its window, unpadded
-    /// ([`CacheFormat::layer_bytes`]).
+    /// whole u32 word); a per-channel layer is the CPU's groups, windows and sinks,
+    /// unpadded ([`CacheFormat::layer_bytes`]).
     pub fn new(ctx: &GpuContext, alloc: &Allocator, spec: &KvCacheSpec) -> Result<GpuKvCache, RuntimeError> {
         spec.check()?;
         let (k_elem, v_elem) = (spec.k_type, spec.v_type);

@@ -3,7 +3,8 @@
 // bit for bit). The cache buffer holds a group of GB bytes per page — lo[kv_dim] and
 // step[kv_dim] as f16, then 32 rows of packed codes, RB = kv_dim·QBITS/8 bytes each — then
 // each sequence's f16 window of its group not yet complete (position p in slot p mod 32;
-// this sequence's at word window_word). The sequence's group g is page PT[pt_base + g]. A
+// this sequence's at word window_word), then the sinks (this sequence's at word
+// sink_word). The sequence's group g is page PT[pt_base + g]. A
 // group's values are the f16 roundings of its rows: the window's for positions before pos0
 // (written by earlier batches), S's rounded here for the batch's own rows (S row r is
 // position pos0 + r). The window is written afterwards by kv_window, so nothing read here
@@ -12,9 +13,10 @@
 // One workgroup of 32 per (group, block of 32 channels): thread c finds channel c's lo (the
 // smallest value: exact, the values are f16) and step = f16 up((largest - lo) / top), then
 // thread t packs row t's 32 codes clamp(round((x - lo) / step), 0, top) (halves away from
-// zero; step 0 gives 0; a signed division, as group 0's sink rows may lie below lo). The sequence's group 0 leaves its first CHANNEL_SINK rows (the
-// attention sink) out of the ranges and copies their f16 values to the sequence's sink (at
-// word sink_word), where the readers take them from.
+// zero; step 0 gives 0; a signed division, as group 0's sink rows may lie below lo). The
+// sequence's group 0 leaves its first CHANNEL_SINK rows (the attention sink) out of the
+// ranges and copies their f16 values to the sequence's sink, where the readers take them
+// from.
 
 struct Params {
     rows: u32,

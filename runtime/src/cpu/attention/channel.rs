@@ -34,8 +34,8 @@ pub struct ChannelRows {
     pub groups: Vec<u8>,
     /// Each sequence slot's window: GROUP rows of `kv_dim` f16 values.
     pub windows: Vec<f16>,
-    /// The sinks ([`crate::kv_pages::PagePool::sink`], one per slot): SINK rows of `kv_dim`
-    /// f16 values each.
+    /// The sinks, numbered by [`crate::kv_pages::PagePool::sink`] (as many as sequence
+    /// slots): SINK rows of `kv_dim` f16 values each.
     pub sinks: Vec<f16>,
 }
 
