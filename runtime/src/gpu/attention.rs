@@ -160,9 +160,10 @@ pub(super) fn sync_page_table(b: &mut GpuBackend, cache: &mut GpuKvCache, seq: &
     base as u32
 }
 
-/// The first word of slot `slot`'s window in a per-channel layer buffer.
-fn window_word(cache: &GpuKvCache, elem: CacheFormat, slot: usize) -> u32 {
-    ((cache.n_pages * elem.group_bytes(cache.kv_dim) + slot * PAGE * 2 * cache.kv_dim) / 4) as u32
+/// The first word of f16 row `row`, counted from the end of the groups, of a per-channel
+/// layer buffer: slot s's window starts at row s·PAGE, sink k at [`sink_row`].
+fn f16_row_word(cache: &GpuKvCache, elem: CacheFormat, row: usize) -> u32 {
+    ((cache.n_pages * elem.group_bytes(cache.kv_dim) + row * 2 * cache.kv_dim) / 4) as u32
 }
 
 /// The first f16 row, counted from the end of the groups, of sink `sink` in a per-channel
@@ -199,9 +200,8 @@ fn write_rows(
         }
         CacheKind::Channel { .. } => {
             let (first, end) = (pos0 / 32, (pos0 + rows) / 32);
-            let window_word = window_word(cache, elem, slot);
-            let sink_word =
-                ((cache.n_pages * elem.group_bytes(kv_dim) + sink_row(cache, sink) as usize * 2 * kv_dim) / 4) as u32;
+            let window_word = f16_row_word(cache, elem, slot * PAGE);
+            let sink_word = f16_row_word(cache, elem, sink_row(cache, sink) as usize);
             if end > first {
                 let g = grid((end - first) * (kv_dim / 32), 1);
                 let params = KvWriteChannelParams {
