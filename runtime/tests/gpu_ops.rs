@@ -224,6 +224,34 @@ fn matmul_and_embed_every_type_f16() {
     matmul_checks("matmul_and_embed_every_type_f16", true, 2e-6);
 }
 
+/// The prefill product on cooperative matrices (tensor cores), named rather than left to
+/// the default (which picks it too where the adapter has them), so that it cannot pass on
+/// the fallback: every weight type as in `matmul_and_embed_every_type_f16`, the same
+/// bound. Where the adapter lacks them (lavapipe) the request is refused with the reason:
+/// a recorded skip, a failure under `$DUET_REQUIRE_COOP` (runtime/bench/gpu_speed.sh sets
+/// it on NVIDIA machines).
+#[test]
+fn matmul_on_cooperative_matrices() {
+    let test = "matmul_on_cooperative_matrices";
+    // Both tile widths (64 and 128 tokens, the default): 70 tokens leave a partial tile in each.
+    for tokens in [64, 128] {
+        let tune = GpuTune { coop: Some(true), coop_tokens: Some(tokens), ..Default::default() };
+        match GpuBackend::new(&GpuOptions { f16: Some(true), tune, ..Default::default() }) {
+            Ok(gpu) => {
+                eprintln!("{test}: {}", gpu.describe());
+                let want = format!("on cooperative matrices (tiles of {tokens} tokens)");
+                assert!(gpu.describe().contains(&want), "{}", gpu.describe());
+                matmul_checks_on(gpu, true, 2e-6);
+            }
+            Err(e) if e.to_string().contains("cannot run the cooperative-matrix product") => {
+                assert!(e.to_string().contains("--gpu-tune coop=off"), "{e}");
+                return duet_test_support::machine_lacks(test, "DUET_REQUIRE_COOP", &e.to_string());
+            }
+            Err(e) => return no_gpu(test, &format!("no usable GPU adapter ({e})")),
+        }
+    }
+}
+
 /// Weights larger than one binding are split into row ranges: the result is the same.
 #[test]
 fn split_weights_match() {

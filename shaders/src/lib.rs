@@ -99,6 +99,15 @@ pub enum Op {
         norm: bool,
     },
     MatMul(GgmlType),
+    /// The prefill product on cooperative matrices (tensor cores): f16 products, f32 sums,
+    /// for adapters with the cooperative-matrix feature, 16 × 16 × 16 f16 → f32 matrices
+    /// and subgroups of 32 (matmul_coop.wgsl). Vulkan only: wgpu maps 8 × 8 f32 alone on
+    /// Metal, and nothing on DX12. `wide`: tiles of 128 tokens rather than 64
+    /// ([`coop_tile_tokens`]).
+    MatMulCoop {
+        ty: GgmlType,
+        wide: bool,
+    },
     Embed(GgmlType),
     RmsNorm,
     Rope,
@@ -153,6 +162,12 @@ impl Op {
         matches!(self, Op::MatMul(_))
     }
 
+    /// The ops built on cooperative matrices (they need the EXPERIMENTAL_COOPERATIVE_MATRIX
+    /// and SHADER_F16 features, whatever the variant's f16 flag).
+    pub fn uses_coop(self) -> bool {
+        matches!(self, Op::MatMulCoop { .. })
+    }
+
     /// The ops compiled with subgroup operations (they need the SUBGROUP feature).
     pub fn uses_subgroups(self) -> bool {
         matches!(self, Op::MatVec { shape, .. } if shape.subgroups)
@@ -182,7 +197,12 @@ impl Op {
                     }
                 }
             }
-            v.extend([Op::MatMul(t), Op::Embed(t)]);
+            v.extend([
+                Op::MatMul(t),
+                Op::MatMulCoop { ty: t, wide: false },
+                Op::MatMulCoop { ty: t, wide: true },
+                Op::Embed(t),
+            ]);
         }
         for sub in [false, true] {
             for shape in MvShape::all(sub) {
@@ -267,6 +287,7 @@ impl Variant {
                 format!("matvec-{ty}-{}{}-{shape}", if norm { "norm-" } else { "" }, epi.name())
             }
             Op::MatMul(t) => format!("matmul-{t}{f}"),
+            Op::MatMulCoop { ty, wide } => format!("matmul_coop{}-{ty}", coop_tile_tokens(wide)),
             Op::Embed(t) => format!("embed-{t}"),
             Op::RmsNorm => "rms_norm".into(),
             Op::Rope => "rope".into(),
@@ -303,6 +324,12 @@ impl Variant {
 /// Tile of the prefill matmul: weight rows × tokens per workgroup (256 threads).
 pub const MM_TM: u32 = 64;
 pub const MM_TN: u32 = 64;
+/// Tokens per tile of the cooperative-matrix product (its weight rows: [`MM_TM`]): 64, or
+/// 128 for the `wide` variant (2 × 4 subgroups of 32, 23 KiB of workgroup memory).
+pub const fn coop_tile_tokens(wide: bool) -> u32 {
+    if wide { 128 } else { 64 }
+}
+
 /// Attention workgroup size and the largest head_dim the kernels accept.
 pub const ATT_WG: u32 = 64;
 pub const ATT_MAX_HEAD_DIM: u32 = 128;
@@ -374,7 +401,9 @@ pub fn source(v: &Variant) -> String {
     let mut s = String::new();
     let f16 = v.f16 && v.op.uses_f16();
     let _ = writeln!(s, "// duet kernel {}", v.label());
-    if f16 {
+    if v.op.uses_coop() {
+        s.push_str("enable f16;\nenable wgpu_cooperative_matrix;\nalias act = f16;\n");
+    } else if f16 {
         s.push_str("enable f16;\nalias act = f16;\n");
     } else {
         s.push_str("alias act = f32;\n");
@@ -399,6 +428,11 @@ pub fn source(v: &Variant) -> String {
         Op::MatMul(t) => {
             weights(&mut s, t);
             s.push_str(include_str!("wgsl/matmul.wgsl"));
+        }
+        Op::MatMulCoop { ty: t, wide } => {
+            let _ = writeln!(s, "const COOP_SGT: u32 = {}u;", coop_tile_tokens(wide) / 32);
+            weights(&mut s, t);
+            s.push_str(include_str!("wgsl/matmul_coop.wgsl"));
         }
         Op::Embed(t) => {
             weights(&mut s, t);

@@ -327,7 +327,7 @@ impl Op {
         }
         match self {
             Op::MatVec { .. } => of::<MatVecParams>(),
-            Op::MatMul(_) => of::<MatMulParams>(),
+            Op::MatMul(_) | Op::MatMulCoop { .. } => of::<MatMulParams>(),
             Op::Embed(_) => of::<EmbedParams>(),
             Op::RmsNorm => of::<RmsNormParams>(),
             Op::Rope => of::<RopeParams>(),

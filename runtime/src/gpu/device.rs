@@ -86,9 +86,54 @@ pub struct GpuContext {
     pub decode_workgroups: usize,
     /// Products of up to this many tokens run the matvec once per token, not the matmul.
     pub matvec_tokens: usize,
+    /// The prefill product runs on cooperative matrices (`Op::MatMulCoop`); else why not,
+    /// when a hardware adapter cannot (for the description).
+    pub coop: bool,
+    pub coop_lacks: Option<String>,
+    /// That product's tiles are 128 tokens wide rather than 64 (`Op::MatMulCoop::wide`).
+    pub coop_wide: bool,
     /// Dispatches recorded before they are submitted.
     pub submit_every: usize,
     pub sink: Arc<Mutex<ErrorSink>>,
+}
+
+/// Workgroup memory the cooperative-matrix product uses (matmul_coop.wgsl: 14 KiB for tiles
+/// of 64 tokens, 23 KiB for 128), asked for only where that kernel runs.
+const fn coop_workgroup_bytes(wide: bool) -> u32 {
+    if wide { 24576 } else { 16384 }
+}
+
+/// Why `adapter` cannot run the cooperative-matrix product (`Op::MatMulCoop`), or `None`
+/// when it can: the feature (wgpu maps it on Vulkan; on Metal it offers 8 × 8 f32 alone),
+/// a 16 × 16 × 16 f16 → f32 configuration, f16 arithmetic, subgroups of exactly 32 lanes
+/// (the kernel gives each of its subgroups a 32 × 32 block of the tile) and the workgroup
+/// memory of its tile (`wide`: 128 tokens).
+pub fn coop_lacks(adapter: &wgpu::Adapter, f16: bool, wide: bool) -> Option<String> {
+    use wgpu::CooperativeScalarType as S;
+    if !adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        return Some("no cooperative-matrix feature".into());
+    }
+    if !f16 {
+        return Some("f16 arithmetic is off".into());
+    }
+    let info = adapter.get_info();
+    if info.subgroup_min_size != 32 || info.subgroup_max_size != 32 {
+        return Some(format!(
+            "subgroups of {}-{} lanes, the kernel needs exactly 32",
+            info.subgroup_min_size, info.subgroup_max_size
+        ));
+    }
+    let fits = |p: &wgpu::CooperativeMatrixProperties| {
+        (p.m_size, p.n_size, p.k_size, p.ab_type, p.cr_type) == (16, 16, 16, S::F16, S::F32)
+    };
+    if !adapter.cooperative_matrix_properties().iter().any(fits) {
+        return Some("no 16x16x16 f16 -> f32 cooperative matrices".into());
+    }
+    let bytes = coop_workgroup_bytes(wide);
+    if adapter.limits().max_compute_workgroup_storage_size < bytes {
+        return Some(format!("less than {bytes} bytes of workgroup memory"));
+    }
+    None
 }
 
 /// Bytes of one binding we ever ask for: keeps every byte offset inside a shader below 2³¹.
@@ -236,10 +281,36 @@ impl GpuContext {
             }
             features |= super::profile::FEATURES;
         }
+        // Tiles of 128 tokens by default: on an H200, pp512 1.07-1.13x the 64-token tiles'
+        // (runtime/bench/results/gpu-h200-2026-11-28-coop.md).
+        let coop_wide = opts.tune.coop_tokens != Some(64);
+        let lacks = coop_lacks(&adapter, f16, coop_wide);
+        let coop = match opts.tune.coop {
+            Some(true) if lacks.is_some() => {
+                return Err(RuntimeError::Device(format!(
+                    "{name} cannot run the cooperative-matrix product ({}): run with --gpu-tune coop=off",
+                    lacks.unwrap_or_default()
+                )));
+            }
+            Some(b) => b,
+            None => lacks.is_none(),
+        };
+        let mut want = want;
+        let mut experimental = wgpu::ExperimentalFeatures::disabled();
+        if coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+            want.max_compute_workgroup_storage_size =
+                want.max_compute_workgroup_storage_size.max(coop_workgroup_bytes(coop_wide));
+            // SAFETY: wgpu's experimental features may have bugs of wgpu's own; the one used
+            // here is the cooperative-matrix kernel, tested against the CPU backend on the
+            // GPUs that run it (gpu_ops), and `--gpu-tune coop=off` leaves it out.
+            experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("duet"),
             required_features: features,
             required_limits: want.clone(),
+            experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             ..Default::default()
         }))
@@ -288,6 +359,9 @@ impl GpuContext {
             fuse: opts.tune.fuse.unwrap_or(true),
             decode_workgroups: opts.tune.attn_workgroups.unwrap_or(super::attention::DECODE_WORKGROUPS),
             matvec_tokens: opts.tune.matvec_tokens.unwrap_or(super::matmul::MATVEC_TOKENS),
+            coop,
+            coop_wide,
+            coop_lacks: if coop || !hardware { None } else { lacks.or_else(|| Some("--gpu-tune coop=off".into())) },
             submit_every: opts.submit_every.unwrap_or(super::SUBMIT_EVERY).max(1),
             sink,
         })
@@ -298,9 +372,17 @@ impl GpuContext {
     pub fn describe(&self) -> String {
         let s = self.mv_shape;
         format!(
-            "GPU {}, {} prefill products, f32 decode and attention, matvec {}x{} with {}{}{}",
+            "GPU {}, {} prefill products{}, f32 decode and attention, matvec {}x{} with {}{}{}",
             describe(&self.info),
             if self.f16 { "f16 (f32 sums)" } else { "f32" },
+            match (&self.coop_lacks, self.coop) {
+                (_, true) => format!(
+                    " on cooperative matrices (tiles of {} tokens)",
+                    duet_shaders::coop_tile_tokens(self.coop_wide)
+                ),
+                (Some(why), false) => format!(" without cooperative matrices ({why})"),
+                (None, false) => String::new(),
+            },
             s.wg,
             s.rows,
             if s.subgroups { "subgroup sums" } else { "workgroup-memory sums (no subgroups)" },

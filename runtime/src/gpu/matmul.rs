@@ -29,6 +29,18 @@ fn by_token(b: &GpuBackend, tokens: usize, cols: usize) -> bool {
     tokens == 1 || (tokens <= b.ctx.matvec_tokens && cols.is_multiple_of(4))
 }
 
+/// The prefill product's kernel for weights of `ty`: on cooperative matrices where the
+/// context runs them, else the tiled matmul; and the tokens of its tiles (its weight rows:
+/// MM_TM).
+fn prefill_op(b: &GpuBackend, ty: GgmlType) -> (Op, usize) {
+    if b.ctx.coop {
+        let wide = b.ctx.coop_wide;
+        (Op::MatMulCoop { ty, wide }, duet_shaders::coop_tile_tokens(wide) as usize)
+    } else {
+        (Op::MatMul(ty), MM_TN as usize)
+    }
+}
+
 /// The weight type the kernels read `w` as, and its row bytes; an error naming the tensor
 /// when the GPU cannot compute with it.
 fn kernel_type(w: &WeightView<'_>) -> Result<(GgmlType, usize), RuntimeError> {
@@ -53,7 +65,7 @@ fn kernel_type(w: &WeightView<'_>) -> Result<(GgmlType, usize), RuntimeError> {
 fn prepare_matrix_ops(b: &mut GpuBackend, ty: GgmlType, group: bool) -> Result<(), RuntimeError> {
     let shape = b.ctx.mv_shape;
     let mv = |epi, norm| Op::MatVec { ty, epi, shape, norm };
-    let mut ops = vec![Op::MatMul(ty), mv(MvEpilogue::Store, false), mv(MvEpilogue::Store, true)];
+    let mut ops = vec![prefill_op(b, ty).0, mv(MvEpilogue::Store, false), mv(MvEpilogue::Store, true)];
     if group {
         for epi in [MvEpilogue::Split, MvEpilogue::SwiGlu] {
             ops.extend([mv(epi, false), mv(epi, true)]);
@@ -268,7 +280,8 @@ fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor
             let mat = MvMat { rows: c.rows, w_off: c.w_off, out: &out.buf };
             matvec(b, w, &c.buf, epi, &[mat], c.row0, out.cols, MvIn::of(x, None));
         } else {
-            let g = (c.rows.div_ceil(MM_TM as usize) as u32, t.div_ceil(MM_TN as usize) as u32);
+            let (op, tile_tokens) = prefill_op(b, w.ty);
+            let g = (c.rows.div_ceil(MM_TM as usize) as u32, t.div_ceil(tile_tokens) as u32);
             let params = MatMulParams {
                 n_rows: c.rows as u32,
                 cols: w.cols as u32,
@@ -282,7 +295,7 @@ fn product(b: &mut GpuBackend, w: &GpuWeight, x: &GpuTensor, out: &mut GpuTensor
                 accumulate: u32::from(accumulate),
             };
             let bytes = (c.rows * w.row_bytes) as u64;
-            b.run_weighted(Op::MatMul(w.ty), &params, &[&c.buf, &x.buf, &out.buf], (g.0, g.1, 1), bytes);
+            b.run_weighted(op, &params, &[&c.buf, &x.buf, &out.buf], (g.0, g.1, 1), bytes);
         }
     }
 }

@@ -42,6 +42,7 @@ impl LayoutKind {
             Op::MatVec { norm: true, .. } => LayoutKind::MatVecNorm,
             Op::MatVec { .. }
             | Op::MatMul(_)
+            | Op::MatMulCoop { .. }
             | Op::Embed(_)
             | Op::RmsNorm
             | Op::Rotate

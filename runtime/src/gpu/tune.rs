@@ -27,6 +27,11 @@ pub struct GpuTune {
     /// Tokens up to which a matrix product runs the matvec once per token rather than the
     /// tiled matmul (several sequences' decode steps; default 8).
     pub matvec_tokens: Option<usize>,
+    /// The prefill product on cooperative matrices (tensor cores; default on where the
+    /// adapter has them, [`super::device::coop_lacks`]).
+    pub coop: Option<bool>,
+    /// Tokens per tile of that product: 64 or 128 (default 128).
+    pub coop_tokens: Option<u32>,
 }
 
 impl GpuTune {
@@ -38,7 +43,10 @@ impl GpuTune {
         fuse=on|off (fused kernels: matvec epilogues, RoPE with the K/V write; default on), \
         attn=N (workgroups a decoded token's attention is split over, 1 to 65536; default 4096), \
         mvtok=N (products of up to N tokens, as several sequences' decode steps, run the matvec once per token \
-        instead of the tiled matmul: 1 to 64; default 8)";
+        instead of the tiled matmul: 1 to 64; default 8), \
+        coop=on|off (the prefill product on cooperative matrices, i.e. tensor cores: f16 products, f32 sums; default on \
+        where the adapter has 16x16x16 f16 matrices and subgroups of 32), \
+        cooptile=64|128 (tokens per workgroup tile of that product; default 128)";
 
     /// Parses `--gpu-tune`'s value (empty: all defaults).
     pub fn parse(s: &str) -> Result<GpuTune, String> {
@@ -59,6 +67,14 @@ impl GpuTune {
                 "subgroups" => t.subgroups = Some(on_off()?),
                 "trusted" => t.trusted = Some(on_off()?),
                 "fuse" => t.fuse = Some(on_off()?),
+                "coop" => t.coop = Some(on_off()?),
+                "cooptile" => {
+                    t.coop_tokens = match value.trim() {
+                        "64" => Some(64),
+                        "128" => Some(128),
+                        v => return Err(format!("cooptile={v}: must be 64 or 128")),
+                    }
+                }
                 "attn" => {
                     let n: usize = value.trim().parse().map_err(|_| format!("attn={value}: not a number"))?;
                     if !(1..=65536).contains(&n) {
@@ -86,7 +102,8 @@ mod tests {
 
     #[test]
     fn parses_every_key_and_refuses_what_it_does_not_know() {
-        let t = GpuTune::parse("matvec=64x4, subgroups=off,trusted=on,fuse=0,attn=512,mvtok=4").unwrap();
+        let t = GpuTune::parse("matvec=64x4, subgroups=off,trusted=on,fuse=0,attn=512,mvtok=4,coop=off,cooptile=128")
+            .unwrap();
         assert_eq!(
             t,
             GpuTune {
@@ -96,6 +113,8 @@ mod tests {
                 fuse: Some(false),
                 attn_workgroups: Some(512),
                 matvec_tokens: Some(4),
+                coop: Some(false),
+                coop_tokens: Some(128),
             }
         );
         assert_eq!(GpuTune::parse("").unwrap(), GpuTune::default());
@@ -110,6 +129,8 @@ mod tests {
             "attn=x",
             "mvtok=0",
             "mvtok=65",
+            "coop=fast",
+            "cooptile=32",
         ] {
             assert!(GpuTune::parse(bad).is_err(), "{bad} accepted");
         }

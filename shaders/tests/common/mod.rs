@@ -6,12 +6,16 @@ use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 use wgpu_types::{DownlevelFlags, Features};
 
 /// The device features the GPU backend requests to build `v`: SHADER_F16 for the f16
-/// products, SUBGROUP for the subgroup reductions (an adapter without them is given the
-/// other variants).
+/// products, SUBGROUP for the subgroup reductions, EXPERIMENTAL_COOPERATIVE_MATRIX (and
+/// SHADER_F16) for the tensor-core product (an adapter without them is given the other
+/// variants).
 pub fn features(v: &Variant) -> Features {
     let mut f = if v.f16 { Features::SHADER_F16 } else { Features::empty() };
     if v.op.uses_subgroups() {
         f |= Features::SUBGROUP;
+    }
+    if v.op.uses_coop() {
+        f |= Features::SHADER_F16 | Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
     f
 }
