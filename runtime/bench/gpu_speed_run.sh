@@ -74,8 +74,11 @@ run() {
   local tests_log=$out/gpu-tests.log t name failed=0
   : >"$tests_log"
   export DUET_REQUIRE_GPU=1 DUET_SKIP_LOG=$out/skips.txt
-  # An NVIDIA card has 16x16x16 f16 cooperative matrices: their test must run, not skip.
-  [ -n "$gpu" ] && export DUET_REQUIRE_COOP=1
+  # An NVIDIA card from Volta (compute capability 7.0) on has 16x16x16 f16 cooperative
+  # matrices: their test must run, not skip.
+  local cc
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 || true)
+  if [ -n "$cc" ] && awk -v c="$cc" 'BEGIN { exit !(c + 0 >= 7.0) }'; then export DUET_REQUIRE_COOP=1; fi
   : >"$DUET_SKIP_LOG"
   run_tests() {
     for t in "$@"; do
@@ -197,7 +200,7 @@ PY
       echo "## $(basename "$m" .gguf): tg$tg" >>"$prof"
       timeout 60 "$duet" bench -m "$m" --device gpu --gpu-profile -p 0 -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
     done
-    # Prefill (the tiled matmul) and a step of 4 streams (products of 4 tokens).
+    # Prefill (the prompt product) and a step of 4 streams (products of 4 tokens).
     echo "## $(basename "${models[0]}" .gguf): pp$pp" >>"$prof"
     timeout 60 "$duet" bench -m "${models[0]}" --device gpu --gpu-profile -p $pp -n 0 -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
     echo "## $(basename "${models[0]}" .gguf): 4 streams, tg32" >>"$prof"

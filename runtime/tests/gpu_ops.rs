@@ -134,11 +134,13 @@ fn cpu_matmul_bound(t: GgmlType) -> f64 {
 /// default; the workgroup-memory reduction (no subgroups) in the hardware default shape;
 /// one row per workgroup of 256 threads, more threads than a short row has slots, with
 /// products of up to 16 tokens by token; and trusted modules (no naga bounds checks) in the
-/// software default shape, with every product of several tokens through the matmul.
+/// software default shape, with every product of several tokens through the matmul. The
+/// second also forces the tiled matmul on an adapter with cooperative matrices.
 fn matvec_tunings() -> Vec<GpuTune> {
     vec![
         GpuTune::default(),
-        GpuTune { matvec: Some((128, 2)), subgroups: Some(false), ..Default::default() },
+        // (And the tiled f16 matmul where the adapter would take cooperative matrices.)
+        GpuTune { matvec: Some((128, 2)), subgroups: Some(false), coop: Some(false), ..Default::default() },
         GpuTune { matvec: Some((256, 1)), matvec_tokens: Some(16), ..Default::default() },
         GpuTune { matvec: Some((32, 4)), trusted: Some(true), matvec_tokens: Some(1), ..Default::default() },
     ]
@@ -199,6 +201,16 @@ fn matmul_checks_on(gpu: GpuBackend, f16: bool, exact_bound: f64) {
             assert!(e_exact <= exact_bound, "{ty} t={t}: nmse vs exact {e_exact:.3e} > {exact_bound:.0e}");
             let cb = if f16 { cpu_matmul_bound(ty).max(exact_bound) } else { cpu_matmul_bound(ty) };
             assert!(e_cpu <= cb, "{ty} t={t}: nmse vs CPU backend {e_cpu:.3e} > {cb:.0e}");
+            // The residual add in the product's epilogue (attn_output, ffn_down): r + x·wᵀ.
+            let rv = rng.normals(t * rows);
+            let (_, mut og) = p.tensor(t, rows, &rv);
+            let (_, mut scratch) = p.tensor(t, rows, &[]);
+            p.gpu.matmul_add(&wg, &xg, &mut scratch, &mut og);
+            let got = p.gpu.read_rows(&og, 0..t).unwrap();
+            let want: Vec<f32> = exact.iter().zip(&rv).map(|(e, r)| e + r).collect();
+            let e_add = nmse(&got, &want);
+            eprintln!("matmul_add {ty:>5} {rows}x{cols} tokens {t:>2} f16={f16}: nmse vs exact {e_add:.2e}");
+            assert!(e_add <= exact_bound, "{ty} t={t}: matmul_add nmse vs exact {e_add:.3e} > {exact_bound:.0e}");
         }
         // Embedding lookup: exact (both dequantize the same bytes).
         let ids: Vec<u32> = (0..9).map(|_| rng.below(rows) as u32).collect();

@@ -359,7 +359,7 @@ fn every_variant<T: Send>(
     assert_eq!(n, expected, "{what}: translations made");
 }
 
-/// spirv-val from `$DUET_SPIRV_VAL` or where tests/run-all.sh unpacks it (a recorded skip, or a failure under
+/// spirv-val from `$DUET_SPIRV_VAL` or Debian's path (a recorded skip, or a failure under
 /// `$DUET_REQUIRE_ORACLES`, when missing).
 fn spirv_val_tool(test: &str) -> Option<std::path::PathBuf> {
     duet_test_support::program(test, "DUET_SPIRV_VAL", "/usr/bin/spirv-val", "spirv-val (Debian's spirv-tools)")
@@ -389,7 +389,9 @@ fn vulkan_targets(v: &Variant) -> [((u8, u8), &'static str); 2] {
 fn every_variant_translates_to_spirv_that_spirv_val_accepts() {
     let test = "every_variant_translates_to_spirv_that_spirv_val_accepts";
     let Some(tool) = spirv_val_tool(test) else { return };
-    let Some(coop_tool) = spirv_val_coop_tool(test) else { return };
+    // Without the newer tool (a recorded skip; a failure under DUET_REQUIRE_ORACLES) the
+    // cooperative-matrix kernel is translated but not validated; the rest still are.
+    let coop_tool = spirv_val_coop_tool(test);
     let dir = Scratch::new(test);
     every_variant(
         "SPIR-V translation or spirv-val",
@@ -400,7 +402,10 @@ fn every_variant_translates_to_spirv_that_spirv_val_accepts() {
                 .map_err(|e| format!("SPIR-V {version:?}, checks {checks:?}: {e}"))?;
             let name = format!("{}-{checks:?}", v.label());
             if v.op.uses_coop() {
-                spirv_val(&coop_tool, &dir.0, &name, &without_workgroup_array_strides(&words), env)
+                match &coop_tool {
+                    Some(t) => spirv_val(t, &dir.0, &name, &without_workgroup_array_strides(&words), env),
+                    None => Ok(()),
+                }
             } else {
                 spirv_val(&tool, &dir.0, &name, &words, env)
             }

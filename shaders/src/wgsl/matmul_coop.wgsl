@@ -10,6 +10,15 @@
 // tile dequantizes each weight once for twice the tokens. The accumulators leave through a 16 × 16
 // staging area per subgroup, so that the edges of the tile are bounds-checked and the
 // residual add is done as in matmul.wgsl.
+//
+// Two assumptions beyond the WGSL spec, both true of NVIDIA's Vulkan driver and checked
+// there by gpu_ops' matmul_on_cooperative_matrices (which gpu_speed.sh makes mandatory on
+// NVIDIA machines): invocations 32s .. 32s + 31 form subgroup s (a cooperative matrix's
+// operands must be uniform across its subgroup; Vulkan does not promise this mapping, so
+// the runtime takes this kernel only where subgroups are exactly 32 lanes), and the
+// hand-offs through wt, xt and ct across workgroupBarrier hold although naga, once the
+// module uses cooperative matrices, emits the Vulkan memory model without marking these
+// workgroup accesses NonPrivatePointer.
 
 struct Params {
     n_rows: u32,     // rows of this weight chunk (N)
