@@ -22,7 +22,9 @@
 #   8. the same-shape DIFF V2;
 #   9. the other GPU test binaries.
 # SWEEP=0 leaves out the kernel sweep (step 2), TUNES=0 the --gpu-tune variants (step 5),
-# DEPTH=0 decode at depth (6), STREAMS=0 several streams (6b).
+# COOP=0 the prefill rows with and without cooperative matrices (3b), PROFILES=0 the
+# profiles (4), DEPTH=0 decode at depth (6), STREAMS=0 several streams (6b); QUICK=1 makes and measures
+# the Q4_0 Llama alone and leaves out step 3's table.
 
 run() {
   local out=${OUT:-$PWD/target/gpu-speed}
@@ -129,7 +131,10 @@ PY
     models=("$BENCH/llama-ref.q8_0.gguf")
     diff_model=$BENCH/diff-ref.q8_0.gguf
   else
-    for a in llama diff; do
+    local kinds=(llama diff) types=(q4_0 q4_k_m q8_0)
+    # QUICK=1: the Q4_0 Llama alone, for runs that measure one change in a minute or two.
+    [ "${QUICK:-0}" = 1 ] && kinds=(llama) types=(q4_0)
+    for a in "${kinds[@]}"; do
       base=$BENCH/random-$a-1.1b
       if [ ! -s "$base.f16.gguf" ]; then
         bench_say "making the random 1.1B $a"
@@ -138,13 +143,17 @@ PY
         rm -rf "$base"
       fi
     done
-    for t in q4_0 q4_k_m q8_0; do
+    for t in "${types[@]}"; do
       base=$BENCH/random-llama-1.1b
       [ -s "$base.$t.gguf" ] || "$duet" convert "$base.f16.gguf" --type "$t" -o "$base.$t.gguf" -q
       models+=("$base.$t.gguf")
     done
     diff_model=$BENCH/random-diff-1.1b.q4_0.gguf
-    [ -s "$diff_model" ] || "$duet" convert "$BENCH/random-diff-1.1b.f16.gguf" --type q4_0 -o "$diff_model" -q
+    if [ "${QUICK:-0}" = 1 ]; then
+      diff_model=
+    elif [ ! -s "$diff_model" ]; then
+      "$duet" convert "$BENCH/random-diff-1.1b.f16.gguf" --type q4_0 -o "$diff_model" -q
+    fi
   fi
   {
     echo "-p $pp -n $tg -r 3:"
@@ -154,7 +163,8 @@ PY
   } >>"$res"
   local m lp lt dp dt dg share
   declare -A duet_tg=()
-  for m in "${models[@]}" "$diff_model"; do
+  for m in "${models[@]}" ${diff_model:+"$diff_model"}; do
+    [ "${QUICK:-0}" = 1 ] && { echo "(left out: QUICK=1)" >>"$res"; break; }
     time_for 40 "$(basename "$m")" || continue
     bench_say "speed of $(basename "$m")"
     read -r lp lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_llama_parse)
@@ -165,17 +175,17 @@ PY
   done
   {
     echo
-    echo "duet, DiffLlama / same-shape Llama decode: $(bench_ratio "${duet_tg[$diff_model]:-}" "${duet_tg[${models[0]}]:-}") (llama.cpp does not run DiffLlama)."
+    [ -z "$diff_model" ] || echo "duet, DiffLlama / same-shape Llama decode: $(bench_ratio "${duet_tg[$diff_model]:-}" "${duet_tg[${models[0]}]:-}") (llama.cpp does not run DiffLlama)."
     echo
-    grep -h -E '^GPU work of' "$log" | sort -u | sed 's/^/    /'
+    grep -h -E '^GPU work of' "$log" | sort -u | sed 's/^/    /' || true
     echo
     echo "Adapters (from the programs' own logs):"
     echo
-    grep -h -E '^GPU adapter:|^ggml_vulkan: [0-9]+ =|^ggml_vulkan: No devices' "$log" | sort -u | sed 's/^/    /'
+    grep -h -E '^GPU adapter:|^ggml_vulkan: [0-9]+ =|^ggml_vulkan: No devices' "$log" | sort -u | sed 's/^/    /' || true
   } >>"$res"
 
   # 3b. Prefill with and without the cooperative-matrix (tensor-core) product.
-  if time_for 40 "prefill without cooperative matrices"; then
+  if [ "${COOP:-1}" = 1 ] && time_for 40 "prefill without cooperative matrices"; then
     {
       echo
       echo "Prefill pp$pp (-r 3) with the product on cooperative matrices (the default where the adapter has them, tiles of 128 tokens; and \`--gpu-tune cooptile=64\`) and without (\`--gpu-tune coop=off\`):"
@@ -195,7 +205,7 @@ PY
 
   # 4. Where duet's GPU time goes.
   : >"$prof"
-  if time_for 40 "the profiles"; then
+  if [ "${PROFILES:-1}" = 1 ] && time_for 40 "the profiles"; then
     for m in "${models[@]:0:2}"; do
       echo "## $(basename "$m" .gguf): tg$tg" >>"$prof"
       timeout 60 "$duet" bench -m "$m" --device gpu --gpu-profile -p 0 -n $tg -r 1 2>>"$log" >>"$prof" || echo "(failed)" >>"$prof"
@@ -280,11 +290,14 @@ PY
       [ "$np" = 1 ] && one=$nt
       echo "| $np | $nt | $(bench_ratio "$nt" "${one:-}") |" >>"$res"
     done
-    # Products of a few tokens: the matvec once per token up to mvtok=N, else the matmul.
-    for v in mvtok=1 mvtok=4 mvtok=16; do
-      time_for 15 "--parallel 8 $v" || break
-      read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n 64 -r 2 --parallel 8 --gpu-tune "$v" 2>>"$log" | bench_duet_parse)
-      echo "| 8, --gpu-tune $v | $nt | $(bench_ratio "$nt" "${one:-}") |" >>"$res"
+    # The tokens' workgroups interleaved (the same rows' side by side) instead of one token
+    # per dispatch z; products of a few tokens through the matvec up to mvtok=N (8 tokens
+    # through the matmul: mvtok=4).
+    for v in "4 mvinterleave=on" "8 mvinterleave=on" "8 mvtok=4" "8 mvtok=16"; do
+      np=${v%% *} v=${v#* }
+      time_for 15 "--parallel $np $v" || break
+      read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n 64 -r 2 --parallel $np --gpu-tune "$v" 2>>"$log" | bench_duet_parse)
+      echo "| $np, --gpu-tune $v | $nt | $(bench_ratio "$nt" "${one:-}") |" >>"$res"
     done
   fi
 
@@ -330,7 +343,7 @@ PY
   {
     echo
     echo "GPU tests on this card: $(grep -c '^test result: ok' "$tests_log") binaries passed, $(grep -c '^test result: FAILED' "$tests_log") failed; skipped: $(wc -l <"$DUET_SKIP_LOG")."
-    grep -E '^(=== |test result:|test .* FAILED)' "$tests_log" | sed 's/^/    /'
+    grep -E '^(=== |test result:|test .* FAILED)' "$tests_log" | sed 's/^/    /' || true
   } >>"$res"
   cat "$res"
   [ "$failed" = 0 ] || { echo "error: a GPU test failed (see $tests_log)" >&2; exit 1; }

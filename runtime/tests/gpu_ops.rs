@@ -133,15 +133,27 @@ fn cpu_matmul_bound(t: GgmlType) -> f64 {
 /// The matvec settings every product test runs, whichever adapter runs it: the adapter's
 /// default; the workgroup-memory reduction (no subgroups) in the hardware default shape;
 /// one row per workgroup of 256 threads, more threads than a short row has slots, with
-/// products of up to 16 tokens by token; and trusted modules (no naga bounds checks) in the
+/// products of up to 16 tokens by token, their workgroups interleaved by token (the second
+/// takes them one token per dispatch z; the default, each as its adapter does); and trusted modules (no naga bounds checks) in the
 /// software default shape, with every product of several tokens through the matmul. The
 /// second also forces the tiled matmul on an adapter with cooperative matrices.
 fn matvec_tunings() -> Vec<GpuTune> {
     vec![
         GpuTune::default(),
         // (And the tiled f16 matmul where the adapter would take cooperative matrices.)
-        GpuTune { matvec: Some((128, 2)), subgroups: Some(false), coop: Some(false), ..Default::default() },
-        GpuTune { matvec: Some((256, 1)), matvec_tokens: Some(16), ..Default::default() },
+        GpuTune {
+            matvec: Some((128, 2)),
+            subgroups: Some(false),
+            coop: Some(false),
+            matvec_interleave: Some(false),
+            ..Default::default()
+        },
+        GpuTune {
+            matvec: Some((256, 1)),
+            matvec_tokens: Some(16),
+            matvec_interleave: Some(true),
+            ..Default::default()
+        },
         GpuTune { matvec: Some((32, 4)), trusted: Some(true), matvec_tokens: Some(1), ..Default::default() },
     ]
 }

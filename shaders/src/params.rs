@@ -103,6 +103,11 @@ params! {
         wg3: u32,
         /// The folded RMSNorm's epsilon (normed variants).
         eps: f32,
+        /// Tokens interleaved along x: 0, a product of several tokens has one per dispatch
+        /// z; n > 0, workgroup i takes token i mod n of job i / n, so that the n tokens'
+        /// workgroups of the same rows run side by side and read the weights through the
+        /// cache once (`--gpu-tune mvinterleave`).
+        tok_x: u32,
     }
 
     /// matmul.wgsl: tokens times a weight chunk, tiled.

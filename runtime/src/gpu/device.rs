@@ -86,6 +86,8 @@ pub struct GpuContext {
     pub decode_workgroups: usize,
     /// Products of up to this many tokens run the matvec once per token, not the matmul.
     pub matvec_tokens: usize,
+    /// Their workgroups interleaved by token (`MatVecParams::tok_x`).
+    pub matvec_interleave: bool,
     /// The prefill product runs on cooperative matrices (`Op::MatMulCoop`); else why not,
     /// when a hardware adapter cannot (for the description).
     pub coop: bool,
@@ -359,6 +361,10 @@ impl GpuContext {
             fuse: opts.tune.fuse.unwrap_or(true),
             decode_workgroups: opts.tune.attn_workgroups.unwrap_or(super::attention::DECODE_WORKGROUPS),
             matvec_tokens: opts.tune.matvec_tokens.unwrap_or(super::matmul::MATVEC_TOKENS),
+            // Off until a GPU run measures it (gpu_speed.sh's several-streams rows time it):
+            // lavapipe, whose "workgroups" are CPU loops, ran 4 streams at 0.80x with it
+            // (duet-diff-ref, bench --parallel 4: 58.6 vs 73.6 t/s).
+            matvec_interleave: opts.tune.matvec_interleave.unwrap_or(false),
             coop,
             coop_wide,
             coop_lacks: if coop || !hardware { None } else { lacks.or_else(|| Some("--gpu-tune coop=off".into())) },

@@ -209,7 +209,10 @@ fn matvec_shaped(
         first[i] = total as u32;
         total += m.rows.div_ceil(per_wg);
     }
-    let g = grid(total, 1);
+    // Several tokens: interleaved along x (the same rows' workgroups side by side), or one
+    // token per z.
+    let interleave = x.tokens > 1 && b.ctx.matvec_interleave;
+    let g = if interleave { grid(total * x.tokens, 1) } else { grid(total, 1) };
     let at = |i: usize| mats.get(i).map_or((0, 0), |m| (m.rows as u32, m.w_off as u32));
     let (rows0, woff0) = at(0);
     let (rows1, woff1) = at(1);
@@ -234,6 +237,7 @@ fn matvec_shaped(
         woff3,
         wg3: first[3],
         eps: x.norm.map_or(0.0, |n| n.1),
+        tok_x: if interleave { x.tokens as u32 } else { 0 },
     };
     // (Each token's workgroups read the weights; the profile counts them once.)
     let weight_bytes = mats.iter().map(|m| (m.rows * w.row_bytes) as u64).sum();
@@ -248,7 +252,8 @@ fn matvec_shaped(
     if let Some((g_buf, _)) = x.norm {
         bufs.push(g_buf);
     }
-    b.run_weighted(op, &params, &bufs, (g.0, g.1, x.tokens as u32), weight_bytes);
+    let z = if interleave { 1 } else { x.tokens as u32 };
+    b.run_weighted(op, &params, &bufs, (g.0, g.1, z), weight_bytes);
 }
 
 /// `out = x · wᵀ` for one token (`x` 1 × cols) in workgroups of `shape`: the kernel sweep

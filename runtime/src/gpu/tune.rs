@@ -27,6 +27,10 @@ pub struct GpuTune {
     /// Tokens up to which a matrix product runs the matvec once per token rather than the
     /// tiled matmul (several sequences' decode steps; default 8).
     pub matvec_tokens: Option<usize>,
+    /// Those tokens' workgroups interleaved (the tokens of a row group side by side, so
+    /// that the weights are read from memory once), else one token per dispatch z
+    /// (default off: not yet measured on a GPU).
+    pub matvec_interleave: Option<bool>,
     /// The prefill product on cooperative matrices (tensor cores; default on where the
     /// adapter has them, [`super::device::coop_lacks`]).
     pub coop: Option<bool>,
@@ -44,6 +48,8 @@ impl GpuTune {
         attn=N (workgroups a decoded token's attention is split over, 1 to 65536; default 4096), \
         mvtok=N (products of up to N tokens, as several sequences' decode steps, run the matvec once per token \
         instead of the tiled matmul: 1 to 64; default 8), \
+        mvinterleave=on|off (those tokens' workgroups of the same rows side by side, so the weights are read \
+        from memory once for all of them; off: one token per dispatch z, the default until measured on a GPU), \
         coop=on|off (the prefill product on cooperative matrices, i.e. tensor cores: f16 products, f32 sums; default on \
         where the adapter has 16x16x16 f16 matrices and subgroups of 32), \
         cooptile=64|128 (tokens per workgroup tile of that product; default 128)";
@@ -68,6 +74,7 @@ impl GpuTune {
                 "trusted" => t.trusted = Some(on_off()?),
                 "fuse" => t.fuse = Some(on_off()?),
                 "coop" => t.coop = Some(on_off()?),
+                "mvinterleave" => t.matvec_interleave = Some(on_off()?),
                 "cooptile" => {
                     t.coop_tokens = match value.trim() {
                         "64" => Some(64),
@@ -102,8 +109,10 @@ mod tests {
 
     #[test]
     fn parses_every_key_and_refuses_what_it_does_not_know() {
-        let t = GpuTune::parse("matvec=64x4, subgroups=off,trusted=on,fuse=0,attn=512,mvtok=4,coop=off,cooptile=128")
-            .unwrap();
+        let t = GpuTune::parse(
+            "matvec=64x4, subgroups=off,trusted=on,fuse=0,attn=512,mvtok=4,coop=off,cooptile=128,mvinterleave=off",
+        )
+        .unwrap();
         assert_eq!(
             t,
             GpuTune {
@@ -113,6 +122,7 @@ mod tests {
                 fuse: Some(false),
                 attn_workgroups: Some(512),
                 matvec_tokens: Some(4),
+                matvec_interleave: Some(false),
                 coop: Some(false),
                 coop_tokens: Some(128),
             }
@@ -130,6 +140,7 @@ mod tests {
             "mvtok=0",
             "mvtok=65",
             "coop=fast",
+            "mvinterleave=2",
             "cooptile=32",
         ] {
             assert!(GpuTune::parse(bad).is_err(), "{bad} accepted");

@@ -1,8 +1,9 @@
 // Matrix-vector product for decode (`src/matvec.rs` says why it is shaped so): one token
 // times the rows of up to four matrices of one weight buffer; a few tokens (several
-// sequences' decode steps) are the dispatch's z, each token's workgroups reading the
-// weights on their own (from cache: the tokens' workgroups of a row run close together),
-// which for a handful of tokens beats the tiled matmul's one pass. A workgroup of MV_WG threads
+// sequences' decode steps) each have their own workgroups, one token per dispatch z or
+// (mv_start, --gpu-tune mvinterleave) interleaved so that the tokens' workgroups of the
+// same rows run side by side and read the weights from memory once; for a handful of
+// tokens either beats the tiled matmul's one pass. A workgroup of MV_WG threads
 // takes MV_R rows of one matrix; thread t walks slots t, t + MV_WG, … of those rows (see
 // matvec_slots/common.wgsl), loading each slot's activations once for all MV_R rows. The
 // main entry point (matvec_reduce_*.wgsl) sums the threads' partials and calls mv_finish,
@@ -32,6 +33,7 @@ struct Params {
     woff3: u32,
     wg3: u32,
     eps: f32,        // the folded RMSNorm's epsilon (MV_NORM)
+    tok_x: u32,      // n > 0: tokens interleaved along x (mv_start), else one per z
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -61,6 +63,20 @@ fn mv_job(wgi: u32) -> Job {
         }
     }
     return Job(0u, P.rows0, P.woff0, wgi * MV_R);
+}
+
+// The workgroup's token and job. With tokens interleaved (P.tok_x = n > 0) workgroup i
+// takes token i mod n of job i / n: the n tokens' workgroups of the same rows run side by
+// side, so the weights come from memory once and from the cache for the other tokens;
+// else the token is the dispatch's z (each token's workgroups stream the whole matrix).
+fn mv_start(wid: vec3<u32>) -> Job {
+    let i = wg_index(wid, P.grid_x);
+    if (P.tok_x > 0u) {
+        mv_token(i % P.tok_x);
+        return mv_job(i / P.tok_x);
+    }
+    mv_token(wid.z);
+    return mv_job(i);
 }
 
 // The sum of squares of the activations this thread has loaded (MV_NORM).

@@ -12,8 +12,7 @@ fn main(
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) n_sg: u32,
 ) {
-    mv_token(wid.z);
-    let job = mv_job(wg_index(wid, P.grid_x));
+    let job = mv_start(wid);
     if (job.r0 >= job.rows) {
         return;
     }

@@ -5,8 +5,7 @@ var<workgroup> red: array<f32, MV_ACC * MV_WG>;
 
 @compute @workgroup_size(MV_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    mv_token(wid.z);
-    let job = mv_job(wg_index(wid, P.grid_x));
+    let job = mv_start(wid);
     if (job.r0 >= job.rows) {
         return;
     }
