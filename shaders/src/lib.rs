@@ -362,6 +362,8 @@ pub const EW_WG: u32 = 256;
 const PRELUDE: &str = include_str!("wgsl/prelude.wgsl");
 const WEIGHTS_COMMON: &str = include_str!("wgsl/weights/common.wgsl");
 const KSCALE: &str = include_str!("wgsl/weights/kscale.wgsl");
+/// The prompt products' parameters, bindings and activation reader (both kernels).
+const MATMUL_IO: &str = include_str!("wgsl/matmul_io.wgsl");
 /// The shared tree reductions (workgroup_max, workgroup_sum) over `wg` threads.
 fn workgroup_reduce(wg: u32) -> String {
     format!("const RED_WG: u32 = {wg}u;\n{}", include_str!("wgsl/workgroup_reduce.wgsl"))
@@ -427,11 +429,13 @@ pub fn source(v: &Variant) -> String {
         }
         Op::MatMul(t) => {
             weights(&mut s, t);
+            s.push_str(MATMUL_IO);
             s.push_str(include_str!("wgsl/matmul.wgsl"));
         }
         Op::MatMulCoop { ty: t, wide } => {
             let _ = writeln!(s, "const COOP_SGT: u32 = {}u;", coop_tile_tokens(wide) / 32);
             weights(&mut s, t);
+            s.push_str(MATMUL_IO);
             s.push_str(include_str!("wgsl/matmul_coop.wgsl"));
         }
         Op::Embed(t) => {

@@ -4,42 +4,11 @@
 // activations into workgroup memory (16 KiB in f32, WebGPU's default limit), then every
 // thread accumulates 4 × 4 outputs. (Steps of 16 spent two barriers per 64 products.)
 // Products in `act` (f16 or f32), sums in f32.
-
-struct Params {
-    n_rows: u32,     // rows of this weight chunk (N)
-    cols: u32,       // K
-    row_bytes: u32,
-    out_off: u32,    // first output column written
-    grid_x: u32,     // workgroups along x (weight-row tiles)
-    t_rows: u32,     // tokens (T)
-    x_stride: u32,   // elements per token row of X
-    o_stride: u32,   // elements per token row of O
-    w_off: u32,      // first byte of the weight chunk in W
-    accumulate: u32, // 1: O += products (the residual add), 0: O = products
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> W: array<u32>;
-@group(0) @binding(2) var<storage, read> X: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+// (Params, the bindings and load_x4: matmul_io.wgsl.)
 
 const TK4: u32 = 8u; // 32 elements of K per step, as 8 groups of 4
 var<workgroup> ws: array<vec4<act>, MM_TM * TK4>;
 var<workgroup> xs: array<vec4<act>, MM_TN * TK4>;
-
-fn load_x4(t: u32, k: u32) -> vec4<f32> {
-    let b = t * P.x_stride + k;
-    if (k + 4u <= P.cols) {
-        return vec4<f32>(X[b], X[b + 1u], X[b + 2u], X[b + 3u]);
-    }
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if (k + j < P.cols) {
-            v[j] = X[b + j];
-        }
-    }
-    return v;
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

@@ -1,15 +1,15 @@
 // Tiled matrix-matrix product for prefill on cooperative matrices (tensor cores):
-// O[t][out_off + n] (+)= Σ_k W[n][k] · X[t][k], the same product and parameters as
-// matmul.wgsl. A workgroup of 2 × COOP_SGT subgroups of 32 threads (the runtime picks this
-// kernel only where subgroups have 32 lanes, since a cooperative matrix belongs to one
-// subgroup) computes a tile of MM_TM (64) weight rows × COOP_TN (32 · COOP_SGT: 64 or 128)
-// tokens; each subgroup owns a 32 × 32 block of it as 2 × 2 accumulators of 16 × 16 f32.
-// Each step of CK = 32 values of k dequantizes 64 × 32 weights (decode4 of the weight
-// type) and loads COOP_TN × 32 activations into workgroup memory as f16, then every
-// subgroup does 2 × 4 multiply-adds of 16 × 16 × 16 (f16 products, f32 sums); the wider
-// tile dequantizes each weight once for twice the tokens. The accumulators leave through a 16 × 16
-// staging area per subgroup, so that the edges of the tile are bounds-checked and the
-// residual add is done as in matmul.wgsl.
+// O[t][out_off + n] (+)= Σ_k W[n][k] · X[t][k], the same product, parameters and bindings
+// as matmul.wgsl (matmul_io.wgsl). A workgroup of 2 × COOP_SGT subgroups of 32 threads
+// (the runtime picks this kernel only where subgroups have 32 lanes, since a cooperative
+// matrix belongs to one subgroup) computes a tile of MM_TM (64) weight rows × COOP_TN (32
+// · COOP_SGT: 64 or 128) tokens; each subgroup owns a 32 × 32 block of it as 2 × 2
+// accumulators of 16 × 16 f32. Each step of CK = 32 values of k dequantizes 64 × 32
+// weights (decode4 of the weight type) and loads COOP_TN × 32 activations into workgroup
+// memory as f16, then every subgroup does 2 × 4 multiply-adds of 16 × 16 × 16 (f16
+// products, f32 sums); the wider tile dequantizes each weight once for twice the tokens.
+// The accumulators leave through a 16 × 16 staging area per subgroup, so that the edges of
+// the tile are bounds-checked and the residual add is done as in matmul.wgsl.
 //
 // Two assumptions beyond the WGSL spec, both true of NVIDIA's Vulkan driver and checked
 // there by gpu_ops' matmul_on_cooperative_matrices (which gpu_speed.sh makes mandatory on
@@ -19,24 +19,6 @@
 // hand-offs through wt, xt and ct across workgroupBarrier hold although naga, once the
 // module uses cooperative matrices, emits the Vulkan memory model without marking these
 // workgroup accesses NonPrivatePointer.
-
-struct Params {
-    n_rows: u32,     // rows of this weight chunk (N)
-    cols: u32,       // K
-    row_bytes: u32,
-    out_off: u32,    // first output column written
-    grid_x: u32,     // workgroups along x (weight-row tiles)
-    t_rows: u32,     // tokens (T)
-    x_stride: u32,   // elements per token row of X
-    o_stride: u32,   // elements per token row of O
-    w_off: u32,      // first byte of the weight chunk in W
-    accumulate: u32, // 1: O += products (the residual add), 0: O = products
-}
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> W: array<u32>;
-@group(0) @binding(2) var<storage, read> X: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
 
 const CK: u32 = 32u;
 // Row stride of the tiles in halves: 32 values and 8 of padding, so that the 16 rows a
@@ -52,20 +34,6 @@ const COOP_WG: u32 = 64u * COOP_SGT;
 var<workgroup> wt: array<f16, MM_TM * LDS>;
 var<workgroup> xt: array<f16, COOP_TN * LDS>;
 var<workgroup> ct: array<f32, 512u * COOP_SGT>;
-
-fn load_x4(t: u32, k: u32) -> vec4<f32> {
-    let b = t * P.x_stride + k;
-    if (k + 4u <= P.cols) {
-        return vec4<f32>(X[b], X[b + 1u], X[b + 2u], X[b + 3u]);
-    }
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < 4u; j++) {
-        if (k + j < P.cols) {
-            v[j] = X[b + j];
-        }
-    }
-    return v;
-}
 
 // Subgroup `sg`'s accumulator `c` (its quarter's block (bn, bt) of 16 × 16) out to O.
 fn write_block(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, n_base: u32, t_base: u32) {
