@@ -241,7 +241,7 @@ impl Arch for Avx512 {
     }
     #[inline(always)]
     unsafe fn prefetch(p: *const u8) {
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) }
     }
 }
 
@@ -444,7 +444,7 @@ impl<const VNNI: bool> Arch for Avx2<VNNI> {
     }
     #[inline(always)]
     unsafe fn prefetch(p: *const u8) {
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p as *const i8) }
     }
 }
 

@@ -90,6 +90,7 @@ pub(in crate::gemm) trait Arch {
     /// Stores LANES f32.
     unsafe fn store(a: Self::F, p: *mut f32);
     /// Hints that the 64-byte line at `p` will be read soon. Any address: never faults.
+    /// x86 asks for the line in L2, not L1 ([`super::drive::PREFETCH_BYTES`] says why).
     #[inline(always)]
     unsafe fn prefetch(_p: *const u8) {}
 }
