@@ -7,7 +7,8 @@
 # decode, ggml's single Q8 in prompts). The
 # machine's memory read bandwidth (`duet bench --bandwidth`, best of 5 × 1 GiB on 2 threads,
 # median of 3) heads the table, and each decode is also given as the rate at which it streams
-# the model's weights and as a share of that bandwidth.
+# the model's weights and as a share of the bandwidth measured once in each of that model's
+# rounds (median; the cell names it).
 #
 #   runtime/bench/cpu_speed.sh                # SmolLM2-135M-Instruct Q4_1
 #   MODELS=all runtime/bench/cpu_speed.sh     # also a random-weight 1.1B Llama (TinyLlama
@@ -78,7 +79,11 @@ echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 declare -A kernels=()
 for m in "${models[@]}"; do
   declare -A pp=() tg=() gbs=()
+  bws=
   for ((r = 0; r < rounds; r++)); do
+    # The bandwidth again beside each round: a VM's speed drifts by a quarter within an hour,
+    # and a share of the start's figure said 110% (cpu-speed-zen4-2fbbf52.md).
+    bws="$bws $(bandwidth)"
     for who in lc duet duetauto; do
       g=
       case $who in
@@ -99,7 +104,8 @@ for m in "${models[@]}"; do
     tg[$who]=$(echo "${tg[$who]}" | bench_median)
   done
   g=$(echo "${gbs[duet]}" | bench_median)
-  share=$(awk -v a="$g" -v b="$bw" 'BEGIN { printf "%.0f%%", 100 * a / b }')
+  rbw=$(echo "$bws" | bench_median)
+  share=$(awk -v a="$g" -v b="$rbw" 'BEGIN { printf "%.0f%% of %.1f", 100 * a / b, b }')
   echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(bench_ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(bench_ratio "${tg[duet]}" "${tg[lc]}") | $g ($share) | ${pp[duetauto]} | $(bench_ratio "${pp[duetauto]}" "${pp[lc]}") | ${tg[duetauto]} | $(bench_ratio "${tg[duetauto]}" "${tg[lc]}") |"
   unset pp tg gbs
 done
