@@ -463,18 +463,12 @@ pub fn source(v: &Variant) -> String {
                 s.push_str(include_str!("wgsl/kv_write.wgsl"));
             }
             kind => {
-                // The words one invocation assembles: two blocks (absmax 2 + 4·bits bytes,
-                // signed-max 2 + 8·bits), or one row's 32 codes of a channel group.
-                let (file, words) = match kind {
-                    CacheKind::Blocks { per_scale: 32, bits } => {
-                        (include_str!("wgsl/kv_write_absmax.wgsl"), (2 + 4 * bits) / 2)
-                    }
-                    CacheKind::Blocks { bits, .. } => {
-                        (include_str!("wgsl/kv_write_signed_max.wgsl"), (2 + 8 * bits) / 2)
-                    }
-                    _ => (include_str!("wgsl/kv_write_channel.wgsl"), e.bits()),
+                let file = match kind {
+                    CacheKind::Blocks { per_scale: 32, .. } => include_str!("wgsl/kv_write_absmax.wgsl"),
+                    CacheKind::Blocks { .. } => include_str!("wgsl/kv_write_signed_max.wgsl"),
+                    _ => include_str!("wgsl/kv_write_channel.wgsl"),
                 };
-                let _ = writeln!(s, "const QBITS: u32 = {}u;\nconst WBUF_WORDS: u32 = {words}u;", e.bits());
+                let _ = writeln!(s, "const QBITS: u32 = {}u;", e.bits());
                 s.push_str(&page_table(3));
                 s.push_str(QUANT_COMMON);
                 s.push_str(include_str!("wgsl/cache/pack.wgsl"));

@@ -39,13 +39,3 @@ fn block_code(v: f32, m: f32, scale: u32) -> u32 {
     }
     return u32(q + i32(QMAX) + 1);
 }
-
-// Block k's scale and codes (in workgroup memory) packed at byte `off` of wbuf.
-fn store_block(off: u32, k: u32) {
-    put_byte(off, sh_scale[k]);
-    put_byte(off + 1u, sh_scale[k] >> 8u);
-    for (var i = 0u; i < 32u; i++) {
-        codes[i] = sh_codes[64u * k + i];
-    }
-    pack_codes(off + 2u);
-}

@@ -39,6 +39,8 @@ const TOP: f32 = f32((1u << QBITS) - 1u);
 var<workgroup> lo_s: array<f32, 32>;
 var<workgroup> step_s: array<f32, 32>;
 var<workgroup> bits_s: array<u32, 96>;
+// This thread's row's 32 codes.
+var<private> codes: array<u32, 32>;
 
 fn group_bytes() -> u32 {
     return 4u * P.kv_dim + 32u * (P.kv_dim * QBITS / 8u);
@@ -107,9 +109,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 
     // Thread lid: row lid's codes for these 32 channels.
-    for (var w = 0u; w < WBUF_WORDS; w++) {
-        wbuf[w] = 0u;
-    }
     for (var j = 0u; j < 32u; j++) {
         var u = 0.0;
         if (step_s[j] > 0.0) {
@@ -117,9 +116,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         codes[j] = u32(u);
     }
-    pack_codes(0u);
+    // ... packed into QBITS words.
     let at = (base + 4u * P.kv_dim + lid * (P.kv_dim * QBITS / 8u) + (c0 / 32u) * 4u * QBITS) / 4u;
     for (var w = 0u; w < QBITS; w++) {
-        C[at + w] = wbuf[w];
+        var word = 0u;
+        for (var i = 0u; i < 4u; i++) {
+            let j = 4u * w + i;
+            let s = packed_src(j);
+            word |= packed_byte(j, vec4<u32>(codes[s.x], codes[s.y], codes[s.z], codes[s.w])) << (8u * i);
+        }
+        C[at + w] = word;
     }
 }

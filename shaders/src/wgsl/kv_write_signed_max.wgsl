@@ -30,16 +30,3 @@ fn block_code(v: f32, m: f32, scale: u32) -> u32 {
     }
     return u32(q + H);
 }
-
-// Block k's scale and codes (in workgroup memory) packed at byte `off` of wbuf: the scale,
-// then each half's 32 codes.
-fn store_block(off: u32, k: u32) {
-    put_byte(off, sh_scale[k]);
-    put_byte(off + 1u, sh_scale[k] >> 8u);
-    for (var half = 0u; half < 2u; half++) {
-        for (var i = 0u; i < 32u; i++) {
-            codes[i] = sh_codes[64u * k + 32u * half + i];
-        }
-        pack_codes(off + 2u + half * 4u * QBITS);
-    }
-}

@@ -8,9 +8,11 @@
 // The work of a block is spread over the threads, a value each (of BLOCK ≤ 64): the value
 // of largest magnitude (the first found, as the CPU's loop finds it) by a reduction, then
 // each value's code with the kernel's `block_scale` and `block_code` (correctly rounded
-// divisions in integer arithmetic: slow, so one per thread, not 64 in a row), then thread 0
-// packs the codes with `store_block`. (A thread per block pair took 125 µs per q4r row on
-// an H200.)
+// divisions in integer arithmetic: slow, so one per thread, not 64 in a row), then each
+// thread builds and stores one word of the pair's bytes (`block_byte`). A block is its f16
+// scale, then BLOCK / 32 packed groups of 32 codes (cache/pack.wgsl). (A thread per block
+// pair took 125 µs per q4r row on an H200; a thread per block's values and thread 0 packing
+// the pair's 2·BB bytes, 29 µs.)
 
 struct Params {
     rows: u32,
@@ -29,6 +31,18 @@ var<workgroup> red_idx: array<u32, 64>;
 // Each block's codes (64 a block at most) and f16 scale bits.
 var<workgroup> sh_codes: array<u32, 128>;
 var<workgroup> sh_scale: array<u32, 2>;
+
+// Byte `off` of block k of the pair, from the scales and codes in workgroup memory.
+fn block_byte(k: u32, off: u32) -> u32 {
+    if (off < 2u) {
+        return (sh_scale[k] >> (8u * off)) & 0xffu;
+    }
+    let g = (off - 2u) / (4u * QBITS);
+    let j = (off - 2u) % (4u * QBITS);
+    let b = 64u * k + 32u * g;
+    let s = packed_src(j);
+    return packed_byte(j, vec4<u32>(sh_codes[b + s.x], sh_codes[b + s.y], sh_codes[b + s.z], sh_codes[b + s.w]));
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -77,18 +91,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     workgroupBarrier();
-    if (lid == 0u) {
-        for (var w = 0u; w < WBUF_WORDS; w++) {
-            wbuf[w] = 0u;
-        }
-        for (var k = 0u; k < n; k++) {
-            store_block(k * BB, k);
+    // Thread lid: word lid of the pair's n·BB bytes (at most 2·(2 + 8·8) = 132 bytes, 33
+    // words), the row's zero padding after a single last block included.
+    let nw = (n * BB + 3u) / 4u;
+    if (lid < nw) {
+        var word = 0u;
+        for (var i = 0u; i < 4u; i++) {
+            let b = 4u * lid + i;
+            if (b < n * BB) {
+                word |= block_byte(b / BB, b % BB) << (8u * i);
+            }
         }
         let row_words = (nb * BB + 3u) / 4u;
-        let base = cache_row(P.pos0 + r) * row_words + pair * (BB / 2u);
-        let nw = (n * BB + 3u) / 4u;
-        for (var w = 0u; w < nw; w++) {
-            C[base + w] = wbuf[w];
-        }
+        C[cache_row(P.pos0 + r) * row_words + pair * (BB / 2u) + lid] = word;
     }
 }

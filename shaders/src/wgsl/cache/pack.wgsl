@@ -1,34 +1,30 @@
-// Packing of 32 codes of QBITS bits into bytes, duet_quant::kv::pack's layout (one per
-// width): 8 bits, code j in byte j; 6 bits, the low nibbles of codes j and j + 16 in byte j
-// of 16, then the top 2 bits of codes j, j + 8, j + 16, j + 24 in bits 0-1, 2-3, 4-5, 6-7
-// of byte 16 + j; 4 bits, code j in the low and j + 16 in the high nibble of byte j.
-// The kernel declares WBUF_WORDS, the words it assembles before storing them.
+// The layout of 32 codes of QBITS bits packed into 4·QBITS bytes, duet_quant::kv::pack's (one
+// per width): 8 bits, code j in byte j; 6 bits, the low nibbles of codes j and j + 16 in byte
+// j of 16, then the top 2 bits of codes j, j + 8, j + 16, j + 24 in bits 0-1, 2-3, 4-5, 6-7 of
+// byte 16 + j; 4 bits, code j in the low and j + 16 in the high nibble of byte j.
+//
+// As two functions, so that a kernel builds any byte on its own from codes wherever they
+// lie (a thread's private array, workgroup memory): `packed_src(j)` names the codes (indices
+// 0..32 in the group; unused ones repeat) that byte j is made of, `packed_byte(j, c)` makes it
+// from their values `c`.
 
-var<private> wbuf: array<u32, WBUF_WORDS>;
-var<private> codes: array<u32, 32>;
-
-fn put_byte(b: u32, v: u32) {
-    wbuf[b >> 2u] |= (v & 0xffu) << ((b & 3u) * 8u);
+fn packed_src(j: u32) -> vec4<u32> {
+    if (QBITS == 8u) {
+        return vec4<u32>(j, j, j, j);
+    }
+    if (QBITS == 4u || j < 16u) {
+        return vec4<u32>(j, j + 16u, j, j);
+    }
+    let i = j - 16u;
+    return vec4<u32>(i, i + 8u, i + 16u, i + 24u);
 }
 
-// Packs codes[0..32] at byte `off` of wbuf (whose bytes there must be zero).
-fn pack_codes(off: u32) {
+fn packed_byte(j: u32, c: vec4<u32>) -> u32 {
     if (QBITS == 8u) {
-        for (var i = 0u; i < 32u; i++) {
-            put_byte(off + i, codes[i]);
-        }
-    } else if (QBITS == 6u) {
-        for (var j = 0u; j < 16u; j++) {
-            put_byte(off + j, (codes[j] & 15u) | ((codes[j + 16u] & 15u) << 4u));
-        }
-        for (var j = 0u; j < 8u; j++) {
-            let b = (codes[j] >> 4u) | ((codes[j + 8u] >> 4u) << 2u) | ((codes[j + 16u] >> 4u) << 4u)
-                | ((codes[j + 24u] >> 4u) << 6u);
-            put_byte(off + 16u + j, b);
-        }
-    } else {
-        for (var j = 0u; j < 16u; j++) {
-            put_byte(off + j, codes[j] | (codes[j + 16u] << 4u));
-        }
+        return c.x & 0xffu;
     }
+    if (QBITS == 4u || j < 16u) {
+        return (c.x & 15u) | ((c.y & 15u) << 4u);
+    }
+    return (c.x >> 4u) | ((c.y >> 4u) << 2u) | ((c.z >> 4u) << 4u) | ((c.w >> 4u) << 6u);
 }
