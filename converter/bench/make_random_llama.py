@@ -4,6 +4,7 @@ converter's memory and speed (converter/bench/measure_rss.sh). numpy only; nothi
 committed but this script.
 
     python3 converter/bench/make_random_llama.py OUT_DIR [--dtype bf16|f16] [--shards N] [--diff | --v2]
+        [--shape 1b|8b] [--layers N]
 
 Shape (TinyLlama-1.1B): hidden 2048, 22 layers, 32 heads, 4 KV heads, ffn 5632, vocab
 32000, untied embeddings: 1.1 B parameters, 2.2 GB of BF16. The weights are N(0, 0.02²)
@@ -14,6 +15,13 @@ DiffLlama of the same shape instead (plus the four λ vectors of head_dim per la
 comparing DIFF and Llama decode speed. --v2 writes the DIFF V2 (duet's diffllama_v2 format)
 whose 2h = 32 query heads and 4 KV heads match the Llama's: h = 16 pairs, q_proj 32·64 rows,
 o_proj reading 16·64, and a lambda_proj [16, 2048] per layer.
+
+--shape 8b writes Llama-3-8B's shape instead (hidden 4096, 32 layers, 32 heads, 8 KV heads,
+ffn 14336, vocab 128256, untied: 8.0 B parameters, 16 GB), for the GPU decode speed of an
+8B-class model (runtime/bench/gpu_speed_run.sh). Drawing 8 billion normals would take
+minutes of a lent GPU machine's time, so there each distinct tensor shape's values are drawn
+once and written for every layer: the file has the right size and layout, and speed does not
+depend on the values. --layers N keeps only the first N layers (a quick check of a shape).
 """
 
 import argparse
@@ -26,8 +34,18 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "..", "tests", "fixtures", "models", "llama-gqa")
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = 2048, 22, 32, 4, 5632, 32000
+# (hidden, layers, heads, KV heads, ffn, vocab)
+SHAPES = {"1b": (2048, 22, 32, 4, 5632, 32000), "8b": (4096, 32, 32, 8, 14336, 128256)}
+HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = SHAPES["1b"]
 HEAD_DIM = HIDDEN // HEADS
+
+
+def set_shape(name, layers=None):
+    global HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, HEAD_DIM
+    HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = SHAPES[name]
+    if layers is not None:
+        LAYERS = layers
+    HEAD_DIM = HIDDEN // HEADS
 
 
 def tensor_shapes(diff=False, v2=False):
@@ -59,7 +77,7 @@ def to_bf16(x):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
 
 
-def write_shard(path, items, dtype, rng):
+def write_shard(path, items, dtype, rng, reuse=False):
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, shape in items:
         n = int(np.prod(shape)) * 2
@@ -70,13 +88,22 @@ def write_shard(path, items, dtype, rng):
     with open(path, "wb") as f:
         f.write(len(h).to_bytes(8, "little"))
         f.write(h)
+        drawn = {}
         for name, shape in items:
-            x = rng.standard_normal(shape, dtype=np.float32)
-            if name.endswith("norm.weight"):
-                x = 1 + 0.1 * x
-            else:
-                x *= 0.02
-            f.write(to_bf16(x).tobytes() if dtype == "bf16" else x.astype("<f2").tobytes())
+            norm = name.endswith("norm.weight")
+            key = (shape, norm)
+            if key not in drawn:
+                x = rng.standard_normal(shape, dtype=np.float32)
+                if norm:
+                    x = 1 + 0.1 * x
+                else:
+                    x *= 0.02
+                b = to_bf16(x).tobytes() if dtype == "bf16" else x.astype("<f2").tobytes()
+                if not reuse:
+                    f.write(b)
+                    continue
+                drawn[key] = b
+            f.write(drawn[key])
     return offset
 
 
@@ -89,20 +116,24 @@ def main():
     kind = ap.add_mutually_exclusive_group()
     kind.add_argument("--diff", action="store_true", help="a DiffLlama of the same shape")
     kind.add_argument("--v2", action="store_true", help="a DIFF V2 with the same query and KV heads")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    ap.add_argument("--layers", type=int, help="only the first N layers")
     args = ap.parse_args()
+    set_shape(args.shape, args.layers)
+    reuse = args.shape != "1b"
     os.makedirs(args.out, exist_ok=True)
     rng = np.random.default_rng(args.seed)
     items = list(tensor_shapes(args.diff, args.v2))
     n_params = sum(int(np.prod(s)) for _, s in items)
     if args.shards == 1:
-        write_shard(os.path.join(args.out, "model.safetensors"), items, args.dtype, rng)
+        write_shard(os.path.join(args.out, "model.safetensors"), items, args.dtype, rng, reuse)
     else:
         per = -(-len(items) // args.shards)
         weight_map, total = {}, 0
         for i in range(args.shards):
             chunk = items[i * per:(i + 1) * per]
             name = f"model-{i + 1:05}-of-{args.shards:05}.safetensors"
-            total += write_shard(os.path.join(args.out, name), chunk, args.dtype, rng)
+            total += write_shard(os.path.join(args.out, name), chunk, args.dtype, rng, reuse)
             weight_map.update({t: name for t, _ in chunk})
         with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
@@ -110,7 +141,8 @@ def main():
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB,
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "max_position_embeddings": 2048 if args.shape == "1b" else 8192, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0 if args.shape == "1b" else 500000.0,
         "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
         "torch_dtype": "bfloat16" if args.dtype == "bf16" else "float16",
     }

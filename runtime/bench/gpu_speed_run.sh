@@ -10,7 +10,8 @@
 #      llama`: every variant on the 1.1B and 8B Llama matrices) -> kernels.md;
 #   3. llama.cpp beside duet, pp512 and tg128, on the random 1.1B Llama (Q4_0, Q4_K_M,
 #      Q8_0) and the same-shape DiffLlama -> gpu-speed.md; 3b. prefill with and without the
-#      cooperative-matrix product (--gpu-tune coop=off);
+#      cooperative-matrix product (--gpu-tune coop=off); 3c. decode of an 8B-class Llama
+#      (Llama-3-8B's shape, random weights, Q4_0 and Q4_K_M), both programs;
 #   4. where the GPU time goes (`--gpu-profile`: decode, prefill, 4 streams, 4-bit cache
 #      at depth) -> profiles.md;
 #   5. decode under each --gpu-tune variant (fusion off, no subgroups, no trusted modules,
@@ -22,7 +23,8 @@
 #   8. the same-shape DIFF V2;
 #   9. the other GPU test binaries.
 # SWEEP=0 leaves out the kernel sweep (step 2), TUNES=0 the --gpu-tune variants (step 5),
-# COOP=0 the prefill rows with and without cooperative matrices (3b), PROFILES=0 the
+# COOP=0 the prefill rows with and without cooperative matrices (3b), EIGHT_B=0 the 8B-class
+# Llama's decode (3c; also left out by QUICK=1 and MODELS=small), PROFILES=0 the
 # profiles (4), DEPTH=0 decode at depth (6), STREAMS=0 several streams (6b); QUICK=1 makes and measures
 # the Q4_0 Llama alone and leaves out step 3's table.
 
@@ -200,6 +202,37 @@ PY
       read -r wp x < <(timeout 60 "$duet" bench -m "$m" --device gpu -p $pp -n 0 -r 3 --gpu-tune cooptile=64 2>>"$log" | bench_duet_parse)
       read -r lp x < <(timeout 60 "$duet" bench -m "$m" --device gpu -p $pp -n 0 -r 3 --gpu-tune coop=off 2>>"$log" | bench_duet_parse)
       echo "| $(basename "$m" .gguf) | $dp | $wp | $lp | $(bench_ratio "$dp" "$lp") |" >>"$res"
+    done
+  fi
+
+  # 3c. An 8B-class Llama (Llama-3-8B's shape, converter/bench/make_random_llama.py --shape
+  # 8b: ~4.5 GB at 4 bits), decode only: the size where the matvec streams its weights and
+  # nothing else counts. Making it (16 GB of f16, then two conversions) takes ~1-2 minutes.
+  if [ "${MODELS:-}" != small ] && [ "${QUICK:-0}" != 1 ] && [ "${EIGHT_B:-1}" = 1 ] && time_for 240 "the 8B shape"; then
+    base=$BENCH/random-llama-8b
+    if [ ! -s "$base.q4_0.gguf" ] || [ ! -s "$base.q4_k_m.gguf" ]; then
+      bench_say "making the random 8B"
+      bench_random_llama "$base" --dtype f16 --shape 8b >>"$log"
+      for t in q4_0 q4_k_m; do
+        [ -s "$base.$t.gguf" ] || "$duet" convert "$base" --type "$t" -o "$base.$t.gguf" -q
+      done
+      rm -rf "$base"
+    fi
+    {
+      echo
+      echo "An 8B-class Llama (random weights in Llama-3-8B's shape), decode -p 0 -n $tg -r 3:"
+      echo
+      echo "| model | llama.cpp tg$tg | duet tg$tg | ratio | duet weights GB/s (of copy bandwidth) |"
+      echo "|---|---|---|---|---|"
+    } >>"$res"
+    for t in q4_0 q4_k_m; do
+      m=$base.$t.gguf
+      time_for 40 "$(basename "$m")" || break
+      bench_say "speed of $(basename "$m")"
+      read -r x lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_llama_parse)
+      read -r x dt dg < <(timeout 150 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
+      share=$(awk -v g="$dg" -v b="${bw:-0}" 'BEGIN { if (b > 0 && g + 0 > 0) printf " (%.0f%%)", 100 * g / b }')
+      echo "| $(basename "$m" .gguf) | $lt | $dt | $(bench_ratio "$dt" "$lt") | $dg$share |" >>"$res"
     done
   fi
 
