@@ -19,6 +19,7 @@
 #   6. decode at depth 4,096, f16 and 4-bit caches, both programs, and the attention's
 #      spread (--gpu-tune attn=N);
 #   6b. several streams decoding together (--parallel 4 and 8, 8 under mvtok=1, 4, 16);
+#   6c. `duet serve --device gpu --parallel 8` under 1 and 8 streamed clients;
 #   7. other duet builds carried by `DUET_BASE=… prepare`, on the same card;
 #   8. the same-shape DIFF V2;
 #   9. the other GPU test binaries.
@@ -332,6 +333,42 @@ PY
       read -r x nt x < <(timeout 60 "$duet" bench -m "${models[0]}" --device gpu -p 0 -n 64 -r 2 --parallel $np --gpu-tune "$v" 2>>"$log" | bench_duet_parse)
       echo "| $np, --gpu-tune $v | $nt | $(bench_ratio "$nt" "${one:-}") |" >>"$res"
     done
+  fi
+
+  # 6c. `duet serve --device gpu` under load (runtime/bench/serve_load.py: streamed
+  # completions, greedy, 128 tokens each): one stream alone, then 8 at once, through the
+  # server's own batching; the aggregate is what a server's users get together.
+  if [ "${STREAMS:-1}" = 1 ] && time_for 60 "duet serve with 1 and 8 streams"; then
+    local port=18291 spid sline
+    "$duet" serve -m "${models[0]}" --device gpu -c 1024 --parallel 8 --port $port -q >>"$log" 2>&1 &
+    spid=$!
+    # Up when /health answers (python: the machine may have no curl), for at most 2 minutes.
+    timeout 120 python3 - "http://127.0.0.1:$port/health" >>"$log" 2>&1 <<'PY' || true
+import sys, time, urllib.request
+while True:
+    try:
+        urllib.request.urlopen(sys.argv[1], timeout=2)
+        break
+    except Exception:
+        time.sleep(0.5)
+PY
+    sline=$(timeout 150 python3 runtime/bench/serve_load.py "http://127.0.0.1:$port" --streams 8 --tokens 128 --rounds 2 2>>"$log" || true)
+    kill "$spid" 2>/dev/null || true
+    wait "$spid" 2>/dev/null || true
+    echo "serve: $sline" >>"$log"
+    {
+      echo
+      echo "\`duet serve --device gpu --parallel 8\`, $(basename "${models[0]}" .gguf), runtime/bench/serve_load.py (streamed, greedy, 128 tokens a reply, medians of 2 rounds):"
+      echo
+      python3 - "$sline" <<'PY' || echo "(no result: see run.log)"
+import json, sys
+m = json.loads(sys.argv[1])
+print("| 1 stream t/s | 8 streams t/s (aggregate) | 8 / 1 | TTFT idle ms | TTFT with 7 streaming ms |")
+print("|---|---|---|---|---|")
+print(f"| {m['single_tps']:.1f} | {m['aggregate_tps']:.1f} | {m['aggregate_tps'] / m['single_tps']:.2f}× | "
+      f"{m['ttft_idle_ms']:.0f} | {m['ttft_busy_ms']:.0f} |")
+PY
+    } >>"$res"
   fi
 
   # 7. Other builds carried by `DUET_BASE=… prepare`, on the same card in the same run.
