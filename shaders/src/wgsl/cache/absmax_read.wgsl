@@ -13,10 +13,15 @@ fn $FN_byte(b: u32) -> u32 {
 
 // Column c of the cache row holding position `row` (cache_row: the page table).
 fn $FN(row: u32, c: u32) -> f32 {
+    return $FN_row(row, cache_row(row), c);
+}
+
+// The same where the caller has looked up the row's cache row `crow`.
+fn $FN_row(row: u32, crow: u32, c: u32) -> f32 {
     let pb = 4u * $BITSu;                       // bytes of 32 packed codes
     let bb = 2u + ($PERu / 32u) * pb;
     let row_bytes = ((P.kv_dim / $PERu) * bb + 3u) & ~3u;
-    let o = cache_row(row) * row_bytes + (c / $PERu) * bb;  // the block (even: the scale is in one word)
+    let o = crow * row_bytes + (c / $PERu) * bb;  // the block (even: the scale is in one word)
     let g = o + 2u + ((c % $PERu) / 32u) * pb;   // its group of 32 codes
     let j = c % 32u;
     let d = half_to_f32($BUF[o >> 2u] >> ((o & 2u) * 8u));

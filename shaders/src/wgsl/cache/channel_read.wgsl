@@ -15,6 +15,14 @@ fn $FN_half(i: u32) -> f32 {
 
 // Column c of position `row` of the sequence.
 fn $FN(row: u32, c: u32) -> f32 {
+    return $FN_row(row, 0u, c);
+}
+
+// The same where the caller has looked up the row's cache row `crow` (page · 32 + row mod
+// 32; read only for rows in the groups). 0 means "look the page up": callers without a
+// crow pass it, and where 0 is a real cache row (page 0, row mod 32 = 0) the look-up finds
+// that same page.
+fn $FN_row(row: u32, crow: u32, c: u32) -> f32 {
     let rb = P.kv_dim * $BITSu / 8u;
     let gb = 4u * P.kv_dim + 32u * rb;
     let grouped = (P.pos0 + P.rows) / 32u * 32u;
@@ -24,7 +32,11 @@ fn $FN(row: u32, c: u32) -> f32 {
     if (row < CHANNEL_SINK) {
         return $FN_half((P.cache_groups * gb) / 2u + (P.sink_row + row) * P.kv_dim + c);
     }
-    let base = cache_page(row) * gb;
+    var page = crow / 32u;
+    if (crow == 0u) {
+        page = cache_page(row);
+    }
+    let base = page * gb;
     let lo = $FN_half(base / 2u + c);
     let step = $FN_half(base / 2u + P.kv_dim + c);
     let g = base + 4u * P.kv_dim + (row % 32u) * rb + (c / 32u) * 4u * $BITSu;
