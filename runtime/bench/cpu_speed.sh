@@ -83,7 +83,7 @@ for m in "${models[@]}"; do
   for ((r = 0; r < rounds; r++)); do
     # The bandwidth again beside each round: a VM's speed drifts by a quarter within an hour,
     # and a share of the start's figure said 110% (cpu-speed-zen4-2fbbf52.md).
-    bws="$bws $(bandwidth)"
+    bws="$bws $(bandwidth || true)"
     for who in lc duet duetauto; do
       g=
       case $who in
@@ -105,7 +105,7 @@ for m in "${models[@]}"; do
   done
   g=$(echo "${gbs[duet]}" | bench_median)
   rbw=$(echo "$bws" | bench_median)
-  share=$(awk -v a="$g" -v b="$rbw" 'BEGIN { printf "%.0f%% of %.1f", 100 * a / b, b }')
+  share=$(awk -v a="$g" -v b="$rbw" 'BEGIN { if (b + 0 > 0 && a + 0 > 0) printf "%.0f%% of %.1f", 100 * a / b, b; else printf "bandwidth unmeasured" }')
   echo "| $(basename "$m" .gguf) | ${pp[lc]} | ${pp[duet]} | $(bench_ratio "${pp[duet]}" "${pp[lc]}") | ${tg[lc]} | ${tg[duet]} | $(bench_ratio "${tg[duet]}" "${tg[lc]}") | $g ($share) | ${pp[duetauto]} | $(bench_ratio "${pp[duetauto]}" "${pp[lc]}") | ${tg[duetauto]} | $(bench_ratio "${tg[duetauto]}" "${tg[lc]}") |"
   unset pp tg gbs
 done

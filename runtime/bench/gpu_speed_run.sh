@@ -26,7 +26,7 @@
 # SWEEP=0 leaves out the kernel sweep (step 2), TUNES=0 the --gpu-tune variants (step 5),
 # COOP=0 the prefill rows with and without cooperative matrices (3b), EIGHT_B=0 the 8B-class
 # Llama's decode (3c; also left out by QUICK=1 and MODELS=small), PROFILES=0 the
-# profiles (4), DEPTH=0 decode at depth (6), STREAMS=0 several streams (6b); QUICK=1 makes and measures
+# profiles (4), DEPTH=0 decode at depth (6), STREAMS=0 several streams (6b, 6c); QUICK=1 makes and measures
 # the Q4_0 Llama alone and leaves out step 3's table.
 
 run() {
@@ -213,10 +213,15 @@ PY
     base=$BENCH/random-llama-8b
     if [ ! -s "$base.q4_0.gguf" ] || [ ! -s "$base.q4_k_m.gguf" ]; then
       bench_say "making the random 8B"
-      bench_random_llama "$base" --dtype f16 --shape 8b >>"$log"
-      for t in q4_0 q4_k_m; do
-        [ -s "$base.$t.gguf" ] || "$duet" convert "$base" --type "$t" -o "$base.$t.gguf" -q
-      done
+      # (A failure here is noted, not the end of the run: `run` is under set -e.)
+      if bench_random_llama "$base" --dtype f16 --shape 8b >>"$log" 2>&1; then
+        for t in q4_0 q4_k_m; do
+          [ -s "$base.$t.gguf" ] || timeout 200 "$duet" convert "$base" --type "$t" -o "$base.$t.gguf" -q 2>>"$log" \
+            || echo "(the 8B $t file could not be made: see run.log)" >>"$res"
+        done
+      else
+        echo "(the 8B model could not be made: see run.log)" >>"$res"
+      fi
       rm -rf "$base"
     fi
     {
@@ -228,6 +233,7 @@ PY
     } >>"$res"
     for t in q4_0 q4_k_m; do
       m=$base.$t.gguf
+      [ -s "$m" ] || continue
       time_for 40 "$(basename "$m")" || break
       bench_say "speed of $(basename "$m")"
       read -r x lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_llama_parse)
@@ -338,12 +344,12 @@ PY
   # 6c. `duet serve --device gpu` under load (runtime/bench/serve_load.py: streamed
   # completions, greedy, 128 tokens each): one stream alone, then 8 at once, through the
   # server's own batching; the aggregate is what a server's users get together.
-  if [ "${STREAMS:-1}" = 1 ] && time_for 60 "duet serve with 1 and 8 streams"; then
+  if [ "${STREAMS:-1}" = 1 ] && time_for 150 "duet serve with 1 and 8 streams"; then
     local port=18291 spid sline
     "$duet" serve -m "${models[0]}" --device gpu -c 1024 --parallel 8 --port $port -q >>"$log" 2>&1 &
     spid=$!
-    # Up when /health answers (python: the machine may have no curl), for at most 2 minutes.
-    timeout 120 python3 - "http://127.0.0.1:$port/health" >>"$log" 2>&1 <<'PY' || true
+    # Up when /health answers (python: the machine may have no curl), for at most 45 s.
+    timeout 45 python3 - "http://127.0.0.1:$port/health" >>"$log" 2>&1 <<'PY' || true
 import sys, time, urllib.request
 while True:
     try:
@@ -352,7 +358,7 @@ while True:
     except Exception:
         time.sleep(0.5)
 PY
-    sline=$(timeout 150 python3 runtime/bench/serve_load.py "http://127.0.0.1:$port" --streams 8 --tokens 128 --rounds 2 2>>"$log" || true)
+    sline=$(timeout 100 python3 runtime/bench/serve_load.py "http://127.0.0.1:$port" --streams 8 --tokens 128 --rounds 2 2>>"$log" || true)
     kill "$spid" 2>/dev/null || true
     wait "$spid" 2>/dev/null || true
     echo "serve: $sline" >>"$log"

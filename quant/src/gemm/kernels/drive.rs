@@ -299,8 +299,8 @@ impl<A: Arch, const N: usize> FAcc<A, N> {
 /// The hints ask for L2 (x86 `prefetcht1`), not L1 (`prefetcht0`, until 2026-11-28): 32 KiB
 /// ahead is all of Zen 4's L1D, and its L1 fills there were the limit. On a Zen 4 EPYC (CPU
 /// family 25 model 17, half-width AVX-512), one thread streaming 1 GiB (`--stream`, two
-/// alternating runs, GB/s, single / two-level): Q4_K 13.4 / 8.8 → 18.0-18.3 / 17.3-18.1,
-/// Q6_K 15.1-15.9 / 12.5-12.8 → 18.0-18.7 / 18.0-19.5, Q4_0 15.0-15.9 / 14.4-15.5 → 18.4 /
+/// alternating runs, GB/s, single / two-level): Q4_K 13.4 / 8.8-8.9 → 18.0-18.3 / 17.3-18.1,
+/// Q6_K 15.1-15.9 / 12.5-12.8 → 18.0-18.7 / 18.0-19.5, Q4_0 15.0-15.9 / 14.4-15.5 → 18.4-18.5 /
 /// 17.7-18.5, Q8_0 17.2-18.3 / 19.2-19.7 → 20.4-21.2 / 20.9-21.2, and the AVX2 set's two-level
 /// Q4_K 9.8-10.2 → 15.8-16.3; 1.1B decode on 2 threads, three alternating rounds (tg32 t/s):
 /// Q4_K_M 31.7-32.7 → 47.6-48.8, Q6_K 31.0-31.3 → 35.7-36.6 (runtime/bench/results/
