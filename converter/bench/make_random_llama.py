@@ -34,15 +34,18 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "..", "tests", "fixtures", "models", "llama-gqa")
 
-# (hidden, layers, heads, KV heads, ffn, vocab)
-SHAPES = {"1b": (2048, 22, 32, 4, 5632, 32000), "8b": (4096, 32, 32, 8, 14336, 128256)}
-HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = SHAPES["1b"]
+# (hidden, layers, heads, KV heads, ffn, vocab, training context, RoPE base)
+SHAPES = {
+    "1b": (2048, 22, 32, 4, 5632, 32000, 2048, 10000.0),
+    "8b": (4096, 32, 32, 8, 14336, 128256, 8192, 500000.0),
+}
+HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, CTX, ROPE_THETA = SHAPES["1b"]
 HEAD_DIM = HIDDEN // HEADS
 
 
 def set_shape(name, layers=None):
-    global HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, HEAD_DIM
-    HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB = SHAPES[name]
+    global HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, CTX, ROPE_THETA, HEAD_DIM
+    HIDDEN, LAYERS, HEADS, KV_HEADS, FFN, VOCAB, CTX, ROPE_THETA = SHAPES[name]
     if layers is not None:
         LAYERS = layers
     HEAD_DIM = HIDDEN // HEADS
@@ -88,22 +91,20 @@ def write_shard(path, items, dtype, rng, reuse=False):
     with open(path, "wb") as f:
         f.write(len(h).to_bytes(8, "little"))
         f.write(h)
-        drawn = {}
+        drawn = {}  # with `reuse`: the bytes of each (shape, norm) drawn so far
         for name, shape in items:
             norm = name.endswith("norm.weight")
-            key = (shape, norm)
-            if key not in drawn:
+            b = drawn.get((shape, norm))
+            if b is None:
                 x = rng.standard_normal(shape, dtype=np.float32)
                 if norm:
                     x = 1 + 0.1 * x
                 else:
                     x *= 0.02
                 b = to_bf16(x).tobytes() if dtype == "bf16" else x.astype("<f2").tobytes()
-                if not reuse:
-                    f.write(b)
-                    continue
-                drawn[key] = b
-            f.write(drawn[key])
+                if reuse:
+                    drawn[(shape, norm)] = b
+            f.write(b)
     return offset
 
 
@@ -141,8 +142,7 @@ def main():
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB,
-        "max_position_embeddings": 2048 if args.shape == "1b" else 8192, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0 if args.shape == "1b" else 500000.0,
+        "max_position_embeddings": CTX, "rms_norm_eps": 1e-5, "rope_theta": ROPE_THETA,
         "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
         "torch_dtype": "bfloat16" if args.dtype == "bf16" else "float16",
     }

@@ -166,6 +166,8 @@ PY
   } >>"$res"
   local m lp lt dp dt dg share
   declare -A duet_tg=()
+  # " (N%)": weights GB/s `$1` as a share of the card's copy bandwidth, where both are known.
+  copy_share() { awk -v g="$1" -v b="${bw:-0}" 'BEGIN { if (b > 0 && g + 0 > 0) printf " (%.0f%%)", 100 * g / b }'; }
   for m in "${models[@]}" ${diff_model:+"$diff_model"}; do
     [ "${QUICK:-0}" = 1 ] && { echo "(left out: QUICK=1)" >>"$res"; break; }
     time_for 40 "$(basename "$m")" || continue
@@ -173,7 +175,7 @@ PY
     read -r lp lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_llama_parse)
     read -r dp dt dg < <(timeout 150 "$duet" bench -m "$m" --device gpu -p $pp -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
     duet_tg[$m]=$dt
-    share=$(awk -v g="$dg" -v b="${bw:-0}" 'BEGIN { if (b > 0 && g + 0 > 0) printf " (%.0f%%)", 100 * g / b }')
+    share=$(copy_share "$dg")
     echo "| $(basename "$m" .gguf) | $lp | $dp | $(bench_ratio "$dp" "$lp") | $lt | $dt | $(bench_ratio "$dt" "$lt") | $dg$share |" >>"$res"
   done
   {
@@ -238,7 +240,7 @@ PY
       bench_say "speed of $(basename "$m")"
       read -r x lt < <(timeout 150 "$lbench" -m "$m" -ngl 99 -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_llama_parse)
       read -r x dt dg < <(timeout 150 "$duet" bench -m "$m" --device gpu -p 0 -n $tg -r 3 2>>"$log" | tee -a "$log" | bench_duet_parse)
-      share=$(awk -v g="$dg" -v b="${bw:-0}" 'BEGIN { if (b > 0 && g + 0 > 0) printf " (%.0f%%)", 100 * g / b }')
+      share=$(copy_share "$dg")
       echo "| $(basename "$m" .gguf) | $lt | $dt | $(bench_ratio "$dt" "$lt") | $dg$share |" >>"$res"
     done
   fi
@@ -348,17 +350,8 @@ PY
     local port=18291 spid sline
     "$duet" serve -m "${models[0]}" --device gpu -c 1024 --parallel 8 --port $port -q >>"$log" 2>&1 &
     spid=$!
-    # Up when /health answers (python: the machine may have no curl), for at most 45 s.
-    timeout 45 python3 - "http://127.0.0.1:$port/health" >>"$log" 2>&1 <<'PY' || true
-import sys, time, urllib.request
-while True:
-    try:
-        urllib.request.urlopen(sys.argv[1], timeout=2)
-        break
-    except Exception:
-        time.sleep(0.5)
-PY
-    sline=$(timeout 100 python3 runtime/bench/serve_load.py "http://127.0.0.1:$port" --streams 8 --tokens 128 --rounds 2 2>>"$log" || true)
+    # (serve_load.py first waits up to 45 s for the server to answer.)
+    sline=$(timeout 145 python3 runtime/bench/serve_load.py "http://127.0.0.1:$port" --wait 45 --streams 8 --tokens 128 --rounds 2 2>>"$log" || true)
     kill "$spid" 2>/dev/null || true
     wait "$spid" 2>/dev/null || true
     echo "serve: $sline" >>"$log"

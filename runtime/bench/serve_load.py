@@ -1,6 +1,9 @@
 """Load for an OpenAI-compatible server (duet serve or llama-server), standard library only.
 
-    python3 serve_load.py BASE_URL [--streams 8] [--tokens 128] [--rounds 3]
+    python3 serve_load.py BASE_URL [--streams 8] [--tokens 128] [--rounds 3] [--wait SECONDS]
+
+--wait first polls BASE_URL/health until the server answers (at most SECONDS; exit status 1
+if it never does), for scripts that have just started it.
 
 Every request is POST /v1/completions, streamed, greedy, `ignore_eos` (both servers accept
 it) and `max_tokens` TOKENS, so every reply is exactly TOKENS tokens long. Prints one JSON
@@ -15,6 +18,7 @@ neither server finds their prompt cached from an earlier request: they measure a
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 import urllib.request
@@ -60,13 +64,28 @@ def concurrent(base, n, tokens):
     return time.perf_counter() - t0
 
 
+def wait_up(base, seconds):
+    """Polls base/health until it answers; False if it has not within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(base + "/health", timeout=2)
+            return True
+        except Exception:
+            time.sleep(0.2)
+    return False
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("base")
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--wait", type=float, default=0, help="seconds to wait for /health first")
     a = ap.parse_args()
+    if a.wait > 0 and not wait_up(a.base, a.wait):
+        sys.exit(f"error: the server did not come up on {a.base} within {a.wait:g} s")
     stream(a.base, 8)  # warm-up
     single, agg, idle, busy = [], [], [], []
     for _ in range(a.rounds):
