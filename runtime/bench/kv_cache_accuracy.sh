@@ -5,6 +5,8 @@
 #
 #   runtime/bench/kv_cache_accuracy.sh                  # duet's table, then llama.cpp's
 #   PARTS=duet runtime/bench/kv_cache_accuracy.sh       # one part only (duet, gpu, llama.cpp)
+#   PARTS=duet CTX=4096 MODELS=smollm2 ...               # duet's table at another context, on
+#                                                       # chosen models (smollm2 diff-ref llama-ref)
 #   PARTS="duet gpu llama.cpp" GPU_TOKENS=512 ...       # also duet --device gpu (any adapter,
 #                                                       # lavapipe included) on the first 512
 #                                                       # tokens against the CPU on the same,
@@ -16,7 +18,7 @@
 #
 # Models: SmolLM2-135M-Instruct (llama.cpp's Q4_1 file, a Transformer) and the reference
 # pair (models/diff-ref, models/llama-ref, converted to F16; llama.cpp runs the Llama).
-# Text: held-out State of the Union addresses (runtime/bench/common.sh). `-c 512`, 2
+# Text: held-out State of the Union addresses (runtime/bench/common.sh). `-c 512` (or CTX), 2
 # threads. duet's own table scores every position of each 512-token chunk; beside
 # llama-perplexity it scores the second half, as llama-perplexity does. Compare ratios to
 # each one's own f16, not absolute values. Prints markdown; also writes each part to
@@ -42,24 +44,29 @@ emit() { echo "$*" | tee -a "$out"; }
 duet_ppl() {
   local m=$1 k=$2 v=$3
   shift 3
-  "$duet" perplexity -m "$m" -f "$text" -c 512 -t 2 --cache-type-k "$k" --cache-type-v "$v" -q "$@" 2>/dev/null \
+  "$duet" perplexity -m "$m" -f "$text" -c "${CTX:-512}" -t 2 --cache-type-k "$k" --cache-type-v "$v" -q "$@" 2>/dev/null \
     | sed -n 's/^PPL = \([0-9.]*\).*/\1/p'
 }
 pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.2f%%", (a / b - 1) * 100 }'; }
 
 # The new pairs beside the absmax blocks at each width, then each cache alone at 4 bits in
 # every layout: K per channel (q4c) against rotated (q4r, llama.cpp's scheme) and plain
-# blocks (q4); V likewise.
+# blocks (q4); V likewise; then the 3- and 2-bit pairs and each of their halves alone.
 configs=("f16 f16" "q8 q8" "q8c q8r" "q6 q6" "q6c q6r" "q4 q4" "q4c q4r"
-  "q4 f16" "q4r f16" "q4c f16" "f16 q4" "f16 q4r" "f16 q4c")
+  "q4 f16" "q4r f16" "q4c f16" "f16 q4" "f16 q4r" "f16 q4c"
+  "q3c q3r" "q3c f16" "f16 q3r" "q2c q2r" "q2c f16" "f16 q2r")
 echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD)."
 if has_part duet; then
 part duet
-emit "CPU backend, default arithmetic:"
+emit "CPU backend, default arithmetic, \`-c ${CTX:-512}\`:"
 emit ""
 emit "| model | K / V cache | duet PPL | vs f16 |"
 emit "|---|---|---|---|"
-for model in "$smol" "$BENCH/diff-ref.f16.gguf" "$BENCH/llama-ref.f16.gguf"; do
+models=()
+for m in ${MODELS:-smollm2 diff-ref llama-ref}; do
+  if [ "$m" = smollm2 ]; then models+=("$smol"); else models+=("$BENCH/$m.f16.gguf"); fi
+done
+for model in "${models[@]}"; do
   name=$(basename "$model" .gguf)
   base=""
   for c in "${configs[@]}"; do
@@ -120,10 +127,10 @@ if has_part llama.cpp; then
   lc_ppl() {
     local m=$1 k=$2 v=$3
     shift 3
-    env "$@" "$bin/llama-perplexity" -m "$m" -f "$text" -c 512 -t 2 -fa on -ctk "$k" -ctv "$v" 2>&1 \
+    env "$@" "$bin/llama-perplexity" -m "$m" -f "$text" -c "${CTX:-512}" -t 2 -fa on -ctk "$k" -ctv "$v" 2>&1 \
       | sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p'
   }
-  emit "Side by side with llama.cpp 0c1e57098 (\`llama-perplexity -c 512 -t 2 -fa on -ctk K -ctv V\`; its Hadamard"
+  emit "Side by side with llama.cpp 0c1e57098 (\`llama-perplexity -c ${CTX:-512} -t 2 -fa on -ctk K -ctv V\`; its Hadamard"
   emit "rotation is on by default, \`LLAMA_ATTN_ROT_DISABLE=1\` turns it off), duet scoring the same second"
   emit "half of each chunk (\`duet perplexity --score-second-half\`); each against its own f16 cache:"
   emit ""

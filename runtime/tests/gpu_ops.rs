@@ -849,6 +849,9 @@ fn attention_quantized_caches() {
         (Q8c, F16),
         (F16, Q6r),
         (Q4r, Q6c),
+        (Q3c, Q3r),
+        (Q2c, Q2r),
+        (Q3r, Q2c),
     ];
     for (h, hkv, hd) in [(6, 2, 64), (8, 2, 128), (6, 6, 16), (4, 2, 48), (4, 4, 48)] {
         let std = standard_spec(h, hkv, hd);
@@ -1029,7 +1032,7 @@ fn rotated_and_channel_cache_write_edge_rows() {
         row[5] = 2.5;
         row[9] = if r == 17 { 900.0 } else { 0.125 * (r % 3) as f32 };
     }
-    for ty in [Q8r, Q6r, Q4r, Q8c, Q6c, Q4c] {
+    for ty in [Q8r, Q6r, Q4r, Q3r, Q2r, Q8c, Q6c, Q4c, Q3c, Q2c] {
         let kv = KvCacheSpec { n_layers: 1, n_ctx: n, n_seqs: 1, kv_dim, head_dim: hd, k_type: ty, v_type: ty };
         let mut cc = p.cpu.new_kv_cache(&kv).unwrap();
         let mut cg = p.gpu.new_kv_cache(&kv).unwrap();
@@ -1051,7 +1054,7 @@ fn rotated_and_channel_cache_write_edge_rows() {
                 for is_v in [false, true] {
                     let cpu = if is_v { &cc.v[0] } else { &cc.k[0] }.stored_bytes();
                     let got = p.gpu.read_kv_buffer(&cg, 0, is_v).unwrap();
-                    if matches!(ty, Q8c | Q6c | Q4c) {
+                    if matches!(ty.layout(), CacheLayout::Channel(_)) {
                         assert_same_bytes(&got, &cpu, &format!("{ty} after {pos0} rows"));
                     } else {
                         let (crb, grb) = (cpu.len() / n, got.len() / n);

@@ -42,7 +42,8 @@ pub struct Args {
     pub granularity: Vec<LogitGranularity>,
     /// K/V cache formats of the k, v and kv runs, side by side: block32 (q8/q6/q4, absmax
     /// blocks of 32 along each row) and chan-rot (K per channel over groups of 32 positions,
-    /// q8c/q6c/q4c; V Hadamard-rotated in blocks of 64, q8r/q6r/q4r); comma-separated
+    /// q8c … q2c; V Hadamard-rotated in blocks of 64, q8r … q2r; the only scheme at 3 and 2
+    /// bits); comma-separated
     #[arg(long, value_delimiter = ',', default_value = "block32,chan-rot", value_parser = parse_scheme)]
     pub cache_formats: Vec<CacheScheme>,
     /// Write PREFIX.json, PREFIX.csv and PREFIX.svg

@@ -29,14 +29,15 @@ pub struct ModelArgs {
     /// Prompt tokens evaluated per batch
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch_size: usize,
-    /// K cache type: f32, f16; q8c/q6c/q4c (each channel quantized over groups of 32
-    /// positions, the newest in f16: the most accurate for K); q8r/q6r/q4r (each head
-    /// Hadamard-rotated, blocks of 64 along the row: the most accurate for V); q8/q6/q4
+    /// K cache type: f32, f16; q8c/q6c/q4c/q3c/q2c (each channel quantized over groups of
+    /// 32 positions, the newest in f16: the most accurate for K); q8r/q6r/q4r/q3r/q2r (each
+    /// head Hadamard-rotated, blocks of 64 along the row: the most accurate for V); q8/q6/q4
     /// (plain absmax blocks of 32). For 4 bits use `--ctk q4c --ctv q4r` (0.29 of f16's
-    /// bytes at 4,096 positions). See the README's K/V cache section
+    /// bytes at 4,096 positions); the 3- and 2-bit pairs cost more perplexity (README's K/V
+    /// cache section)
     #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16", value_parser = parse_cache_type)]
     pub cache_type_k: CacheFormat,
-    /// V cache type, the same choices as for K (q8r/q6r/q4r are the most accurate for V)
+    /// V cache type, the same choices as for K (the q*r types are the most accurate for V)
     #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16", value_parser = parse_cache_type)]
     pub cache_type_v: CacheFormat,
     /// CPU activation precision for the integer matmuls: q8x2 quantizes each activation to

@@ -1,5 +1,5 @@
 //! Per-column asymmetric quantization over groups of rows: the K cache format of KIVI (Liu et
-//! al. 2024), for the `q8c`/`q6c`/`q4c` cache types.
+//! al. 2024), for the `q8c`/`q6c`/`q4c`/`q3c`/`q2c` cache types.
 //!
 //! A key's large coordinates sit in fixed channels and barely change from one token to the
 //! next, so quantizing each channel over a group of tokens, from its own minimum with its
@@ -44,16 +44,21 @@ pub enum ChannelFormat {
     Q8,
     Q6,
     Q4,
+    Q3,
+    Q2,
 }
 
 impl ChannelFormat {
-    pub const ALL: [ChannelFormat; 3] = [ChannelFormat::Q8, ChannelFormat::Q6, ChannelFormat::Q4];
+    pub const ALL: [ChannelFormat; 5] =
+        [ChannelFormat::Q8, ChannelFormat::Q6, ChannelFormat::Q4, ChannelFormat::Q3, ChannelFormat::Q2];
 
     pub fn bits(self) -> u32 {
         match self {
             ChannelFormat::Q8 => 8,
             ChannelFormat::Q6 => 6,
             ChannelFormat::Q4 => 4,
+            ChannelFormat::Q3 => 3,
+            ChannelFormat::Q2 => 2,
         }
     }
 

@@ -6,8 +6,8 @@
 //! |---|---|---|
 //! | `f32`, `f16` | plain | 128, 64 |
 //! | `q8`, `q6`, `q4` | symmetric absmax blocks of 32 along the row ([`super::absmax`]) | 34, 26, 18 |
-//! | `q8r`, `q6r`, `q4r` | each head Hadamard-rotated, then signed-max blocks of 64 ([`super::signed_max`]) | 33, 25, 17 |
-//! | `q8c`, `q6c`, `q4c` | per channel over groups of 32 positions ([`super::channel`]), the newest positions and the first (the attention sink) in f16 | 36, 28, 20 (+ the f16 window and sink) |
+//! | `q8r`, `q6r`, `q4r`, `q3r`, `q2r` | each head Hadamard-rotated, then signed-max blocks of 64 ([`super::signed_max`]) | 33, 25, 17, 13, 9 |
+//! | `q8c`, `q6c`, `q4c`, `q3c`, `q2c` | per channel over groups of 32 positions ([`super::channel`]), the newest positions and the first (the attention sink) in f16 | 36, 28, 20, 16, 12 (+ the f16 window and sink) |
 //!
 //! A cache holds pages of [`PAGE`] positions (a per-channel group). On the GPU a block row is
 //! padded to whole u32 words ([`CacheFormat::word_row_bytes`]).
@@ -32,9 +32,13 @@ pub enum CacheFormat {
     Q8r,
     Q6r,
     Q4r,
+    Q3r,
+    Q2r,
     Q8c,
     Q6c,
     Q4c,
+    Q3c,
+    Q2c,
 }
 
 /// How a format stores its rows, with the quantizer of each kind.
@@ -62,7 +66,7 @@ pub enum CacheKind {
 }
 
 impl CacheFormat {
-    pub const ALL: [CacheFormat; 11] = [
+    pub const ALL: [CacheFormat; 15] = [
         CacheFormat::F32,
         CacheFormat::F16,
         CacheFormat::Q8,
@@ -71,13 +75,17 @@ impl CacheFormat {
         CacheFormat::Q8r,
         CacheFormat::Q6r,
         CacheFormat::Q4r,
+        CacheFormat::Q3r,
+        CacheFormat::Q2r,
         CacheFormat::Q8c,
         CacheFormat::Q6c,
         CacheFormat::Q4c,
+        CacheFormat::Q3c,
+        CacheFormat::Q2c,
     ];
     /// The quantized formats: ALL past its first two (f32 and f16).
     pub const QUANTIZED: &'static [CacheFormat] = Self::ALL.split_at(2).1;
-    pub const NAMES: &'static str = "f32, f16, q8, q6, q4, q8r, q6r, q4r, q8c, q6c or q4c";
+    pub const NAMES: &'static str = "f32, f16, q8, q6, q4, q8r, q6r, q4r, q3r, q2r, q8c, q6c, q4c, q3c or q2c";
 
     pub fn name(self) -> &'static str {
         match self {
@@ -89,9 +97,13 @@ impl CacheFormat {
             CacheFormat::Q8r => "q8r",
             CacheFormat::Q6r => "q6r",
             CacheFormat::Q4r => "q4r",
+            CacheFormat::Q3r => "q3r",
+            CacheFormat::Q2r => "q2r",
             CacheFormat::Q8c => "q8c",
             CacheFormat::Q6c => "q6c",
             CacheFormat::Q4c => "q4c",
+            CacheFormat::Q3c => "q3c",
+            CacheFormat::Q2c => "q2c",
         }
     }
 
@@ -114,9 +126,13 @@ impl CacheFormat {
             CacheFormat::Q8r => CacheLayout::Rotated(SignedMaxFormat::Q8),
             CacheFormat::Q6r => CacheLayout::Rotated(SignedMaxFormat::Q6),
             CacheFormat::Q4r => CacheLayout::Rotated(SignedMaxFormat::Q4),
+            CacheFormat::Q3r => CacheLayout::Rotated(SignedMaxFormat::Q3),
+            CacheFormat::Q2r => CacheLayout::Rotated(SignedMaxFormat::Q2),
             CacheFormat::Q8c => CacheLayout::Channel(ChannelFormat::Q8),
             CacheFormat::Q6c => CacheLayout::Channel(ChannelFormat::Q6),
             CacheFormat::Q4c => CacheLayout::Channel(ChannelFormat::Q4),
+            CacheFormat::Q3c => CacheLayout::Channel(ChannelFormat::Q3),
+            CacheFormat::Q2c => CacheLayout::Channel(ChannelFormat::Q2),
         }
     }
 
@@ -155,7 +171,8 @@ impl CacheFormat {
         }
     }
 
-    /// The same bits in absmax blocks: what a rotated format falls back to where a head
+    /// The same bits in absmax blocks (4 for the 3- and 2-bit formats: a symmetric absmax
+    /// block has only 7 or 3 levels there): what a rotated format falls back to where a head
     /// cannot be rotated.
     pub fn absmax_twin(self) -> CacheFormat {
         match self.bits() {
@@ -248,7 +265,7 @@ mod tests {
             CacheKind::Channel { .. } => t.group_bytes(64) / PAGE / 2,
             _ => t.row_bytes(64) / 2,
         };
-        let want = [128, 64, 34, 26, 18, 33, 25, 17, 36, 28, 20];
+        let want = [128, 64, 34, 26, 18, 33, 25, 17, 13, 9, 36, 28, 20, 16, 12];
         for (t, w) in CacheFormat::ALL.into_iter().zip(want) {
             assert_eq!(per32(t), w, "{t}");
         }

@@ -1,5 +1,5 @@
-//! Signed-max blocks: ggml Q4_0's rule at 8, 6 and 4 bits, for the rotated cache types
-//! (`q8r`/`q6r`/`q4r`, whose rows are stored in the Hadamard basis of each head, see
+//! Signed-max blocks: ggml Q4_0's rule at 8, 6, 4, 3 and 2 bits, for the rotated cache types
+//! (`q8r`/`q6r`/`q4r`/`q3r`/`q2r`, whose rows are stored in the Hadamard basis of each head, see
 //! [`super::hadamard`]).
 //!
 //! A block holds [`BLOCK`] consecutive values of a row: an f16 scale `d`, then the codes
@@ -7,7 +7,7 @@
 //! largest magnitude (the first one found), `d = f16(m / −h)` maps `m` onto the level `−h`,
 //! so all `2^bits` levels `−h ..= h − 1` are in use (a symmetric absmax scale wastes one);
 //! `q = clamp(round(x / d), −h, h − 1)` (halves away from zero, `d = 0` gives `q = 0`) and
-//! the value is `d·q`. The codes are those of the absmax blocks: `q + h` at 4 and 6 bits
+//! the value is `d·q`. The codes are those of the absmax blocks: `q + h` below 8 bits
 //! (Q4_0's), the two's-complement byte at 8 (Q8_0's), so one decoder serves both formats. Only a correctly rounded division and
 //! additions are involved, so the GPU's write kernel reproduces the bytes exactly.
 
@@ -22,16 +22,21 @@ pub enum SignedMaxFormat {
     Q8,
     Q6,
     Q4,
+    Q3,
+    Q2,
 }
 
 impl SignedMaxFormat {
-    pub const ALL: [SignedMaxFormat; 3] = [SignedMaxFormat::Q8, SignedMaxFormat::Q6, SignedMaxFormat::Q4];
+    pub const ALL: [SignedMaxFormat; 5] =
+        [SignedMaxFormat::Q8, SignedMaxFormat::Q6, SignedMaxFormat::Q4, SignedMaxFormat::Q3, SignedMaxFormat::Q2];
 
     pub fn bits(self) -> u32 {
         match self {
             SignedMaxFormat::Q8 => 8,
             SignedMaxFormat::Q6 => 6,
             SignedMaxFormat::Q4 => 4,
+            SignedMaxFormat::Q3 => 3,
+            SignedMaxFormat::Q2 => 2,
         }
     }
 

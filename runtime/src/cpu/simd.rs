@@ -65,16 +65,33 @@ pub(crate) unsafe fn codes_u8(bits: u32, p: *const u8) -> __m256i {
             let m = _mm_set1_epi8(0x0F);
             _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), m), _mm_and_si128(bytes, m))
         };
+        // The 2-bit layout (also the top bits at 6): a 64-bit word shifted by 0, 2, 4, 6 holds
+        // codes 0-7, 8-15, 16-23, 24-31 in its bytes' low 2 bits.
+        let pairs = |p: *const u8| {
+            let w = _mm256_set1_epi64x((p as *const i64).read_unaligned());
+            _mm256_and_si256(_mm256_srlv_epi64(w, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(3))
+        };
         match bits {
             8 => _mm256_loadu_si256(p as *const __m256i),
             4 => nibbles(_mm_loadu_si128(p as *const __m128i)),
+            2 => pairs(p),
+            // Bit 2 of code j is bit j of the u32 after the pairs: byte j / 8 of it copied to
+            // lane j, then lane j's bit j % 8 tested.
+            3 => {
+                let w = _mm256_set1_epi32((p.add(8) as *const i32).read_unaligned());
+                let spread = _mm256_shuffle_epi8(
+                    w,
+                    _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+                );
+                let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+                _mm256_or_si256(pairs(p), _mm256_and_si256(set, _mm256_set1_epi8(4)))
+            }
             // The low 4 bits as at 4 bits; the top 2 bits of codes j, j+8, j+16, j+24 in bits
             // 0-1, 2-3, 4-5, 6-7 of byte 16 + j (j < 8).
             _ => {
                 let lo = nibbles(_mm_loadu_si128(p as *const __m128i));
-                let hb = _mm256_set1_epi64x((p.add(16) as *const i64).read_unaligned());
-                let hi = _mm256_and_si256(_mm256_srlv_epi64(hb, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(3));
-                _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4))
+                _mm256_or_si256(lo, _mm256_slli_epi16(pairs(p.add(16)), 4))
             }
         }
     }

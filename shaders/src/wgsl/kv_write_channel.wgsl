@@ -1,4 +1,4 @@
-// K/V cache write into a QBITS-bit per-channel cache (q8c/q6c/q4c): quantizes each group of
+// K/V cache write into a QBITS-bit per-channel cache (q8c … q2c): quantizes each group of
 // 32 positions that this batch completes (duet_quant::kv::channel, the CPU backend's recipe
 // bit for bit). The cache buffer holds a group of GB bytes per page — lo[kv_dim] and
 // step[kv_dim] as f16, then 32 rows of packed codes, RB = kv_dim·QBITS/8 bytes each — then
@@ -122,8 +122,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var word = 0u;
         for (var i = 0u; i < 4u; i++) {
             let j = 4u * w + i;
-            let s = packed_src(j);
-            word |= packed_byte(j, vec4<u32>(codes[s.x], codes[s.y], codes[s.z], codes[s.w])) << (8u * i);
+            for (var k = 0u; k < packed_fan(j); k++) {
+                let f = packed_field(j, k);
+                word |= ((codes[f.x] >> f.y) & f.z) << (f.w + 8u * i);
+            }
         }
         C[at + w] = word;
     }

@@ -1,8 +1,8 @@
-// K/V cache write into a QBITS-bit rotated cache (q8r/q6r/q4r): signed-max blocks of 64
+// K/V cache write into a QBITS-bit rotated cache (q8r … q2r): signed-max blocks of 64
 // values (duet_quant::kv::signed_max, the CPU backend's recipe bit for bit) of rows that
 // the rotate kernel already put into each head's Hadamard basis, driven by
 // cache/block_rows: BB = 2 + 8·QBITS bytes a block (f16 scale, two packed groups of 32);
-// two blocks are 132, 100 or 68 bytes.
+// two blocks are 132, 100, 68, 52 or 36 bytes.
 //
 // Per block, with h = 2^(QBITS-1): m = the value of largest magnitude (the first found),
 // d = f16(m · (-1/h)) (exact but for the f16 rounding), q = x / d rounded half away from

@@ -22,14 +22,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::{AttentionKind, Backend, Probe};
-use crate::tools::calibrate::Calibrator;
-use crate::observe::Observer;
 use crate::cpu::CpuBackend;
 use crate::engine::{Engine, EngineOptions};
 use crate::error::RuntimeError;
 use crate::kv_cache::CacheFormat;
 use crate::logits_file::{argmax, kl_divergence_log, log_softmax};
 use crate::model::{Arch, LogitGranularity, Logits};
+use crate::observe::Observer;
+use crate::tools::calibrate::Calibrator;
 
 /// What is quantized in a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,7 +66,7 @@ impl Target {
 pub enum CacheScheme {
     /// q8/q6/q4: absmax blocks of 32 along each row, K and V alike.
     Block32,
-    /// q8c/q6c/q4c for K (per channel over groups of 32 positions), q8r/q6r/q4r for V (each
+    /// q8c … q2c for K (per channel over groups of 32 positions), q8r … q2r for V (each
     /// head Hadamard-rotated, blocks of 64): the recommended pair.
     ChannelRotated,
 }
@@ -86,22 +86,34 @@ impl CacheScheme {
         CacheScheme::ALL.into_iter().find(|c| c.name() == s)
     }
 
-    /// The (K, V) cache types of a run at `bits` that quantizes `target`.
-    pub fn types(self, target: Target, bits: u32) -> (CacheFormat, CacheFormat) {
+    /// The bit widths the scheme's formats come in.
+    pub fn widths(self) -> &'static [u32] {
+        match self {
+            CacheScheme::Block32 => &[8, 6, 4],
+            CacheScheme::ChannelRotated => &[8, 6, 4, 3, 2],
+        }
+    }
+
+    /// The (K, V) cache types of a run at `bits` that quantizes `target`; `None` for a width
+    /// the scheme does not come in.
+    pub fn types(self, target: Target, bits: u32) -> Option<(CacheFormat, CacheFormat)> {
         let (k, v) = match (self, bits) {
             (CacheScheme::Block32, 8) => (CacheFormat::Q8, CacheFormat::Q8),
             (CacheScheme::Block32, 6) => (CacheFormat::Q6, CacheFormat::Q6),
-            (CacheScheme::Block32, _) => (CacheFormat::Q4, CacheFormat::Q4),
+            (CacheScheme::Block32, 4) => (CacheFormat::Q4, CacheFormat::Q4),
             (CacheScheme::ChannelRotated, 8) => (CacheFormat::Q8c, CacheFormat::Q8r),
             (CacheScheme::ChannelRotated, 6) => (CacheFormat::Q6c, CacheFormat::Q6r),
-            (CacheScheme::ChannelRotated, _) => (CacheFormat::Q4c, CacheFormat::Q4r),
+            (CacheScheme::ChannelRotated, 4) => (CacheFormat::Q4c, CacheFormat::Q4r),
+            (CacheScheme::ChannelRotated, 3) => (CacheFormat::Q3c, CacheFormat::Q3r),
+            (CacheScheme::ChannelRotated, 2) => (CacheFormat::Q2c, CacheFormat::Q2r),
+            _ => return None,
         };
-        match target {
+        Some(match target {
             Target::K => (k, CacheFormat::F16),
             Target::V => (CacheFormat::F16, v),
             Target::KV => (k, v),
             Target::Logits => (CacheFormat::F16, CacheFormat::F16),
-        }
+        })
     }
 
     /// What the results call a run of this scheme on `target`: "block32", or the formats'
@@ -122,7 +134,7 @@ pub struct BenchOptions {
     pub n_tokens: usize,
     /// Windows evaluated (fewer when the text runs out).
     pub windows: usize,
-    /// Quantized bit widths (16 is the baseline and always run): 8, 6, 4.
+    /// Quantized bit widths (16 is the baseline and always run; caches at 8, 6, 4, 3, 2).
     pub bits: Vec<u32>,
     pub targets: Vec<Target>,
     /// Logit granularities; `static` only for files with calibration.
@@ -345,12 +357,17 @@ pub fn bench_model(
                     settings.push(Setting { target: Some(t), bits, granularity: Some(g), cache_scheme: None });
                 }
             } else {
-                if !matches!(bits, 8 | 6 | 4) {
-                    skipped.push(format!("{} at {bits} bits: caches come in 8, 6 and 4 bits", t.name()));
-                    continue;
-                }
                 for &scheme in &opts.cache_schemes {
-                    let (kt, vt) = scheme.types(t, bits);
+                    let Some((kt, vt)) = scheme.types(t, bits) else {
+                        let widths: Vec<String> = scheme.widths().iter().map(u32::to_string).collect();
+                        skipped.push(format!(
+                            "{} at {bits} bits: {} caches come in {} bits",
+                            t.name(),
+                            scheme.label(t),
+                            widths.join(", ")
+                        ));
+                        continue;
+                    };
                     if let Err(why) = e.model.cache_spec(16, kt, vt).check() {
                         let why = format!("{} caches ({}): {why}", scheme.label(t), t.name());
                         if !skipped.contains(&why) {
@@ -371,7 +388,7 @@ pub fn bench_model(
                calibrator: Option<Calibrator>|
      -> Result<Pass, RuntimeError> {
         let (kt, vt) = match (s.target, s.cache_scheme) {
-            (Some(t), Some(c)) => c.types(t, s.bits),
+            (Some(t), Some(c)) => c.types(t, s.bits).expect("a setting's width is one its scheme comes in"),
             _ => (CacheFormat::F16, CacheFormat::F16),
         };
         let lq = if s.target == Some(Target::Logits) { s.granularity.map(|g| (s.bits, g)) } else { None };

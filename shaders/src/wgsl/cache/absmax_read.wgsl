@@ -1,5 +1,5 @@
 // A $BITS-bit block cache: absmax blocks of 32 (q8/q6/q4, duet_quant::kv::absmax) or
-// signed-max blocks of 64 (q8r/q6r/q4r, duet_quant::kv::signed_max; rows in each head's
+// signed-max blocks of 64 (q8r … q2r, duet_quant::kv::signed_max; rows in each head's
 // Hadamard basis). Each row is kv_dim / $PER blocks of an f16 scale d and $PER/32 packed
 // groups of 32 codes, padded with zero bytes to a whole u32 word; value = d·q with q the
 // two's-complement code at 8 bits and code - 2^($BITS-1) below (both formats' codes).
@@ -32,6 +32,13 @@ fn $FN_row(row: u32, crow: u32, c: u32) -> f32 {
         let lo = ($FN_byte(g + (j & 15u)) >> ((j >> 4u) * 4u)) & 15u;
         let hi = ($FN_byte(g + 16u + (j & 7u)) >> ((j >> 3u) * 2u)) & 3u;
         q = i32(lo | (hi << 4u)) - 32;
+    } else if ($BITSu < 4u) {
+        // 3 and 2 bits: the low 2 bits in byte j % 8; at 3, bit 2 in bit j of the u32 after.
+        var u = ($FN_byte(g + (j & 7u)) >> ((j >> 3u) * 2u)) & 3u;
+        if ($BITSu == 3u) {
+            u |= (($FN_byte(g + 8u + (j >> 3u)) >> (j & 7u)) & 1u) << 2u;
+        }
+        q = i32(u) - (1 << ($BITSu - 1u));
     } else {
         q = i32(($FN_byte(g + (j & 15u)) >> ((j >> 4u) * 4u)) & 15u) - 8;
     }

@@ -40,8 +40,12 @@ fn block_byte(k: u32, off: u32) -> u32 {
     let g = (off - 2u) / (4u * QBITS);
     let j = (off - 2u) % (4u * QBITS);
     let b = 64u * k + 32u * g;
-    let s = packed_src(j);
-    return packed_byte(j, vec4<u32>(sh_codes[b + s.x], sh_codes[b + s.y], sh_codes[b + s.z], sh_codes[b + s.w]));
+    var byte = 0u;
+    for (var k = 0u; k < packed_fan(j); k++) {
+        let f = packed_field(j, k);
+        byte |= ((sh_codes[b + f.x] >> f.y) & f.z) << f.w;
+    }
+    return byte;
 }
 
 @compute @workgroup_size(64)

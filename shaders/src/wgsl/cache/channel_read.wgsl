@@ -1,4 +1,4 @@
-// A $BITS-bit per-channel cache (q8c/q6c/q4c, duet_quant::kv::channel): P.cache_groups
+// A $BITS-bit per-channel cache (q8c … q2c, duet_quant::kv::channel): P.cache_groups
 // groups of 32 positions, one per page — lo[kv_dim] and step[kv_dim] as f16, then 32 rows
 // of codes, each kv_dim·$BITS/8 bytes packed 32 at a time (value = lo + step·code) — then
 // f16 rows: each sequence's window holding its positions past its last complete group
@@ -50,6 +50,14 @@ fn $FN_row(row: u32, crow: u32, c: u32) -> f32 {
         let lo4 = (($BUF[b0 >> 2u] >> ((b0 & 3u) * 8u)) >> ((j >> 4u) * 4u)) & 15u;
         let hi2 = (($BUF[b1 >> 2u] >> ((b1 & 3u) * 8u)) >> ((j >> 3u) * 2u)) & 3u;
         u = lo4 | (hi2 << 4u);
+    } else if ($BITSu < 4u) {
+        // 3 and 2 bits: the low 2 bits in byte j % 8; at 3, bit 2 in bit j of the word after
+        // (g is word-aligned: rows and groups are whole words).
+        let b0 = g + (j & 7u);
+        u = (($BUF[b0 >> 2u] >> ((b0 & 3u) * 8u)) >> ((j >> 3u) * 2u)) & 3u;
+        if ($BITSu == 3u) {
+            u |= (($BUF[(g + 8u) >> 2u] >> j) & 1u) << 2u;
+        }
     } else {
         let b0 = g + (j & 15u);
         u = (($BUF[b0 >> 2u] >> ((b0 & 3u) * 8u)) >> ((j >> 4u) * 4u)) & 15u;
