@@ -469,6 +469,9 @@ pub fn source(v: &Variant) -> String {
                     _ => include_str!("wgsl/kv_write_channel.wgsl"),
                 };
                 let _ = writeln!(s, "const QBITS: u32 = {}u;", e.bits());
+                if matches!(kind, CacheKind::Channel { .. }) {
+                    let _ = writeln!(s, "const CLIP_QUARTERS: u32 = {}u;", duet_quant::kv::channel::CLIP_QUARTERS);
+                }
                 s.push_str(&page_table(3));
                 s.push_str(QUANT_COMMON);
                 s.push_str(include_str!("wgsl/cache/pack.wgsl"));

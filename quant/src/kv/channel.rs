@@ -11,9 +11,11 @@
 //! their f16 values (a cache keeps the rows of a group that is not yet full in f16, and
 //! quantizing f16 values makes the bytes independent of how the rows were batched):
 //!
-//! * `lo[cols]`: f16, each column's smallest value (exact: the inputs are f16 values);
-//! * `step[cols]`: f16, `(largest − lo) / (2^bits − 1)` rounded up to f16, so the largest
-//!   value is in range;
+//! * `lo[cols]`: f16, the bottom of each column's range;
+//! * `step[cols]`: f16, `(hi − lo) / (2^bits − 1)` rounded up to f16, so `hi` is in range —
+//!   the range `lo..=hi` being the column's smallest and largest value, or that range
+//!   narrowed where values beyond it then cost less in all (`ChannelFormat::clipped_range`:
+//!   each end moved in by up to one step, the least sum of squared errors);
 //! * [`GROUP`] rows of codes `u ∈ [0, 2^bits − 1]`, each row `cols·bits/8` bytes, packed 32
 //!   at a time ([`super::pack`]).
 //!
@@ -85,10 +87,12 @@ impl ChannelFormat {
     /// Largest round-trip error of a value in a column whose group spans `lo..=hi` (f16
     /// values): half a step (the step rounded up to f16: at most 2⁻¹⁰ larger, or by f16's
     /// subnormal spacing 2⁻²⁴ for tiny ones), plus the f32 rounding of computing the code
-    /// and the value.
+    /// and the value — and, where the search narrowed the range, the clipped distance: at
+    /// most one more step (each end moves in by at most one step of the whole range, and
+    /// the f16 rounding of the new bottom by half an f16 ulp of it).
     pub fn error_bound(self, lo: f32, hi: f32) -> f32 {
         let step = (hi - lo) / self.top() as f32 * (1.0 + 1.0 / 1024.0) + 1.0 / (1u32 << 24) as f32;
-        step * (0.5 + 1.0 / 16384.0) + (lo.abs().max(hi.abs())) * f32::EPSILON
+        step * (1.5 + 1.0 / 16384.0) + (lo.abs().max(hi.abs())) * (f32::EPSILON + 1.0 / 2048.0)
     }
 
     /// Quantizes a group: `x` is [`GROUP`] rows of `cols` f16 values, row-major; `out` is
@@ -114,7 +118,7 @@ impl ChannelFormat {
                 b = b.max(v);
             }
             let (lo_bits, step_bits) = if a.is_finite() && b.is_finite() {
-                (f32_to_f16_bits(a), f16_bits_up((b - a) / top))
+                self.clipped_range(|r| x[r * cols + c].to_f32(), sink_rows, a, b)
             } else {
                 (f32_to_f16_bits(if a.is_finite() { a } else { 0.0 }), 0x7e00)
             };
@@ -129,13 +133,55 @@ impl ChannelFormat {
             for (blk, dst) in row_codes.chunks_exact_mut(packed_bytes(self.bits())).enumerate() {
                 let u: [u8; N] = std::array::from_fn(|j| {
                     let c = blk * N + j;
-                    let t = if step[c] == 0.0 { 0.0 } else { ((row[c].to_f32() - lo[c]) / step[c]).round() };
-                    // NaN (from a NaN input) → 0; the clamp keeps rounding at the ends in range.
-                    if t.is_nan() { 0 } else { t.clamp(0.0, top) as u8 }
+                    code(row[c].to_f32(), lo[c], step[c], top) as u8
                 });
                 pack32(self.bits(), &u, dst);
             }
         }
+    }
+
+    /// The f16 bits of `lo` and `step` of a column whose rows `sink_rows..GROUP` (values
+    /// `v(r)`, finite) span `a..=b`: among `lo = a + i·s`, `hi = b − j·s` for `i, j` in
+    /// `0..=`[`CLIP_QUARTERS`] (`s` a quarter of the step of the whole range), the pair whose
+    /// codes leave the least sum of squared errors over those rows, the first in `(i, j)`
+    /// order — `(0, 0)`, the whole range, unless another is better. An outlier row no longer
+    /// sets the steps of all the others (docs/kv-cache-formats.md has what it gains).
+    ///
+    /// The GPU repeats this bit for bit: `i·s`, `j·s` and `step·code` are exact (an f16 value
+    /// times a small integer, or a power of two) and so is the square of a residual rounded
+    /// to f16, so a compiler that fuses a product into the next addition changes nothing;
+    /// divisions and roundings are correctly rounded on both; the sums run in row order.
+    fn clipped_range(self, v: impl Fn(usize) -> f32, sink_rows: usize, a: f32, b: f32) -> (u16, u16) {
+        let top = self.top() as f32;
+        let whole = (f32_to_f16_bits(a), f16_bits_up((b - a) / top));
+        let s = f16_bits_to_f32(whole.1) / 4.0;
+        if b == a || !s.is_finite() {
+            return whole;
+        }
+        let mut best = (f32::INFINITY, whole);
+        for i in 0..=CLIP_QUARTERS {
+            for j in 0..=CLIP_QUARTERS {
+                let lo_bits = f32_to_f16_bits(a + i as f32 * s);
+                let lo = f16_bits_to_f32(lo_bits);
+                let hi = b - j as f32 * s;
+                if hi <= lo {
+                    continue;
+                }
+                let step_bits = f16_bits_up((hi - lo) / top);
+                let step = f16_bits_to_f32(step_bits);
+                let mut err = 0f32;
+                for r in sink_rows..GROUP {
+                    let x = v(r);
+                    // Each residual rounded to f16, so that its square is exact.
+                    let d = f16_bits_to_f32(f32_to_f16_bits(x - (lo + step * code(x, lo, step, top))));
+                    err += d * d;
+                }
+                if err < best.0 {
+                    best = (err, (lo_bits, step_bits));
+                }
+            }
+        }
+        best.1
     }
 
     /// Each column's `lo` and `step` of a group.
@@ -167,6 +213,19 @@ impl ChannelFormat {
             }
         }
     }
+}
+
+/// How far in, in quarters of the whole range's step, the clipping search may move each end
+/// of a column's range ([`ChannelFormat::quantize_group`]).
+pub const CLIP_QUARTERS: usize = 4;
+
+/// The code of `x` in a column from `lo` with `step`: `clamp(round((x − lo) / step), 0,
+/// top)`, halves away from zero; 0 for a step of 0 and for NaN.
+#[inline]
+fn code(x: f32, lo: f32, step: f32, top: f32) -> f32 {
+    let t = if step == 0.0 { 0.0 } else { ((x - lo) / step).round() };
+    // NaN (from a NaN input) → 0; the clamp keeps rounding at the ends in range.
+    if t.is_nan() { 0.0 } else { t.clamp(0.0, top) }
 }
 
 /// The f16 bits of `v ≥ 0` rounded up (toward +∞); above f16's range, +∞.
@@ -224,15 +283,44 @@ mod tests {
                     let (a, b) = (col[r], back[r * COLS + c]);
                     assert!((a - b).abs() <= bound, "{f:?} col {c} row {r}: {a} -> {b}, bound {bound}");
                 }
-                // The column's extremes come back within a step: lo exactly.
-                assert_eq!(
-                    back.iter().skip(c).step_by(COLS).fold(f32::INFINITY, |m, &v| m.min(v)),
-                    lo,
-                    "{f:?} col {c}"
-                );
+                // The bottom of the range is the smallest value, or above it by at most a
+                // step of the whole range where the search narrowed it.
+                let bottom = back.iter().skip(c).step_by(COLS).fold(f32::INFINITY, |m, &v| m.min(v));
+                let step = (hi - lo) / f.top() as f32;
+                assert!(bottom >= lo && bottom - lo <= step * 1.001 + lo.abs() / 2048.0, "{f:?} col {c}: {bottom}");
             }
             // A constant column is exact.
             assert!((0..GROUP).all(|r| back[r * COLS + 7] == -2.5));
+        }
+    }
+
+    /// The narrowed range never leaves a column more error (the sum of squared errors, the
+    /// search's measure but for its f16 rounding of each residual) than the whole range, and
+    /// at 2 bits it takes a column with one high row from coarse steps to fine ones: 31
+    /// values spread over 0..1 and one at 1.6.
+    #[test]
+    fn clipping_never_costs_and_helps_a_lone_high_value() {
+        let mut x = group();
+        for r in 0..GROUP {
+            x[r * COLS + 20] = f16::from_f32(if r == 13 { 1.6 } else { r as f32 / 31.0 });
+        }
+        for f in ChannelFormat::ALL {
+            let mut bytes = vec![0u8; f.group_bytes(COLS)];
+            f.quantize_group(&x, COLS, 0, &mut bytes);
+            let mut back = vec![0f32; x.len()];
+            f.dequantize_group(&bytes, COLS, &mut back);
+            let top = f.top() as f32;
+            for c in 0..COLS {
+                let col: Vec<f32> = (0..GROUP).map(|r| x[r * COLS + c].to_f32()).collect();
+                let (a, b) = col.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+                let step = f16_bits_to_f32(f16_bits_up((b - a) / top));
+                let whole: f32 = col.iter().map(|&v| (v - (a + step * code(v, a, step, top))).powi(2)).sum();
+                let got: f32 = (0..GROUP).map(|r| (col[r] - back[r * COLS + c]).powi(2)).sum();
+                assert!(got <= whole * (1.0 + 2e-3), "{f:?} col {c}: {got} > {whole} over the whole range");
+                if c == 20 && f == ChannelFormat::Q2 {
+                    assert!(got < whole * 0.8, "2 bits, one high row: {got} vs {whole}");
+                }
+            }
         }
     }
 

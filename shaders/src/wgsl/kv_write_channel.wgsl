@@ -10,8 +10,10 @@
 // position pos0 + r). The window is written afterwards by kv_window, so nothing read here
 // is overwritten first.
 //
-// One workgroup of 32 per (group, block of 32 channels): thread c finds channel c's lo (the
-// smallest value: exact, the values are f16) and step = f16 up((largest - lo) / top), then
+// One workgroup of 32 per (group, block of 32 channels): thread c finds channel c's range —
+// its smallest and largest value, narrowed where that costs less in all (`clipped_range`,
+// duet_quant::kv::channel's search, bit for bit) — as lo = f16(bottom) and step = f16 up((top
+// of the range - lo) / top), then
 // thread t packs row t's 32 codes clamp(round((x - lo) / step), 0, top) (halves away from
 // zero; step 0 gives 0; a signed division, as group 0's sink rows may lie below lo). The
 // sequence's group 0 leaves its first CHANNEL_SINK rows (the attention sink) out of the
@@ -41,9 +43,58 @@ var<workgroup> step_s: array<f32, 32>;
 var<workgroup> bits_s: array<u32, 96>;
 // This thread's row's 32 codes.
 var<private> codes: array<u32, 32>;
+// This thread's channel's 32 values in the group.
+var<private> col: array<f32, 32>;
 
 fn group_bytes() -> u32 {
     return 4u * P.kv_dim + 32u * (P.kv_dim * QBITS / 8u);
+}
+
+// The code of x in a channel from lo with step (duet_quant::kv::channel's `code`).
+fn code_of(x: f32, lo: f32, step: f32) -> f32 {
+    if (step > 0.0) {
+        return clamp(round_away(div_signed(x - lo, step)), 0.0, TOP);
+    }
+    return 0.0;
+}
+
+// The f16 bits of lo and step of this thread's channel, whose rows t0.. (in `col`, finite)
+// span a..=b: among lo = a + i·s, hi = b − j·s (i, j ≤ CLIP_QUARTERS, s a quarter of the whole
+// range's step), the pair leaving the least sum of squared errors over those rows, the
+// first in (i, j) order. Bit for bit the CPU's: i·s, j·s, step·code and the square of a
+// residual rounded to f16 are exact (an f16 value times a small integer, a power of two or
+// itself), so fusing them into an addition changes nothing; the sums run in row order.
+fn clipped_range(t0: u32, a: f32, b: f32) -> vec2<u32> {
+    let whole = vec2<u32>(f16_rne_signed(a), f16_up(div_rn(b - a, TOP)));
+    let s = half_to_f32(whole.y) * 0.25;
+    if (b == a || !(s <= 3.0e38)) {
+        return whole;
+    }
+    var best = whole;
+    var best_err = bitcast<f32>(0x7f800000u);
+    for (var i = 0u; i <= CLIP_QUARTERS; i++) {
+        for (var j = 0u; j <= CLIP_QUARTERS; j++) {
+            let lo_bits = f16_rne_signed(a + f32(i) * s);
+            let lo = half_to_f32(lo_bits);
+            let hi = b - f32(j) * s;
+            if (hi <= lo) {
+                continue;
+            }
+            let step_bits = f16_up(div_rn(hi - lo, TOP));
+            let step = half_to_f32(step_bits);
+            var err = 0.0;
+            for (var t = t0; t < 32u; t++) {
+                let x = col[t];
+                let d = half_to_f32(f16_rne_signed(x - (lo + step * code_of(x, lo, step))));
+                err += d * d;
+            }
+            if (err < best_err) {
+                best_err = err;
+                best = vec2<u32>(lo_bits, step_bits);
+            }
+        }
+    }
+    return best;
 }
 
 // Channel c of position p of the group being quantized, as its f16 value.
@@ -76,20 +127,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     for (var t = t0; t < 32u; t++) {
         let x = value(p0 + t, c0 + lid);
+        col[t] = x;
         lo = min(lo, x);
         hi = max(hi, x);
     }
-    var step_bits = f16_up(div_rn(hi - lo, TOP));
-    var lo_bits = f16_rne_signed(lo);
-    // A column holding ±inf (an f16 overflow) decodes as NaN, as on the CPU: lo 0 unless
-    // finite, step NaN, codes 0.
-    if (!(abs(lo) <= 65504.0 && abs(hi) <= 65504.0)) {
-        step_bits = 0x7e00u;
-        if (!(abs(lo) <= 65504.0)) {
-            lo_bits = 0u;
-        }
+    var lo_bits = 0u;
+    var step_bits = 0x7e00u;
+    var lo_val = lo;
+    if (abs(lo) <= 65504.0 && abs(hi) <= 65504.0) {
+        let r = clipped_range(t0, lo, hi);
+        lo_bits = r.x;
+        step_bits = r.y;
+        lo_val = half_to_f32(lo_bits);
+    } else if (abs(lo) <= 65504.0) {
+        // A column holding ±inf (an f16 overflow) decodes as NaN, as on the CPU: lo 0 unless
+        // finite, step NaN, codes 0.
+        lo_bits = f16_rne_signed(lo);
     }
-    lo_s[lid] = lo;
+    lo_s[lid] = lo_val;
     step_s[lid] = half_to_f32(step_bits);
     bits_s[lid] = lo_bits;
     bits_s[32u + lid] = step_bits;
