@@ -7,6 +7,7 @@
 #   PARTS=duet runtime/bench/kv_cache_accuracy.sh       # one part only (duet, gpu, llama.cpp)
 #   PARTS=duet CTX=4096 MODELS=smollm2 ...               # duet's table at another context, on
 #                                                       # chosen models (smollm2 diff-ref llama-ref)
+#   PARTS=duet CONFIGS="f16 f16,q3c q3r" ...             # chosen K V pairs (the first the base)
 #   PARTS="duet gpu llama.cpp" GPU_TOKENS=512 ...       # also duet --device gpu (any adapter,
 #                                                       # lavapipe included) on the first 512
 #                                                       # tokens against the CPU on the same,
@@ -19,7 +20,7 @@
 # Models: SmolLM2-135M-Instruct (llama.cpp's Q4_1 file, a Transformer) and the reference
 # pair (models/diff-ref, models/llama-ref, converted to F16; llama.cpp runs the Llama).
 # Text: held-out State of the Union addresses (runtime/bench/common.sh). `-c 512` (or CTX), 2
-# threads. duet's own table scores every position of each 512-token chunk; beside
+# threads. duet's own table scores every position of each chunk; beside
 # llama-perplexity it scores the second half, as llama-perplexity does. Compare ratios to
 # each one's own f16, not absolute values. Prints markdown; also writes each part to
 # target/bench/kv-accuracy-PART.md.
@@ -55,6 +56,7 @@ pct() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.2f%%", (a / b - 1) * 100 }';
 configs=("f16 f16" "q8 q8" "q8c q8r" "q6 q6" "q6c q6r" "q4 q4" "q4c q4r"
   "q4 f16" "q4r f16" "q4c f16" "f16 q4" "f16 q4r" "f16 q4c"
   "q3c q3r" "q3c f16" "f16 q3r" "q2c q2r" "q2c f16" "f16 q2r")
+[ -z "${CONFIGS:-}" ] || IFS=, read -r -a configs <<<"$CONFIGS"
 echo "Machine: $(bench_machine). duet $(git rev-parse --short HEAD)."
 if has_part duet; then
 part duet

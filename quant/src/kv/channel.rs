@@ -14,8 +14,9 @@
 //! * `lo[cols]`: f16, the bottom of each column's range;
 //! * `step[cols]`: f16, `(hi − lo) / (2^bits − 1)` rounded up to f16, so `hi` is in range —
 //!   the range `lo..=hi` being the column's smallest and largest value, or that range
-//!   narrowed where values beyond it then cost less in all (`ChannelFormat::clipped_range`:
-//!   each end moved in by up to one step, the least sum of squared errors);
+//!   at 3 and 2 bits narrowed where values beyond it then cost less in all
+//!   (`ChannelFormat::clipped_range`: each end moved in by up to one step, the least sum
+//!   of squared errors);
 //! * [`GROUP`] rows of codes `u ∈ [0, 2^bits − 1]`, each row `cols·bits/8` bytes, packed 32
 //!   at a time ([`super::pack`]).
 //!
@@ -27,8 +28,9 @@
 //!
 //! `value = lo + step·u` with `u = clamp(round((x − lo) / step), 0, 2^bits − 1)`, round
 //! halves away from zero (a step of 0 gives u = 0) — [`ChannelFormat::error_bound`]. Only
-//! correctly rounded subtraction and division are involved, never a product that a GPU
-//! compiler could fuse into the next addition, so the GPU writes the same bytes.
+//! correctly rounded subtraction and division are involved, and products only where they
+//! are exact (the range search's), so a GPU compiler that fuses a product into the next
+//! addition changes nothing and the GPU writes the same bytes.
 
 use half::f16;
 
@@ -87,12 +89,14 @@ impl ChannelFormat {
     /// Largest round-trip error of a value in a column whose group spans `lo..=hi` (f16
     /// values): half a step (the step rounded up to f16: at most 2⁻¹⁰ larger, or by f16's
     /// subnormal spacing 2⁻²⁴ for tiny ones), plus the f32 rounding of computing the code
-    /// and the value — and, where the search narrowed the range, the clipped distance: at
-    /// most one more step (each end moves in by at most one step of the whole range, and
-    /// the f16 rounding of the new bottom by half an f16 ulp of it).
+    /// and the value. At 3 and 2 bits the search may narrow the range: a value beyond it is
+    /// off by the clipped distance, at most two steps of the whole range (the bottom moves
+    /// in by up to one step and its f16 rounding by no more than that, since the old bottom
+    /// is an f16 value; the top by up to one), which also covers the values inside.
     pub fn error_bound(self, lo: f32, hi: f32) -> f32 {
         let step = (hi - lo) / self.top() as f32 * (1.0 + 1.0 / 1024.0) + 1.0 / (1u32 << 24) as f32;
-        step * (1.5 + 1.0 / 16384.0) + (lo.abs().max(hi.abs())) * (f32::EPSILON + 1.0 / 2048.0)
+        let steps = if self.bits() > 3 { 0.5 } else { 2.0 };
+        step * (steps + 1.0 / 16384.0) + (lo.abs().max(hi.abs())) * f32::EPSILON
     }
 
     /// Quantizes a group: `x` is [`GROUP`] rows of `cols` f16 values, row-major; `out` is
@@ -118,7 +122,8 @@ impl ChannelFormat {
                 b = b.max(v);
             }
             let (lo_bits, step_bits) = if a.is_finite() && b.is_finite() {
-                self.clipped_range(|r| x[r * cols + c].to_f32(), sink_rows, a, b)
+                let col: [f32; GROUP] = std::array::from_fn(|r| x[r * cols + c].to_f32());
+                self.clipped_range(&col, sink_rows, a, b)
             } else {
                 (f32_to_f16_bits(if a.is_finite() { a } else { 0.0 }), 0x7e00)
             };
@@ -145,23 +150,27 @@ impl ChannelFormat {
     /// `0..=`[`CLIP_QUARTERS`] (`s` a quarter of the step of the whole range), the pair whose
     /// codes leave the least sum of squared errors over those rows, the first in `(i, j)`
     /// order — `(0, 0)`, the whole range, unless another is better. An outlier row no longer
-    /// sets the steps of all the others (docs/kv-cache-formats.md has what it gains).
+    /// sets the steps of all the others (docs/kv-cache-formats.md, "3 and 2 bits", has what
+    /// it gains). Only at 3 and 2 bits; above, the whole range.
     ///
     /// The GPU repeats this bit for bit: `i·s`, `j·s` and `step·code` are exact (an f16 value
     /// times a small integer, or a power of two) and so is the square of a residual rounded
-    /// to f16, so a compiler that fuses a product into the next addition changes nothing;
+    /// to 11 bits, so a compiler that fuses a product into the next addition changes nothing;
     /// divisions and roundings are correctly rounded on both; the sums run in row order.
-    fn clipped_range(self, v: impl Fn(usize) -> f32, sink_rows: usize, a: f32, b: f32) -> (u16, u16) {
+    fn clipped_range(self, col: &[f32; GROUP], sink_rows: usize, a: f32, b: f32) -> (u16, u16) {
         let top = self.top() as f32;
         let whole = (f32_to_f16_bits(a), f16_bits_up((b - a) / top));
         let s = f16_bits_to_f32(whole.1) / 4.0;
-        if b == a || !s.is_finite() {
+        // At 4 bits and more it gains within the noise (q4c alone: +0.57% → +0.49%) for
+        // ~1 ms a group of 32 positions and 192 channels on a 2-core Zen 4: not searched.
+        if self.bits() > 3 || b == a || !s.is_finite() {
             return whole;
         }
         let mut best = (f32::INFINITY, whole);
         for i in 0..=CLIP_QUARTERS {
             for j in 0..=CLIP_QUARTERS {
-                let lo_bits = f32_to_f16_bits(a + i as f32 * s);
+                // a itself for i = 0 (a −0 minimum stays −0, whatever a compiler makes of −0 + 0).
+                let lo_bits = if i == 0 { whole.0 } else { f32_to_f16_bits(a + i as f32 * s) };
                 let lo = f16_bits_to_f32(lo_bits);
                 let hi = b - j as f32 * s;
                 if hi <= lo {
@@ -170,10 +179,8 @@ impl ChannelFormat {
                 let step_bits = f16_bits_up((hi - lo) / top);
                 let step = f16_bits_to_f32(step_bits);
                 let mut err = 0f32;
-                for r in sink_rows..GROUP {
-                    let x = v(r);
-                    // Each residual rounded to f16, so that its square is exact.
-                    let d = f16_bits_to_f32(f32_to_f16_bits(x - (lo + step * code(x, lo, step, top))));
+                for &x in &col[sink_rows..] {
+                    let d = round_to_11_bits(x - (lo + step * code(x, lo, step, top)));
                     err += d * d;
                 }
                 if err < best.0 {
@@ -215,6 +222,16 @@ impl ChannelFormat {
     }
 }
 
+/// `v` (finite) rounded to 11 significant bits, to nearest even — f16's precision, with no
+/// subnormal range — by integer arithmetic that a shader repeats exactly, so that the square
+/// of a residual is exact in f32 (a residual is a multiple of 2⁻²⁶ here, so the square
+/// is at least 2⁻⁵², a normal f32).
+#[inline]
+fn round_to_11_bits(v: f32) -> f32 {
+    let b = v.to_bits();
+    f32::from_bits((b + 0xfff + ((b >> 13) & 1)) & !0x1fff)
+}
+
 /// How far in, in quarters of the whole range's step, the clipping search may move each end
 /// of a column's range ([`ChannelFormat::quantize_group`]).
 pub const CLIP_QUARTERS: usize = 4;
@@ -223,9 +240,21 @@ pub const CLIP_QUARTERS: usize = 4;
 /// top)`, halves away from zero; 0 for a step of 0 and for NaN.
 #[inline]
 fn code(x: f32, lo: f32, step: f32, top: f32) -> f32 {
-    let t = if step == 0.0 { 0.0 } else { ((x - lo) / step).round() };
-    // NaN (from a NaN input) → 0; the clamp keeps rounding at the ends in range.
-    if t.is_nan() { 0.0 } else { t.clamp(0.0, top) }
+    if step == 0.0 {
+        return 0.0;
+    }
+    let t = (x - lo) / step;
+    // Below 0 or NaN (a NaN input or step) → 0; from top on → top.
+    if !(t > 0.0) {
+        return 0.0;
+    }
+    if t >= top {
+        return top;
+    }
+    // 0 < t < top ≤ 255: the truncation and t − r are exact, so this is f32::round (halves
+    // away from zero) without a libm call — the range search runs it 25 times a value.
+    let r = t as u32 as f32;
+    if t - r >= 0.5 { r + 1.0 } else { r }
 }
 
 /// The f16 bits of `v ≥ 0` rounded up (toward +∞); above f16's range, +∞.
@@ -283,11 +312,16 @@ mod tests {
                     let (a, b) = (col[r], back[r * COLS + c]);
                     assert!((a - b).abs() <= bound, "{f:?} col {c} row {r}: {a} -> {b}, bound {bound}");
                 }
-                // The bottom of the range is the smallest value, or above it by at most a
-                // step of the whole range where the search narrowed it.
+                // The bottom of the range is the smallest value exactly, or at 3 and 2 bits
+                // above it by at most two steps of the whole range where the search
+                // narrowed it.
                 let bottom = back.iter().skip(c).step_by(COLS).fold(f32::INFINITY, |m, &v| m.min(v));
                 let step = (hi - lo) / f.top() as f32;
-                assert!(bottom >= lo && bottom - lo <= step * 1.001 + lo.abs() / 2048.0, "{f:?} col {c}: {bottom}");
+                if f.bits() > 3 {
+                    assert_eq!(bottom, lo, "{f:?} col {c}");
+                } else {
+                    assert!(bottom >= lo && bottom - lo <= 2.0 * step * 1.001, "{f:?} col {c}: {bottom}");
+                }
             }
             // A constant column is exact.
             assert!((0..GROUP).all(|r| back[r * COLS + 7] == -2.5));
@@ -317,6 +351,9 @@ mod tests {
                 let whole: f32 = col.iter().map(|&v| (v - (a + step * code(v, a, step, top))).powi(2)).sum();
                 let got: f32 = (0..GROUP).map(|r| (col[r] - back[r * COLS + c]).powi(2)).sum();
                 assert!(got <= whole * (1.0 + 2e-3), "{f:?} col {c}: {got} > {whole} over the whole range");
+                if f.bits() > 3 {
+                    assert_eq!(got, whole, "{f:?} col {c}: searched above 3 bits");
+                }
                 if c == 20 && f == ChannelFormat::Q2 {
                     assert!(got < whole * 0.8, "2 bits, one high row: {got} vs {whole}");
                 }
@@ -376,6 +413,9 @@ mod tests {
         };
         let (e8, e6, e4) = (err(ChannelFormat::Q8), err(ChannelFormat::Q6), err(ChannelFormat::Q4));
         assert!(e8 * 8.0 < e6 && e6 * 8.0 < e4, "squared errors 8/6/4 bits: {e8} {e6} {e4}");
+        // One bit fewer, about 4 times the squared error (at least 2.5 here).
+        let (e3, e2) = (err(ChannelFormat::Q3), err(ChannelFormat::Q2));
+        assert!(e4 * 2.5 < e3 && e3 * 2.5 < e2, "squared errors 4/3/2 bits: {e4} {e3} {e2}");
     }
 
     #[test]

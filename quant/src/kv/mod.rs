@@ -4,8 +4,9 @@
 //! * [`absmax`]: symmetric absmax blocks of 32 along a row (`q8`/`q6`/`q4`; q8 is ggml's
 //!   Q8_0);
 //! * [`signed_max`]: ggml Q4_0's signed-maximum rule in blocks of 64 along a row, for rows
-//!   stored in the [`hadamard`] basis (`q8r`/`q6r`/`q4r`);
-//! * [`channel`]: per-column asymmetric groups of 32 rows (`q8c`/`q6c`/`q4c`, KIVI's keys).
+//!   stored in the [`hadamard`] basis (`q8r`/`q6r`/`q4r`/`q3r`/`q2r`);
+//! * [`channel`]: per-column asymmetric groups of 32 rows (`q8c`/`q6c`/`q4c`/`q3c`/`q2c`,
+//!   KIVI's keys).
 //!
 //! All pack their codes with [`pack`], one layout per bit width. [`format`] names them
 //! ([`CacheFormat`]) for every crate.

@@ -1,4 +1,4 @@
-// The f16 window of a per-channel cache (q8c/q6c/q4c, see kv_write_channel): batch rows
+// The f16 window of a per-channel cache (q8c … q2c, see kv_write_channel): batch rows
 // r >= from_row (the batch's last 32, so each slot is written once, with the last position
 // that maps to it — what the CPU's window holds after passing every row through it) go to
 // window slot (pos0 + r) mod 32, rounded to f16 to nearest even as the CPU rounds them.

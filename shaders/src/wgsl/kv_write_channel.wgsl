@@ -15,7 +15,8 @@
 // duet_quant::kv::channel's search, bit for bit) — as lo = f16(bottom) and step = f16 up((top
 // of the range - lo) / top), then
 // thread t packs row t's 32 codes clamp(round((x - lo) / step), 0, top) (halves away from
-// zero; step 0 gives 0; a signed division, as group 0's sink rows may lie below lo). The
+// zero; step 0 gives 0; a signed division, as group 0's sink rows and, where the range was
+// narrowed, any row may lie below lo). The
 // sequence's group 0 leaves its first CHANNEL_SINK rows (the attention sink) out of the
 // ranges and copies their f16 values to the sequence's sink, where the readers take them
 // from.
@@ -50,6 +51,13 @@ fn group_bytes() -> u32 {
     return 4u * P.kv_dim + 32u * (P.kv_dim * QBITS / 8u);
 }
 
+// v (finite) rounded to 11 significant bits, to nearest even (duet_quant::kv::channel's
+// `round_to_11_bits`): its square is exact in f32.
+fn round_to_11_bits(v: f32) -> f32 {
+    let b = bitcast<u32>(v);
+    return bitcast<f32>((b + 0xfffu + ((b >> 13u) & 1u)) & ~0x1fffu);
+}
+
 // The code of x in a channel from lo with step (duet_quant::kv::channel's `code`).
 fn code_of(x: f32, lo: f32, step: f32) -> f32 {
     if (step > 0.0) {
@@ -62,19 +70,24 @@ fn code_of(x: f32, lo: f32, step: f32) -> f32 {
 // span a..=b: among lo = a + i·s, hi = b − j·s (i, j ≤ CLIP_QUARTERS, s a quarter of the whole
 // range's step), the pair leaving the least sum of squared errors over those rows, the
 // first in (i, j) order. Bit for bit the CPU's: i·s, j·s, step·code and the square of a
-// residual rounded to f16 are exact (an f16 value times a small integer, a power of two or
-// itself), so fusing them into an addition changes nothing; the sums run in row order.
+// residual rounded to 11 bits are exact (an f16 value times a small integer, a power of two,
+// or an 11-bit value squared), so fusing them into an addition changes nothing; the sums run
+// in row order.
 fn clipped_range(t0: u32, a: f32, b: f32) -> vec2<u32> {
     let whole = vec2<u32>(f16_rne_signed(a), f16_up(div_rn(b - a, TOP)));
     let s = half_to_f32(whole.y) * 0.25;
-    if (b == a || !(s <= 3.0e38)) {
+    // Searched at 3 and 2 bits only, as on the CPU.
+    if (QBITS > 3u || b == a || !(s <= 3.0e38)) {
         return whole;
     }
     var best = whole;
     var best_err = bitcast<f32>(0x7f800000u);
     for (var i = 0u; i <= CLIP_QUARTERS; i++) {
         for (var j = 0u; j <= CLIP_QUARTERS; j++) {
-            let lo_bits = f16_rne_signed(a + f32(i) * s);
+            var lo_bits = whole.x;
+            if (i > 0u) {
+                lo_bits = f16_rne_signed(a + f32(i) * s);
+            }
             let lo = half_to_f32(lo_bits);
             let hi = b - f32(j) * s;
             if (hi <= lo) {
@@ -85,7 +98,7 @@ fn clipped_range(t0: u32, a: f32, b: f32) -> vec2<u32> {
             var err = 0.0;
             for (var t = t0; t < 32u; t++) {
                 let x = col[t];
-                let d = half_to_f32(f16_rne_signed(x - (lo + step * code_of(x, lo, step))));
+                let d = round_to_11_bits(x - (lo + step * code_of(x, lo, step)));
                 err += d * d;
             }
             if (err < best_err) {

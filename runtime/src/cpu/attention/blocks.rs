@@ -1,5 +1,5 @@
 //! Attention's inner loops over cache rows stored in blocks along the row — an f16 scale
-//! per 32 (`q8`/`q6`/`q4`, [`duet_quant::kv::absmax`]) or per 64 values (`q8r`/`q6r`/`q4r`,
+//! per 32 (`q8`/`q6`/`q4`, [`duet_quant::kv::absmax`]) or per 64 values (`q8r` … `q2r`,
 //! [`duet_quant::kv::signed_max`]) — reading the blocks in place: nothing is dequantized
 //! ahead. Both formats store levels with the same codes, so one decoder serves them.
 //!

@@ -1,4 +1,4 @@
-//! A cache in per-channel groups (`q8c`/`q6c`/`q4c`, [`duet_quant::kv::channel`]): its
+//! A cache in per-channel groups (`q8c` … `q2c`, [`duet_quant::kv::channel`]): its
 //! storage and attention's inner loops over it, reading the groups in place.
 //!
 //! A sequence's positions fill its f16 window of [`GROUP`] slots (position p in slot p mod

@@ -41,8 +41,8 @@ fn block_byte(k: u32, off: u32) -> u32 {
     let j = (off - 2u) % (4u * QBITS);
     let b = 64u * k + 32u * g;
     var byte = 0u;
-    for (var k = 0u; k < packed_fan(j); k++) {
-        let f = packed_field(j, k);
+    for (var n = 0u; n < packed_fan(j); n++) {
+        let f = packed_field(j, n);
         byte |= ((sh_codes[b + f.x] >> f.y) & f.z) << f.w;
     }
     return byte;

@@ -2,8 +2,8 @@
 // CPU backend writes (duet_quant::kv): WGSL's f32 division need not be correctly rounded and
 // its f32 -> f16 conversions need not round to nearest even, so both are done in integer
 // arithmetic here. Additions, subtractions and single products are correctly rounded in
-// WGSL already; the kernels never feed a product into an addition (which a compiler may
-// fuse), dividing instead.
+// WGSL already; the kernels feed a product into an addition (which a compiler may fuse)
+// only where the product is exact, dividing instead elsewhere.
 
 // a / b correctly rounded (to nearest even), for positive finite a, b; IEEE division by the
 // GPU where the operands or the result are not normal numbers.
