@@ -469,8 +469,9 @@ pub fn source(v: &Variant) -> String {
                     _ => include_str!("wgsl/kv_write_channel.wgsl"),
                 };
                 let _ = writeln!(s, "const QBITS: u32 = {}u;", e.bits());
-                if matches!(kind, CacheKind::Channel { .. }) {
+                if let duet_quant::kv::CacheLayout::Channel(f) = e.layout() {
                     let _ = writeln!(s, "const CLIP_QUARTERS: u32 = {}u;", duet_quant::kv::channel::CLIP_QUARTERS);
+                    let _ = writeln!(s, "const NARROWS_RANGE: bool = {};", f.narrows_range());
                 }
                 s.push_str(&page_table(3));
                 s.push_str(QUANT_COMMON);

@@ -76,8 +76,8 @@ fn code_of(x: f32, lo: f32, step: f32) -> f32 {
 fn clipped_range(t0: u32, a: f32, b: f32) -> vec2<u32> {
     let whole = vec2<u32>(f16_rne_signed(a), f16_up(div_rn(b - a, TOP)));
     let s = half_to_f32(whole.y) * 0.25;
-    // Searched at 3 and 2 bits only, as on the CPU.
-    if (QBITS > 3u || b == a || !(s <= 3.0e38)) {
+    // NARROWS_RANGE: ChannelFormat::narrows_range, where the CPU searches.
+    if (!NARROWS_RANGE || b == a || !(s <= 3.0e38)) {
         return whole;
     }
     var best = whole;

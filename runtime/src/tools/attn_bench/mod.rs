@@ -86,12 +86,9 @@ impl CacheScheme {
         CacheScheme::ALL.into_iter().find(|c| c.name() == s)
     }
 
-    /// The bit widths the scheme's formats come in.
-    pub fn widths(self) -> &'static [u32] {
-        match self {
-            CacheScheme::Block32 => &[8, 6, 4],
-            CacheScheme::ChannelRotated => &[8, 6, 4, 3, 2],
-        }
+    /// The bit widths the scheme's formats come in (those [`CacheScheme::types`] knows).
+    pub fn widths(self) -> Vec<u32> {
+        (2..=8).rev().filter(|&b| self.types(Target::KV, b).is_some()).collect()
     }
 
     /// The (K, V) cache types of a run at `bits` that quantizes `target`; `None` for a width
