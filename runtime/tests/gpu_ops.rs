@@ -1068,3 +1068,23 @@ fn rotated_and_channel_cache_write_edge_rows() {
         eprintln!("{ty}: {n} edge rows of {kv_dim} values written byte for byte as the CPU");
     }
 }
+
+/// The GPU does not read keys stored before RoPE yet: a `q3c` or `q2c` K cache becomes `q4c`
+/// with a note saying why; a V cache of those types, and other K types, are kept.
+#[test]
+fn keys_before_rope_fall_back_on_the_gpu() {
+    use CacheFormat::*;
+    let test = "keys_before_rope_fall_back_on_the_gpu";
+    let Some(gpu) = gpu(test, false, None) else { return };
+    for (k, want) in [(Q3c, Q4c), (Q2c, Q4c), (Q4c, Q4c), (Q3r, Q3r), (Q2r, Q2r), (F16, F16)] {
+        let mut spec =
+            KvCacheSpec { n_layers: 1, n_ctx: 64, n_seqs: 1, kv_dim: 128, head_dim: 64, k_type: k, v_type: Q2c };
+        let notes = gpu.resolve_cache(&mut spec);
+        assert_eq!((spec.k_type, spec.v_type), (want, Q2c), "K {k}");
+        if k == want {
+            assert!(notes.is_empty(), "K {k}: {notes:?}");
+        } else {
+            assert!(notes.len() == 1 && notes[0].contains("before RoPE") && notes[0].contains(k.name()), "{notes:?}");
+        }
+    }
+}

@@ -94,6 +94,17 @@ impl ChannelFormat {
         self.bits() <= 3
     }
 
+    /// Whether keys are stored as they were before RoPE (KVQuant, Hooper et al. 2024), RoPE
+    /// applied to each key as it is read: at 3 and 2 bits. RoPE turns each channel pair of a
+    /// key into a sinusoid over positions, so within a group of 32 the fast-rotating pairs
+    /// span their whole amplitude, where before RoPE a channel stays near its own offset:
+    /// SmolLM2's 3-bit K alone +3.1% → +1.8% perplexity, 2-bit +26.5% → +17.1%; at 4 bits
+    /// +0.57% → +0.38%, within the noise, so 4 bits and above keep the cheaper integer reads
+    /// of post-RoPE keys (runtime/bench/results/kv-lowbit-trials-2026-11-28.md).
+    pub fn keys_before_rope(self) -> bool {
+        self.bits() <= 3
+    }
+
     /// Largest round-trip error of a value in a column whose group spans `lo..=hi` (f16
     /// values): half a step (the step rounded up to f16: at most 2⁻¹⁰ larger, or by f16's
     /// subnormal spacing 2⁻²⁴ for tiny ones), plus the f32 rounding of computing the code

@@ -162,6 +162,13 @@ impl CacheFormat {
         matches!(self.layout(), CacheLayout::Rotated(_))
     }
 
+    /// Whether a K cache of this format holds the keys as they were before RoPE, the
+    /// attention rotating each key by its position as it reads it
+    /// ([`ChannelFormat::keys_before_rope`]). A V cache stores its rows as given.
+    pub fn keys_before_rope(self) -> bool {
+        matches!(self.layout(), CacheLayout::Channel(f) if f.keys_before_rope())
+    }
+
     /// The block a row must be a whole multiple of (1 for the plain formats).
     pub fn row_multiple(self) -> usize {
         match self.layout() {

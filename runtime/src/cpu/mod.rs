@@ -286,13 +286,18 @@ impl Backend for CpuBackend {
         let spec = first.spec;
         let (hd, q_cols, kv_cols) = (spec.head_dim, q.cols, k.cols);
         let thetas = rope.map(|r| self.thetas(r).to_vec());
+        // A K cache of keys before RoPE stores them as they are; its reads rotate them.
+        let n_pos = spans.iter().map(|s| s.pos0 + s.rows).max().unwrap_or(0);
+        let keys_before_rope = cache.keys_before_rope(rope, n_pos);
         for s in spans {
             let rows = s.first..s.first + s.rows;
             let kr = &mut k.view_mut()[rows.start * kv_cols..rows.end * kv_cols];
             if let (Some(r), Some(thetas)) = (rope, &thetas) {
                 let qr = &mut q.view_mut()[rows.start * q_cols..rows.end * q_cols];
                 ops::rope_rows(qr, q_cols, q_cols / hd, hd, s.pos0, thetas, r.freq_scale);
-                ops::rope_rows(kr, kv_cols, kv_cols / hd, hd, s.pos0, thetas, r.freq_scale);
+                if !keys_before_rope {
+                    ops::rope_rows(kr, kv_cols, kv_cols / hd, hd, s.pos0, thetas, r.freq_scale);
+                }
             }
             let vr = &v.view()[rows.start * kv_cols..rows.end * kv_cols];
             cache.store(&s.seq, layer, s.pos0, kr, vr);

@@ -9,7 +9,9 @@ use half::f16;
 
 use super::blocks::{self, RowBlocks};
 use super::channel::ChannelRows;
+use super::key_rope::KeyRope;
 use super::plain;
+use crate::backend::RopeSpec;
 use crate::error::RuntimeError;
 use crate::kv_cache::{CacheFormat, CacheLayout, KvCacheSpec};
 use crate::kv_pages::{PAGE, Run, SeqPages};
@@ -165,11 +167,24 @@ impl CacheRows {
         out
     }
 
-    /// `scores[j] = scale · q · K_j[col0..col0 + q.len()]` for positions j < scores.len().
-    pub fn scores(&self, at: &Placement, q: &[f32], kv_dim: usize, col0: usize, scale: f32, scores: &mut [f32]) {
+    /// `scores[j] = scale · q · K_j[col0..col0 + q.len()]` for positions j < scores.len();
+    /// with `rope` (a per-channel cache of keys before RoPE, [`CpuKvCache::keys_before_rope`]),
+    /// `K_j` rotated by its position.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scores(
+        &self,
+        at: &Placement,
+        q: &[f32],
+        kv_dim: usize,
+        col0: usize,
+        scale: f32,
+        rope: Option<&KeyRope>,
+        scores: &mut [f32],
+    ) {
         if let CacheRows::Channel(c) = self {
-            return c.scores(at, q, col0, scale, scores);
+            return c.scores(at, q, col0, scale, rope, scores);
         }
+        assert!(rope.is_none(), "only per-channel caches hold keys before RoPE");
         for Run { pos, row, len } in at.runs_before(scores.len()) {
             let s = &mut scores[pos..pos + len];
             match self {
@@ -208,6 +223,8 @@ pub struct CpuKvCache {
     pub v: Vec<CacheRows>,
     /// Relative perturbation of every stored value ([`CpuKvCache::new`]; 0: off).
     jitter: f32,
+    /// RoPE as the keys are read, where the K cache holds them before RoPE.
+    key_rope: Option<KeyRope>,
 }
 
 /// `x · (1 + rel·u)` for each value, u from a hash of (seed, first + its index).
@@ -241,7 +258,29 @@ impl CpuKvCache {
             k: (0..spec.n_layers).map(|_| CacheRows::new(spec.k_type, p, s, d, hd)).collect::<Result<_, _>>()?,
             v: (0..spec.n_layers).map(|_| CacheRows::new(spec.v_type, p, s, d, hd)).collect::<Result<_, _>>()?,
             jitter,
+            key_rope: None,
         })
+    }
+
+    /// Whether keys are to be stored as they were before RoPE: where this K cache's format
+    /// holds them so ([`CacheFormat::keys_before_rope`]) and the model rotates keys (`rope`).
+    /// Then RoPE is readied for the reads of positions below `n_pos` ([`Self::key_rope`]).
+    pub fn keys_before_rope(&mut self, rope: Option<&RopeSpec>, n_pos: usize) -> bool {
+        let Some(rope) = rope.filter(|_| self.spec.k_type.keys_before_rope()) else {
+            self.key_rope = None;
+            return false;
+        };
+        let hd = self.spec.head_dim;
+        if !self.key_rope.as_ref().is_some_and(|k| k.is_for(rope, hd)) {
+            self.key_rope = Some(KeyRope::new(rope, hd));
+        }
+        self.key_rope.as_mut().expect("set above").reach(n_pos);
+        true
+    }
+
+    /// RoPE for reading the keys, where they are stored before it.
+    pub fn key_rope(&self) -> Option<&KeyRope> {
+        self.key_rope.as_ref()
     }
 
     /// Stores rows of k and v (`rows × kv_dim`) at positions pos0.. of sequence `seq` in

@@ -22,6 +22,7 @@ use duet_quant::kv::pack::{self, N};
 use half::f16;
 
 use super::cache::Placement;
+use super::key_rope::KeyRope;
 use super::plain;
 use crate::error::RuntimeError;
 use crate::kv_pages::SeqPages;
@@ -80,8 +81,12 @@ impl ChannelRows {
         }
     }
 
-    /// `out[j] = scale · q · K_j[col0..col0 + q.len()]` for positions j < out.len().
-    pub fn scores(&self, at: &Placement, q: &[f32], col0: usize, scale: f32, out: &mut [f32]) {
+    /// `out[j] = scale · q · K_j[col0..col0 + q.len()]` for positions j < out.len(); with
+    /// `rope`, the cache holds keys before RoPE and `K_j` is key j rotated by its position.
+    pub fn scores(&self, at: &Placement, q: &[f32], col0: usize, scale: f32, rope: Option<&KeyRope>, out: &mut [f32]) {
+        if let Some(rope) = rope {
+            return self.scores_before_rope(at, q, col0, scale, rope, out);
+        }
         let n = out.len();
         assert!(n <= at.written, "attention past the {} written positions", at.written);
         let hd = q.len();
@@ -131,6 +136,64 @@ impl ChannelRows {
         // The sink's positions, in group 0 above, are read from the sink.
         let sunk = SINK.min(grouped);
         plain::scores_f16(q, &self.sink(at.seq.sink)[col0..], self.kv_dim, scale, &mut out[..sunk]);
+    }
+
+    /// [`ChannelRows::scores`] of keys stored before RoPE: per position, the query turned
+    /// back by the position ([`KeyRope`]) against the key as stored, decoded to f32
+    /// (`lo + step·u`, or its f16 from the window or the sink). Per value that is a decode
+    /// and two multiply-adds more than the integer dot products of the post-RoPE formats.
+    fn scores_before_rope(&self, at: &Placement, q: &[f32], col0: usize, scale: f32, rope: &KeyRope, out: &mut [f32]) {
+        let n = out.len();
+        assert!(n <= at.written, "attention past the {} written positions", at.written);
+        let (hd, d) = (q.len(), self.kv_dim);
+        let grouped = grouped(at.written).min(n);
+        let (mut gq, mut partner, mut k) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+        let (mut lo, mut step) = (vec![0f32; hd], vec![0f32; hd]);
+        #[cfg(target_arch = "x86_64")]
+        let simd =
+            col0.is_multiple_of(N) && hd.is_multiple_of(N) && (N..=4 * N).contains(&hd) && crate::cpu::simd::avx2();
+        let mut u = [0u8; N];
+        for (g, o) in out[..grouped].chunks_mut(GROUP).enumerate() {
+            rope.to_group(q, g, &mut gq);
+            rope.partners(&gq, &mut partner);
+            let group = self.group(at.seq.pages[g]);
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                let (hb, at) = (self.fmt.header_bytes(d), col0 / N * pack::packed_bytes(self.fmt.bits()));
+                let keys = x86::GroupKeys {
+                    bits: self.fmt.bits(),
+                    lo: group[2 * col0..].as_ptr(),
+                    step: group[2 * (d + col0)..].as_ptr(),
+                    codes: group[hb + at..].as_ptr(),
+                    row_bytes: self.fmt.row_bytes(d),
+                };
+                // SAFETY: features checked; the group's header holds lo and step for every
+                // column, and its GROUP ≥ o.len() rows of codes the head's hd/32 packed
+                // groups at byte `at`; gq, partner and the offsets' lanes are hd long.
+                unsafe { x86::scores_before_rope(&keys, &gq, &partner, rope, scale, o) };
+                continue;
+            }
+            self.head_header(group, col0, &mut lo, &mut step);
+            let codes = &group[self.fmt.header_bytes(d)..];
+            for (j, o) in o.iter_mut().enumerate() {
+                self.for_codes(codes, j, col0, hd, &mut u, |x0, len, u| {
+                    for i in 0..len {
+                        k[x0 + i] = lo[x0 + i] + step[x0 + i] * u[i] as f32;
+                    }
+                });
+                *o = rope.score(&gq, &partner, j, &k) * scale;
+            }
+        }
+        // The window's positions, and the sink's (in group 0 above, read from the sink).
+        let (window, sink) = (&self.window(at.seq.slot)[col0..], &self.sink(at.seq.sink)[col0..]);
+        for p in (0..SINK.min(grouped)).chain(grouped..n) {
+            let (g, j) = (p / GROUP, p % GROUP);
+            let row = if p < grouped { &sink[p * d..] } else { &window[j * d..] };
+            k.iter_mut().zip(row).for_each(|(k, h)| *k = h.to_f32());
+            rope.to_group(q, g, &mut gq);
+            rope.partners(&gq, &mut partner);
+            out[p] = rope.score(&gq, &partner, j, &k) * scale;
+        }
     }
 
     /// `out += Σ_j p[j] · V_j[col0..col0 + out.len()]` over positions j < p.len().
@@ -260,6 +323,7 @@ fn grouped(written: usize) -> usize {
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::KeyRope;
     use crate::cpu::simd::{codes_u8, hsum, query_i16x2};
 
     /// Scores of the rows of one group, the head NG·32 channels wide: the header's lo and
@@ -341,6 +405,96 @@ mod x86 {
         }
     }
 
+    /// One group's keys for one head, as [`scores_before_rope`] reads them: the header's
+    /// lo and step of the head's first column (f16) and the codes of its first packed group
+    /// in row 0.
+    pub struct GroupKeys {
+        pub bits: u32,
+        pub lo: *const u8,
+        pub step: *const u8,
+        pub codes: *const u8,
+        pub row_bytes: usize,
+    }
+
+    /// Scores of the rows of one group of keys stored before RoPE, the head NG·32 channels
+    /// wide: per row j, `Σ (cos_j·gq + sin_j·partner)·(lo + step·u)` over the lanes
+    /// ([`KeyRope::score`]), the codes widened to f32 eight at a time.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; `keys` as [`GroupKeys`] says for rows t < out.len() ≤ 32; gq,
+    /// partner and `rope`'s lanes NG·32 long.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_before_rope_ng<const NG: usize>(
+        keys: &GroupKeys,
+        gq: &[f32],
+        partner: &[f32],
+        rope: &KeyRope,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let pb = 4 * keys.bits as usize;
+        unsafe {
+            let (mut lo, mut st) = ([0f32; 128], [0f32; 128]);
+            for i in (0..NG * 32).step_by(8) {
+                _mm256_storeu_ps(lo.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.lo.add(2 * i).cast())));
+                _mm256_storeu_ps(st.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.step.add(2 * i).cast())));
+            }
+            for (j, o) in out.iter_mut().enumerate() {
+                let (cos, sin) = rope.offset_lanes(j);
+                let row = keys.codes.add(j * keys.row_bytes);
+                let mut acc = _mm256_setzero_ps();
+                for g in 0..NG {
+                    let u = codes_u8(keys.bits, row.add(g * pb));
+                    let halves = [_mm256_castsi256_si128(u), _mm256_extracti128_si256::<1>(u)];
+                    for e in 0..4 {
+                        let h = halves[e / 2];
+                        let eight = if e % 2 == 0 { h } else { _mm_unpackhi_epi64(h, h) };
+                        let uf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight));
+                        let i = 32 * g + 8 * e;
+                        let k = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(st.as_ptr().add(i)),
+                            uf,
+                            _mm256_loadu_ps(lo.as_ptr().add(i)),
+                        );
+                        let turned = _mm256_mul_ps(
+                            _mm256_loadu_ps(sin.as_ptr().add(i)),
+                            _mm256_loadu_ps(partner.as_ptr().add(i)),
+                        );
+                        let qj = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(cos.as_ptr().add(i)),
+                            _mm256_loadu_ps(gq.as_ptr().add(i)),
+                            turned,
+                        );
+                        acc = _mm256_fmadd_ps(qj, k, acc);
+                    }
+                }
+                *o = hsum(acc) * scale;
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`scores_before_rope_ng`] with NG = gq.len()/32 in 1..=4.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores_before_rope(
+        keys: &GroupKeys,
+        gq: &[f32],
+        partner: &[f32],
+        rope: &KeyRope,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        assert!(out.len() <= 32 && rope.offset_lanes(0).0.len() == gq.len() && partner.len() == gq.len());
+        unsafe {
+            match gq.len() / 32 {
+                1 => scores_before_rope_ng::<1>(keys, gq, partner, rope, scale, out),
+                2 => scores_before_rope_ng::<2>(keys, gq, partner, rope, scale, out),
+                3 => scores_before_rope_ng::<3>(keys, gq, partner, rope, scale, out),
+                _ => scores_before_rope_ng::<4>(keys, gq, partner, rope, scale, out),
+            }
+        }
+    }
+
     /// `acc[c] += Σ_t p[t]·u_t[c]`, acc kept in registers over the rows.
     ///
     /// # Safety
@@ -391,6 +545,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::RopeSpec;
+    use crate::cpu::ops::rope_row;
 
     /// Scores and value sums over groups and window against the dequantized rows, for
     /// every width, aligned and unaligned heads, with a partial group in the window, rows
@@ -410,6 +566,7 @@ mod tests {
                 ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0 + (c == 5) as u8 as f32 * 30.0 + outlier
             })
             .collect();
+        let rope = RopeSpec { n_rot: 12, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
         for fmt in ChannelFormat::ALL {
             let mut c = ChannelRows::new(fmt, n_pages, 2, kv_dim).unwrap();
             for (a, b) in [(0, 7), (7, 40), (40, 41), (41, len)] {
@@ -436,6 +593,8 @@ mod tests {
             assert!(c.group(1).iter().all(|&b| b == 0));
             for (col0, hd) in [(0, 64), (64, 64), (0, 128), (32, 96), (16, 16), (8, 40)] {
                 let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
+                let mut key_rope = KeyRope::new(&rope, hd);
+                key_rope.reach(len);
                 // The scaled query q·step is rounded to i16 per 32 channels at two levels: each
                 // code (at most 2^bits − 1) meets an error of at most half a step of the second
                 // level, whose range is half a step of the first (absmax/32767). Column 9's
@@ -453,7 +612,7 @@ mod tests {
                     .collect();
                 for n in [1, 31, 32, 33, 64, len] {
                     let mut got = vec![0f32; n];
-                    c.scores(&at, &q, col0, 0.5, &mut got);
+                    c.scores(&at, &q, col0, 0.5, None, &mut got);
                     for (j, g) in got.iter().enumerate() {
                         let k = &deq[j * kv_dim + col0..j * kv_dim + col0 + hd];
                         let want: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * 0.5;
@@ -461,6 +620,21 @@ mod tests {
                         assert!(
                             (g - want).abs() <= tol,
                             "{fmt:?} {col0}+{hd} n={n} row {j}: {g} vs {want} (tol {tol})"
+                        );
+                    }
+                    // The same keys read as stored before RoPE: each rotated by its position
+                    // (here 12 of every head's dims, the rest unrotated, as partial RoPE).
+                    // The f32 products differ in order from the reference's; the integer
+                    // path's query rounding is not involved.
+                    c.scores(&at, &q, col0, 0.5, Some(&key_rope), &mut got);
+                    for (j, g) in got.iter().enumerate() {
+                        let mut k = deq[j * kv_dim + col0..j * kv_dim + col0 + hd].to_vec();
+                        rope_row(&mut k, 1, hd, j, &rope.thetas(), rope.freq_scale);
+                        let want: f32 = q.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() * 0.5;
+                        let mag: f32 = q.iter().zip(&k).map(|(a, b)| (a * b).abs()).sum::<f32>();
+                        assert!(
+                            (g - want).abs() <= 4e-7 * mag,
+                            "{fmt:?} before RoPE {col0}+{hd} n={n} row {j}: {g} vs {want} (Σ|q·k| {mag})"
                         );
                     }
                     let p: Vec<f32> = (0..n).map(|j| 1.0 / (j + 2) as f32).collect();

@@ -4,6 +4,7 @@
 
 use super::SharedMut;
 use super::cache::{CacheRows, Placement};
+use super::key_rope::KeyRope;
 use crate::backend::{AttentionSpec, LogitQuant, LogitScale};
 use crate::cpu::pool::ThreadPool;
 
@@ -39,9 +40,11 @@ pub fn absmax(s: &[f32]) -> f32 {
 
 /// The quantization of every query head's logits for `rows` query rows at pos0 (`q` in the
 /// K cache's basis): the tensor and head scales take a pass over all logits first.
+#[allow(clippy::too_many_arguments)]
 pub fn per_head(
     pool: &ThreadPool,
     k: &CacheRows,
+    rope: Option<&KeyRope>,
     at: &Placement,
     q: &[f32],
     rows: usize,
@@ -53,8 +56,8 @@ pub fn per_head(
     let fixed = match &l.scale {
         LogitScale::Row => return vec![Lq::Row { qmax }; spec.n_heads],
         LogitScale::Static(v) => v.clone(),
-        LogitScale::Tensor => head_absmax(pool, k, at, q, rows, pos0, spec, true),
-        LogitScale::Head => head_absmax(pool, k, at, q, rows, pos0, spec, false),
+        LogitScale::Tensor => head_absmax(pool, k, rope, at, q, rows, pos0, spec, true),
+        LogitScale::Head => head_absmax(pool, k, rope, at, q, rows, pos0, spec, false),
     };
     fixed.into_iter().map(|absmax| Lq::Fixed { qmax, absmax }).collect()
 }
@@ -64,6 +67,7 @@ pub fn per_head(
 fn head_absmax(
     pool: &ThreadPool,
     k: &CacheRows,
+    rope: Option<&KeyRope>,
     at: &Placement,
     q: &[f32],
     rows: usize,
@@ -82,7 +86,7 @@ fn head_absmax(
             let qh = &q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd];
             scores.clear();
             scores.resize(pos0 + r + 1, 0.0);
-            k.scores(at, qh, kv_dim, (h / gqa) * hd, spec.scale, &mut scores);
+            k.scores(at, qh, kv_dim, (h / gqa) * hd, spec.scale, rope, &mut scores);
             // SAFETY: each item writes its own slot.
             unsafe { *outp.get().add(item) = absmax(&scores) };
         }

@@ -15,12 +15,14 @@
 mod blocks;
 mod cache;
 mod channel;
+mod key_rope;
 mod logit_quant;
 mod plain;
 
 use duet_quant::kv::hadamard;
 
 pub use cache::{CacheRows, CpuKvCache, Placement};
+pub use key_rope::KeyRope;
 pub use plain::keep_to_avx2;
 
 use super::SharedMut;
@@ -40,11 +42,12 @@ fn attend(
     pos: usize,
     scale: f32,
     lq: Lq,
+    rope: Option<&KeyRope>,
     scores: &mut Vec<f32>,
 ) {
     scores.clear();
     scores.resize(pos + 1, 0.0);
-    k.scores(at, q, kv_dim, k_off, scale, scores);
+    k.scores(at, q, kv_dim, k_off, scale, rope, scores);
     lq.apply(scores);
     plain::softmax(scores);
 }
@@ -92,6 +95,7 @@ pub fn attention_spans(
     let rows: usize = spans.iter().map(|s| s.rows).sum();
     assert!(out.len() >= rows * q_dim && q.len() >= rows * q_dim, "attention: q/out hold fewer than {rows} rows");
     let (k, v) = (&cache.k[layer], &cache.v[layer]);
+    let kr = cache.key_rope();
     // Queries in the K cache's basis (every head is rotated in the same blocks).
     let rotated_q;
     let q = if k.rotation() > 1 {
@@ -110,7 +114,7 @@ pub fn attention_spans(
         .map(|&span| {
             let at = Placement::new(span.seq, span.pos0 + span.rows);
             let span_q = &q[span.first * q_dim..(span.first + span.rows) * q_dim];
-            let lq = logit_quant::per_head(pool, k, &at, span_q, span.rows, span.pos0, span.spec);
+            let lq = logit_quant::per_head(pool, k, kr, &at, span_q, span.rows, span.pos0, span.spec);
             let plan = SpanPlan { span, at, lq, first_item: items };
             items += span.rows * units;
             plan
@@ -136,7 +140,7 @@ pub fn attention_spans(
                     let pos = p.span.pos0 + i / units;
                     let qh = &q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd];
                     let kv_off = (h / gqa) * hd;
-                    attend(&p.at, qh, k, kv_dim, kv_off, pos, p.span.spec.scale, p.lq[h], &mut scores);
+                    attend(&p.at, qh, k, kv_dim, kv_off, pos, p.span.spec.scale, p.lq[h], kr, &mut scores);
                     // SAFETY: item (r, h) owns out[r][h·hd..(h+1)·hd].
                     let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + h * hd), hd) };
                     weighted_values(&p.at, &scores, v, kv_dim, kv_off, o);
@@ -158,8 +162,8 @@ pub fn attention_spans(
                     let q1 = &q[r * q_dim + j * hd..r * q_dim + (j + 1) * hd];
                     let q2 = &q[r * q_dim + (j + half_heads) * hd..r * q_dim + (j + half_heads + 1) * hd];
                     let j2 = j + half_heads;
-                    attend(at, q1, k, kv_dim, (j / gqa) * hd, pos, scale, p.lq[j], &mut p1);
-                    attend(at, q2, k, kv_dim, (j2 / gqa) * hd, pos, scale, p.lq[j2], &mut p2);
+                    attend(at, q1, k, kv_dim, (j / gqa) * hd, pos, scale, p.lq[j], kr, &mut p1);
+                    attend(at, q2, k, kv_dim, (j2 / gqa) * hd, pos, scale, p.lq[j2], kr, &mut p2);
                     // Both softmaxes weight the same 2·hd-wide V: KV heads c and c + Hkv/2.
                     let c = j / gqa;
                     let (va, vb) = (c * hd, (c + half_kv) * hd);

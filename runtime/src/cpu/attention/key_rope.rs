@@ -1,0 +1,173 @@
+//! RoPE applied as keys are read, for K caches that hold keys as they were before RoPE
+//! ([`duet_quant::kv::CacheFormat::keys_before_rope`]).
+//!
+//! A key at position p scores `q · R(p)·k`, R(p) rotating the pair (2i, 2i+1) of each head
+//! by p·θ_i (the first n_rot dims; `crate::cpu::ops::rope_row`), and `q · R(p)·k =
+//! R(−p)·q · k`: the reader rotates the query back instead of every key forward, so the
+//! stored codes are read as they are. Positions are taken as a group start p0 = 32·g and an
+//! offset j < 32, `R(−p) = R(−j)·R(−p0)`: the query is turned by −p0 once per group, then by
+//! −j per position from a table of 32 rows that stays in L1 — not a table row per position,
+//! which would be read once per head and position (as many bytes as an f32 key).
+
+use duet_quant::kv::channel::GROUP;
+
+use crate::backend::RopeSpec;
+
+/// cos and sin of the angles one reader needs, by pair: `pair_cs[row][i] = (cos, sin)` of
+/// row·GROUP·θ_i for the group starts and of j·θ_i for the offsets (angles computed as
+/// RoPE computes them: position × freq_scale, then × θ_i, in f32).
+#[derive(Clone, Debug)]
+pub struct KeyRope {
+    thetas: Vec<f32>,
+    freq_scale: f32,
+    /// [`GROUP`] rows of n_rot/2 pairs: the offsets j = 0..GROUP.
+    offsets: Vec<(f32, f32)>,
+    /// The same per lane of a head, for vector loops: row j is head_dim cosines (each
+    /// pair's twice, then 1 for the unrotated dims), then head_dim sines (0 past n_rot).
+    offset_lanes: Vec<f32>,
+    head_dim: usize,
+    /// One row per group start reached so far.
+    starts: Vec<(f32, f32)>,
+}
+
+fn angles(p: usize, thetas: &[f32], freq_scale: f32, out: &mut Vec<(f32, f32)>) {
+    let x = p as f32 * freq_scale;
+    out.extend(thetas.iter().map(|&t| {
+        let (s, c) = (x * t).sin_cos();
+        (c, s)
+    }));
+}
+
+impl KeyRope {
+    /// # Panics
+    /// If RoPE rotates more than `head_dim` dims.
+    pub fn new(rope: &RopeSpec, head_dim: usize) -> KeyRope {
+        let thetas = rope.thetas();
+        assert!(2 * thetas.len() <= head_dim, "RoPE rotates {} dims of a {head_dim}-dim head", 2 * thetas.len());
+        let pad = head_dim - 2 * thetas.len();
+        let mut offsets = Vec::with_capacity(GROUP * thetas.len());
+        for j in 0..GROUP {
+            angles(j, &thetas, rope.freq_scale, &mut offsets);
+        }
+        let offset_lanes = (0..GROUP)
+            .flat_map(|j| {
+                let row = &offsets[j * thetas.len()..(j + 1) * thetas.len()];
+                let c = row.iter().flat_map(|&(c, _)| [c, c]).chain(std::iter::repeat_n(1.0, pad));
+                let s = row.iter().flat_map(|&(_, s)| [s, s]).chain(std::iter::repeat_n(0.0, pad));
+                c.chain(s).collect::<Vec<_>>()
+            })
+            .collect();
+        KeyRope { thetas, freq_scale: rope.freq_scale, offsets, offset_lanes, head_dim, starts: Vec::new() }
+    }
+
+    /// Whether this was made from `rope`'s frequencies for heads of `head_dim`.
+    pub fn is_for(&self, rope: &RopeSpec, head_dim: usize) -> bool {
+        self.head_dim == head_dim && self.freq_scale == rope.freq_scale && self.thetas == rope.thetas()
+    }
+
+    /// Makes the group starts of positions `0..n_pos` available.
+    pub fn reach(&mut self, n_pos: usize) {
+        let n = self.thetas.len();
+        while self.starts.len() < n_pos.div_ceil(GROUP) * n {
+            let g = self.starts.len() / n;
+            angles(g * GROUP, &self.thetas, self.freq_scale, &mut self.starts);
+        }
+    }
+
+    /// Rotated pairs per head.
+    pub fn pairs(&self) -> usize {
+        self.thetas.len()
+    }
+
+    /// `out = R(−GROUP·g)·q` for one head's query `q` (pairs past n_rot copied).
+    pub fn to_group(&self, q: &[f32], g: usize, out: &mut [f32]) {
+        let n = self.pairs();
+        assert!((g + 1) * n <= self.starts.len(), "key RoPE asked for group {g} before reaching it");
+        rotate_back(q, &self.starts[g * n..(g + 1) * n], out);
+    }
+
+    /// The table row of offset `j` within a group.
+    pub fn offset(&self, j: usize) -> &[(f32, f32)] {
+        let n = self.pairs();
+        &self.offsets[j * n..(j + 1) * n]
+    }
+
+    /// Offset `j`'s cosines and sines per lane (head_dim each).
+    pub fn offset_lanes(&self, j: usize) -> (&[f32], &[f32]) {
+        let h = self.head_dim;
+        self.offset_lanes[2 * h * j..2 * h * (j + 1)].split_at(h)
+    }
+
+    /// For one head's query turned to a group's start (`gq`, [`KeyRope::to_group`]), the
+    /// partner of each lane within its pair, `(b, −a)` for the pair (a, b) and 0 for the
+    /// unrotated dims: offset j's query is `cos·gq + sin·partner` lane by lane.
+    pub fn partners(&self, gq: &[f32], out: &mut [f32]) {
+        let r = 2 * self.pairs();
+        for (pt, x) in out[..r].chunks_exact_mut(2).zip(gq[..r].chunks_exact(2)) {
+            pt[0] = x[1];
+            pt[1] = -x[0];
+        }
+        out[r..].fill(0.0);
+    }
+
+    /// `q_j · k` for the key `k` (before RoPE) at offset `j` of the group that `gq` and
+    /// `partner` were turned to: `Σ (cos·gq + sin·partner)·k`.
+    pub fn score(&self, gq: &[f32], partner: &[f32], j: usize, k: &[f32]) -> f32 {
+        let (cos, sin) = self.offset_lanes(j);
+        let lane = |c: f32, s: f32, g: f32, p: f32, k: f32| (c * g + s * p) * k;
+        let mut acc = [0f32; 8];
+        let eights = cos.chunks_exact(8).zip(sin.chunks_exact(8)).zip(gq.chunks_exact(8));
+        for ((((c, s), g), p), k) in eights.zip(partner.chunks_exact(8)).zip(k.chunks_exact(8)) {
+            for l in 0..8 {
+                acc[l] += lane(c[l], s[l], g[l], p[l], k[l]);
+            }
+        }
+        let n8 = k.len() / 8 * 8;
+        let rest = (n8..k.len()).map(|i| lane(cos[i], sin[i], gq[i], partner[i], k[i]));
+        acc.iter().sum::<f32>() + rest.sum::<f32>()
+    }
+
+    /// `out = R(−p)·q`: one head's query as a key at position `p` (read before RoPE) meets it.
+    pub fn query_at(&self, q: &[f32], p: usize, out: &mut [f32]) {
+        let mut g = vec![0f32; q.len()];
+        self.to_group(q, p / GROUP, &mut g);
+        rotate_back(&g, self.offset(p % GROUP), out);
+    }
+}
+
+/// `out = R(−φ)·x` pair by pair, `cs[i]` = (cos φ_i, sin φ_i); dims past the pairs copied.
+pub fn rotate_back(x: &[f32], cs: &[(f32, f32)], out: &mut [f32]) {
+    let r = 2 * cs.len();
+    for ((o, x), &(c, s)) in out[..r].chunks_exact_mut(2).zip(x[..r].chunks_exact(2)).zip(cs) {
+        o[0] = c * x[0] + s * x[1];
+        o[1] = c * x[1] - s * x[0];
+    }
+    out[r..].copy_from_slice(&x[r..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::ops::rope_row;
+
+    /// Reading a key before RoPE against the rotated-back query gives the score of the
+    /// roped key, at positions across several groups and with part of the head unrotated.
+    #[test]
+    fn rotated_back_query_scores_as_the_roped_key() {
+        let rope = RopeSpec { n_rot: 6, freq_base: 10000.0, freq_scale: 0.5, freq_factors: None };
+        let hd = 8;
+        let mut kr = KeyRope::new(&rope, hd);
+        kr.reach(200);
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.7).sin() + 0.3).collect();
+        let k: Vec<f32> = (0..hd).map(|i| (i as f32 * 1.3).cos() - 0.2).collect();
+        for p in [0, 1, 31, 32, 77, 199] {
+            let mut roped = k.clone();
+            rope_row(&mut roped, 1, hd, p, &rope.thetas(), rope.freq_scale);
+            let want: f32 = q.iter().zip(&roped).map(|(a, b)| a * b).sum();
+            let mut qp = vec![0f32; hd];
+            kr.query_at(&q, p, &mut qp);
+            let got: f32 = qp.iter().zip(&k).map(|(a, b)| a * b).sum();
+            assert!((got - want).abs() < 2e-6, "position {p}: {got} vs {want}");
+        }
+    }
+}
