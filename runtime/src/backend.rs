@@ -206,13 +206,6 @@ pub trait Backend {
         None
     }
 
-    /// Replaces cache types that this backend does not run by the nearest that it does,
-    /// with a note each saying why (after [`KvCacheSpec::resolve`], which knows only the
-    /// model's shape). Default: every type runs.
-    fn resolve_cache(&self, _cache: &mut KvCacheSpec) -> Vec<String> {
-        Vec::new()
-    }
-
     /// Refuses, before anything is allocated, sessions this backend cannot hold: a K/V
     /// cache of `cache` and a batch context of `max_batch` rows for a model of `config` (the
     /// error names the sizes and the largest context that fits).

@@ -116,7 +116,6 @@ impl<B: Backend> Engine<B> {
         let n_ctx = if opts.n_ctx == 0 { model.config.n_ctx_train.min(4096) } else { opts.n_ctx };
         let mut spec = model.cache_spec(n_ctx, opts.k_type, opts.v_type);
         let mut notes = spec.resolve();
-        notes.extend(backend.resolve_cache(&mut spec));
         if let Some(why) = &template.broken {
             notes.push(format!(
                 "the model's chat template does not parse ({why}): chat and the server's chat endpoint will refuse, plain prompts run"

@@ -754,8 +754,10 @@ fn decode_attention_multi_tile_chunks() {
 
 /// RoPE with the cache write (one kernel into plain caches, with fusion on) against the
 /// CPU's RoPE then attention: every plain cache pair, a quantized pair (the separate RoPE
-/// dispatches), partial rotation with frequency factors, prefill and decode rows; and fusion
-/// off. The rotated Q and K rows must match too (the fused kernel writes K back).
+/// dispatches), K caches of keys before RoPE (q3c, q2c: stored unrotated, rotated by the K
+/// reader), partial rotation with frequency factors, prefill and decode rows; and fusion
+/// off. The rotated Q and K rows must match too (the fused kernel writes K back; K stored
+/// before RoPE stays unrotated on both).
 #[test]
 fn rope_attention_matches_cpu() {
     let test = "rope_attention_matches_cpu";
@@ -774,6 +776,8 @@ fn rope_attention_matches_cpu() {
             (CacheFormat::F32, CacheFormat::F32),
             (CacheFormat::F16, CacheFormat::F32),
             (CacheFormat::Q8c, CacheFormat::Q4r),
+            (CacheFormat::Q3c, CacheFormat::Q3r),
+            (CacheFormat::Q2c, CacheFormat::F16),
         ] {
             for rope in &ropes {
                 eprintln!("{test}: fuse {fuse}, K {kt} V {vt}, n_rot {}", rope.n_rot);
@@ -1069,22 +1073,32 @@ fn rotated_and_channel_cache_write_edge_rows() {
     }
 }
 
-/// The GPU does not read keys stored before RoPE yet: a `q3c` or `q2c` K cache becomes `q4c`
-/// with a note saying why; a V cache of those types, and other K types, are kept.
+/// Logits quantized per head over a K cache of keys before RoPE: the GPU's absmax pass
+/// reads K through the same rotating reader as the attend step, and matches the CPU's.
 #[test]
-fn keys_before_rope_fall_back_on_the_gpu() {
-    use CacheFormat::*;
-    let test = "keys_before_rope_fall_back_on_the_gpu";
+fn quantized_logits_over_keys_before_rope() {
+    use duet_runtime::backend::{LogitQuant, LogitScale};
+    let test = "quantized_logits_over_keys_before_rope";
     let Some(gpu) = gpu(test, false, None) else { return };
-    for (k, want) in [(Q3c, Q4c), (Q2c, Q4c), (Q4c, Q4c), (Q3r, Q3r), (Q2r, Q2r), (F16, F16)] {
-        let mut spec =
-            KvCacheSpec { n_layers: 1, n_ctx: 64, n_seqs: 1, kv_dim: 128, head_dim: 64, k_type: k, v_type: Q2c };
-        let notes = gpu.resolve_cache(&mut spec);
-        assert_eq!((spec.k_type, spec.v_type), (want, Q2c), "K {k}");
-        if k == want {
-            assert!(notes.is_empty(), "K {k}: {notes:?}");
-        } else {
-            assert!(notes.len() == 1 && notes[0].contains("before RoPE") && notes[0].contains(k.name()), "{notes:?}");
-        }
+    let mut p = Pair { cpu: ggml_cpu(), gpu };
+    let mut rng = Rng::new(37);
+    let rope = RopeSpec { n_rot: 64, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+    let base = standard_spec(6, 2, 64);
+    for scale in [LogitScale::Head, LogitScale::Tensor] {
+        let spec = AttentionSpec { logit_quant: Some(LogitQuant { bits: 6, scale: scale.clone() }), ..base.clone() };
+        let data = rng.clone();
+        let kv = (CacheFormat::Q3c, CacheFormat::Q3r);
+        let (cpu, gpu) = attention_case_rope(&mut p, &mut rng, &spec, kv, &[37, 1, 29, 1], false, Some(&rope));
+        let (plain, _) = attention_case_rope(&mut p, &mut data.clone(), &base, kv, &[37, 1, 29, 1], true, Some(&rope));
+        let (e, effect) = (nmse(&gpu, &cpu), nmse(&cpu, &plain));
+        // As attention_quantized_logits: a logit within the backends' difference of a step
+        // boundary rounds either way; a missing rotation in the absmax pass disagrees by
+        // about the whole effect.
+        let bound = (effect / 5.0).max(1e-6);
+        eprintln!(
+            "{test}: {scale:?}: GPU vs CPU nmse {e:.2e} (bound {bound:.1e}); vs full-precision logits {effect:.2e}"
+        );
+        assert!(effect > 1e-5, "6-bit {scale:?} logits changed nothing ({effect:.2e})");
+        assert!(e <= bound, "6-bit {scale:?}: GPU vs CPU nmse {e:.2e} > {bound:.1e}");
     }
 }

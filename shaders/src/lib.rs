@@ -398,6 +398,17 @@ fn cache_reader(which: char, e: CacheFormat) -> String {
     }
 }
 
+/// The K cache's reader, `k_at(row, col)` as [`cache_reader`]'s; for a cache of keys stored
+/// before RoPE, the keys rotated as read, from the RoPE table at binding `rt_binding`
+/// (`cache/k_before_rope.wgsl`; the kernel's `Params` then has `head_dim` and `rope_pairs`).
+fn k_reader(e: CacheFormat, rt_binding: u32) -> String {
+    if !e.keys_before_rope() {
+        return cache_reader('k', e);
+    }
+    let stored = cache_reader('k', e).replace("k_at", "k_stored");
+    stored + &include_str!("wgsl/cache/k_before_rope.wgsl").replace("$RT_BINDING", &rt_binding.to_string())
+}
+
 /// The complete WGSL of `v` (entry point `main`).
 pub fn source(v: &Variant) -> String {
     let mut s = String::new();
@@ -506,7 +517,7 @@ pub fn source(v: &Variant) -> String {
         }
         Op::LogitAbsmax(k) => {
             s.push_str(&page_table(4));
-            s.push_str(&cache_reader('k', k));
+            s.push_str(&k_reader(k, 5));
             s.push_str(&workgroup_reduce(LA_WG));
             s.push_str(include_str!("wgsl/logit_absmax.wgsl"));
         }
@@ -527,7 +538,7 @@ pub fn source(v: &Variant) -> String {
                 (ATT_MAX_HEAD_DIM * ns).div_ceil(ATT_WG)
             );
             s.push_str(&page_table(6));
-            s.push_str(&cache_reader('k', k));
+            s.push_str(&k_reader(k, 7));
             s.push_str(&cache_reader('v', ve));
             s.push_str(&workgroup_reduce(ATT_WG));
             // The fast accessors read both caches as f16 rows: where both are.
@@ -547,7 +558,7 @@ pub fn source(v: &Variant) -> String {
                 "const ATT_NS: u32 = {ns}u;\nconst ATT_BR: u32 = {br}u;\nconst ATT_BC: u32 = {bc}u;\nconst ATT_WG: u32 = {ATT_WG}u;\nconst ATT_ACC: u32 = {acc}u;"
             );
             s.push_str(&page_table(6));
-            s.push_str(&cache_reader('k', k));
+            s.push_str(&k_reader(k, 7));
             s.push_str(&cache_reader('v', ve));
             s.push_str(include_str!("wgsl/attention.wgsl"));
         }

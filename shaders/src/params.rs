@@ -263,6 +263,8 @@ params! {
         pt_base: u32,
         window: u32,
         sink_row: u32,
+        /// As [`LogitAbsmaxParams`]'s.
+        rope_pairs: u32,
     }
 
     /// attn_combine.wgsl: the chunks of attention.wgsl's partials merged.
@@ -294,6 +296,9 @@ params! {
         pt_base: u32,
         window: u32,
         sink_row: u32,
+        /// RoPE's pairs per head where the K cache holds keys before RoPE (its reader rotates
+        /// them, `cache/k_before_rope.wgsl`), else 0.
+        rope_pairs: u32,
     }
 
     LogitReduceParams {

@@ -253,6 +253,7 @@ fn logit_absmax(
     k_elem: CacheFormat,
     cache_groups: u32,
     (pt, pt_base, window, sink_row): (&Arc<Buf>, u32, u32, u32),
+    (rope_table, rope_pairs): &(Arc<Buf>, u32),
     rows: usize,
     pos0: usize,
     spec: &AttentionSpec,
@@ -279,8 +280,9 @@ fn logit_absmax(
         pt_base,
         window,
         sink_row,
+        rope_pairs: *rope_pairs,
     };
-    b.run(Op::LogitAbsmax(k_elem), &params, &[q, kc, &per_row, pt], g);
+    b.run(Op::LogitAbsmax(k_elem), &params, &[q, kc, &per_row, pt, rope_table], g);
     match lq.scale {
         LogitScale::Row => (per_row, nh as u32),
         _ => {
@@ -349,7 +351,10 @@ pub fn attention(
     let fused_write = b.ctx.fuse && plain && rope.is_some();
     if let (false, Some(rope)) = (fused_write, rope) {
         super::ops::rope(b, q, spec.n_heads, spec.head_dim, pos0, rope);
-        super::ops::rope(b, k, spec.n_kv_heads, spec.head_dim, pos0, rope);
+        // A K cache of keys before RoPE stores them as they are; its reader rotates them.
+        if !cache.k_elem.keys_before_rope() {
+            super::ops::rope(b, k, spec.n_kv_heads, spec.head_dim, pos0, rope);
+        }
     }
     let rows = q.rows;
     let pt_base = prepare_rows(b, cache, &seq, rows, pos0, spec);
@@ -381,7 +386,7 @@ pub fn attention(
             qb
         }
     };
-    attend(b, &qb, &Place::of(rows, pos0, pt_base, &seq), cache, layer, spec, gate, att_out);
+    attend(b, &qb, &Place::of(rows, pos0, pt_base, &seq), cache, layer, spec, rope, gate, att_out);
 }
 
 /// Where the query rows of an attend step sit: one sequence's rows at `pos0..` (page table
@@ -409,7 +414,8 @@ impl Place {
 /// The attend and combine steps over the cache of `layer` (its new rows already stored),
 /// for the queries in `qb` (rotated where the K cache is) at `at`; a rotated V's output
 /// rotated back into `out`. With `gate` (DIFF V2, V not rotated) the combine step merges
-/// each pair of query heads: `out` holds the combined heads.
+/// each pair of query heads: `out` holds the combined heads. `rope`: the step's RoPE, which
+/// the K reader applies where the cache holds keys before it.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend(
     b: &mut GpuBackend,
@@ -418,9 +424,14 @@ pub(super) fn attend(
     cache: &GpuKvCache,
     layer: usize,
     spec: &AttentionSpec,
+    rope: Option<&RopeSpec>,
     gate: Option<&GpuTensor>,
     out: &mut GpuTensor,
 ) {
+    let key_rope = match rope {
+        Some(r) if cache.k_elem.keys_before_rope() => (b.rope_table(r, at.keys), (r.n_rot / 2) as u32),
+        _ => (Arc::clone(&b.dummy), 0),
+    };
     let (rows, pos0, pt_base, shape) = (at.rows, at.pos0, at.pt_base, at.shape);
     let (hd, rot) = (spec.head_dim, hadamard::block_size(spec.head_dim));
     let q_dim = spec.n_heads * hd;
@@ -445,7 +456,8 @@ pub(super) fn attend(
         shape != AttnShape::DecodeRows || spec.logit_quant.is_none(),
         "the batched decode step quantizes no logits"
     );
-    let (la, la_stride) = logit_absmax(b, qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot, sink), rows, pos0, spec);
+    let (la, la_stride) =
+        logit_absmax(b, qb, &kc, cache.k_elem, groups, (&pt, pt_base, slot, sink), &key_rope, rows, pos0, spec);
     let sub_buf = match sub {
         Some(w) => constant_buf(b, w, "sub-norm weight"),
         None => Arc::clone(&b.dummy),
@@ -473,9 +485,10 @@ pub(super) fn attend(
         pt_base,
         window: slot,
         sink_row: sink,
+        rope_pairs: key_rope.1,
     };
     let op = Op::Attention { diff, shape, k: cache.k_elem, v: cache.v_elem };
-    b.run(op, &params, &[qb, &kc, &vc, &partials, &la, &pt], g);
+    b.run(op, &params, &[qb, &kc, &vc, &partials, &la, &pt, &key_rope.0], g);
     let paired = gate.is_some();
     assert!(!(paired && (diff || v_rot)), "pairs merge standard units of an unrotated V");
     let g = grid(rows * if paired { units / 2 } else { units }, 1);

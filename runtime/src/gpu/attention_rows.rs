@@ -117,7 +117,7 @@ fn decode_rows(
     let at =
         Place { shape: AttnShape::DecodeRows, rows, keys: max_pos + 1, pos0: 0, pt_base: rows_table, slot: 0, sink: 0 };
     let qb = Arc::clone(&q.buf);
-    attend(b, &qb, &at, cache, layer, spec, None, out);
+    attend(b, &qb, &at, cache, layer, spec, Some(rope), None, out);
 }
 
 /// Each span attended alone: its rows copied into the span scratch, through

@@ -38,7 +38,7 @@ pub use wgpu::{AdapterInfo, Backend as WgpuBackend, DeviceType};
 
 use crate::backend::{Backend, Normed, RopeSpec, SeqSpan, WeightView};
 use crate::error::RuntimeError;
-use crate::kv_cache::{CacheFormat, KvCacheSpec};
+use crate::kv_cache::KvCacheSpec;
 use buffers::{Allocator, Buf};
 use device::GpuContext;
 use pipelines::{LayoutKind, Pipelines};
@@ -355,21 +355,6 @@ impl Backend for GpuBackend {
         attention::new_kv_cache(self, spec)
     }
 
-    /// The GPU's attention kernels read keys stored after RoPE only: a K cache that holds
-    /// them before RoPE (`q3c`, `q2c`: [`CacheFormat::keys_before_rope`]) becomes `q4c`, the
-    /// nearest per-channel format that the GPU reads as the CPU does.
-    fn resolve_cache(&self, cache: &mut KvCacheSpec) -> Vec<String> {
-        let k = cache.k_type;
-        if !k.keys_before_rope() {
-            return Vec::new();
-        }
-        cache.k_type = CacheFormat::Q4c;
-        vec![format!(
-            "a {k} K cache stores keys before RoPE, which the GPU backend does not read yet: using {} instead",
-            cache.k_type
-        )]
-    }
-
     fn embed(&mut self, table: &GpuWeight, tokens: &[u32], out: &mut GpuTensor) {
         matmul::embed(self, table, tokens, out)
     }
@@ -445,13 +430,6 @@ impl Backend for GpuBackend {
         pairs: Option<(&GpuTensor, &mut GpuTensor)>,
         out: &mut GpuTensor,
     ) {
-        // Engine::load replaces such K caches (resolve_cache): only a caller that skipped it
-        // gets here, and the keys would be stored after RoPE where the format says before.
-        assert!(
-            rope.is_none() || !cache.k_elem.keys_before_rope(),
-            "the GPU backend does not read a {} K cache (keys before RoPE): Backend::resolve_cache replaces it",
-            cache.k_elem
-        );
         attention_rows::attention_spans(self, q, k, v, cache, layer, spans, rope, pairs, out)
     }
 

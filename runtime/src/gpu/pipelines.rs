@@ -28,9 +28,11 @@ pub enum LayoutKind {
     /// read RoPE table, read_write Q and K, read V, read_write K and V caches, read page
     /// tables (rope_kv).
     RopeKv,
-    /// read Q, read K cache, read_write absmax, read page tables (logit_absmax).
+    /// read Q, read K cache, read_write absmax, read page tables, read RoPE table
+    /// (logit_absmax).
     LogitAbsmax,
-    /// read Q, K, V, read_write partials, read logit absmax, read page tables (attention).
+    /// read Q, K, V, read_write partials, read logit absmax, read page tables, read RoPE
+    /// table (attention; the table read where K is stored before RoPE).
     Attention,
 }
 
@@ -68,8 +70,8 @@ impl LayoutKind {
             LayoutKind::In1Out1 => &[true, false],
             LayoutKind::CacheWrite => &[true, false, true],
             LayoutKind::RopeKv => &[true, false, false, true, false, false, true],
-            LayoutKind::LogitAbsmax => &[true, true, false, true],
-            LayoutKind::Attention => &[true, true, true, false, true, true],
+            LayoutKind::LogitAbsmax => &[true, true, false, true, true],
+            LayoutKind::Attention => &[true, true, true, false, true, true, true],
         }
     }
 

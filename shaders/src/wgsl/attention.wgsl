@@ -34,9 +34,10 @@ struct Params {
     lq_qmax: f32,    // 2^(bits−1) − 1 of the logit quantization, 0: off
     lq_stride: u32,  // LA's row stride (n_heads or 0)
     cache_groups: u32,  // groups a per-channel cache holds (its readers need it)
-    pt_base: u32,       // the sequence's page table in PT (binding 7)
+    pt_base: u32,       // the sequence's page table in PT (binding 6)
     window: u32,        // the sequence's window in a per-channel cache
     sink_row: u32,      // and its sink's first f16 row (channel_read)
+    rope_pairs: u32,    // RoPE pairs a head where K is stored before RoPE (k_before_rope), else 0
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -47,6 +48,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
 @group(0) @binding(5) var<storage, read> LA: array<f32>;
 // binding 6: PT, the page tables (pages.wgsl)
+// binding 7: RT, the RoPE table, where K is stored before RoPE (k_before_rope.wgsl)
 
 const NSC: u32 = ATT_NS * ATT_BR * ATT_BC;
 

@@ -43,6 +43,7 @@ struct Params {
     pt_base: u32,
     window: u32,
     sink_row: u32,
+    rope_pairs: u32,    // RoPE pairs a head where K is stored before RoPE (k_before_rope), else 0
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -51,6 +52,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> O: array<f32>;
 @group(0) @binding(5) var<storage, read> LA: array<f32>;
 // binding 6: PT, the page tables (pages.wgsl)
+// binding 7: RT, the RoPE table, where K is stored before RoPE (k_before_rope.wgsl)
 
 // The unit's query (both heads of a DIFF pair), the tile's probabilities, and the cache row
 // of each of the tile's keys (looked up once in the page table by the key's thread, so that

@@ -18,6 +18,7 @@ struct Params {
     pt_base: u32,       // the sequence's page table in PT (binding 4)
     window: u32,        // the sequence's window in a per-channel cache
     sink_row: u32,      // and its sink's first f16 row (channel_read)
+    rope_pairs: u32,    // RoPE pairs a head where K is stored before RoPE (k_before_rope), else 0
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -25,6 +26,7 @@ struct Params {
 // binding 2: KC (k_at), from the cache reader
 @group(0) @binding(3) var<storage, read_write> LA: array<f32>;   // rows × n_heads
 // binding 4: PT, the page tables (pages.wgsl)
+// binding 5: RT, the RoPE table, where K is stored before RoPE (k_before_rope.wgsl)
 
 @compute @workgroup_size(LA_WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

@@ -439,36 +439,41 @@ mod x86 {
                 _mm256_storeu_ps(lo.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.lo.add(2 * i).cast())));
                 _mm256_storeu_ps(st.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.step.add(2 * i).cast())));
             }
-            for (j, o) in out.iter_mut().enumerate() {
-                let (cos, sin) = rope.offset_lanes(j);
-                let row = keys.codes.add(j * keys.row_bytes);
-                let mut acc = _mm256_setzero_ps();
+            // Eight codes of a row's 32 (e = 0..4) as f32.
+            let eighth = |u: __m256i, e: usize| {
+                let h = if e < 2 { _mm256_castsi256_si128(u) } else { _mm256_extracti128_si256::<1>(u) };
+                let h = if e.is_multiple_of(2) { h } else { _mm_unpackhi_epi64(h, h) };
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h))
+            };
+            // Two rows at a time share the loads of lo, step and the query's lanes.
+            let mut j = 0;
+            while j < out.len() {
+                let two = j + 1 < out.len();
+                let j1 = if two { j + 1 } else { j };
+                let ((c0, s0), (c1, s1)) = (rope.offset_lanes(j), rope.offset_lanes(j1));
+                let (row0, row1) = (keys.codes.add(j * keys.row_bytes), keys.codes.add(j1 * keys.row_bytes));
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 for g in 0..NG {
-                    let u = codes_u8(keys.bits, row.add(g * pb));
-                    let halves = [_mm256_castsi256_si128(u), _mm256_extracti128_si256::<1>(u)];
+                    let (u0, u1) = (codes_u8(keys.bits, row0.add(g * pb)), codes_u8(keys.bits, row1.add(g * pb)));
                     for e in 0..4 {
-                        let h = halves[e / 2];
-                        let eight = if e % 2 == 0 { h } else { _mm_unpackhi_epi64(h, h) };
-                        let uf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight));
                         let i = 32 * g + 8 * e;
-                        let k = _mm256_fmadd_ps(
-                            _mm256_loadu_ps(st.as_ptr().add(i)),
-                            uf,
-                            _mm256_loadu_ps(lo.as_ptr().add(i)),
-                        );
-                        let turned = _mm256_mul_ps(
-                            _mm256_loadu_ps(sin.as_ptr().add(i)),
-                            _mm256_loadu_ps(partner.as_ptr().add(i)),
-                        );
-                        let qj = _mm256_fmadd_ps(
-                            _mm256_loadu_ps(cos.as_ptr().add(i)),
-                            _mm256_loadu_ps(gq.as_ptr().add(i)),
-                            turned,
-                        );
-                        acc = _mm256_fmadd_ps(qj, k, acc);
+                        let (stv, lov) = (_mm256_loadu_ps(st.as_ptr().add(i)), _mm256_loadu_ps(lo.as_ptr().add(i)));
+                        let (gv, pv) = (_mm256_loadu_ps(gq.as_ptr().add(i)), _mm256_loadu_ps(partner.as_ptr().add(i)));
+                        let k0 = _mm256_fmadd_ps(stv, eighth(u0, e), lov);
+                        let k1 = _mm256_fmadd_ps(stv, eighth(u1, e), lov);
+                        let turned0 = _mm256_mul_ps(_mm256_loadu_ps(s0.as_ptr().add(i)), pv);
+                        let turned1 = _mm256_mul_ps(_mm256_loadu_ps(s1.as_ptr().add(i)), pv);
+                        let q0 = _mm256_fmadd_ps(_mm256_loadu_ps(c0.as_ptr().add(i)), gv, turned0);
+                        let q1 = _mm256_fmadd_ps(_mm256_loadu_ps(c1.as_ptr().add(i)), gv, turned1);
+                        a0 = _mm256_fmadd_ps(q0, k0, a0);
+                        a1 = _mm256_fmadd_ps(q1, k1, a1);
                     }
                 }
-                *o = hsum(acc) * scale;
+                out[j] = hsum(a0) * scale;
+                if two {
+                    out[j + 1] = hsum(a1) * scale;
+                }
+                j += 2;
             }
         }
     }
