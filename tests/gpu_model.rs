@@ -187,6 +187,9 @@ fn quantized_cache_gpu_matches_cpu() {
             (Q4c, F16),
             (F16, Q4r),
             (Q4r, Q6c),
+            (Q3c, Q3r),
+            (Q2c, Q2r),
+            (Q3c, F16),
         ];
         for (kt, vt) in pairs {
             if !kv_dim.is_multiple_of(kt.row_multiple()) || !kv_dim.is_multiple_of(vt.row_multiple()) {
@@ -206,7 +209,7 @@ fn quantized_cache_gpu_matches_cpu() {
         }
     });
     assert!(failures.is_empty(), "outside the bounds: {failures:?}");
-    assert_eq!(runs, 11 + 6 + 11, "pairs run on DiffLlama, Llama and DIFF V2");
+    assert_eq!(runs, 14 + 7 + 14, "pairs run on DiffLlama, Llama and DIFF V2");
 }
 
 /// Quantized attention logits through whole models (DIFF and Llama, prefill then decode):
@@ -681,7 +684,8 @@ fn batches_shrink_to_the_buffer_limit() {
 /// ggml's test-backend-ops, for duet: every kind of GPU kernel (one per parameter struct,
 /// `duet_shaders::PARAMS_STRUCTS`) runs here in a model pass compared with the CPU backend,
 /// so a new kernel cannot ship with only naga's validation. The passes: DiffLlama over f16
-/// and over per-channel K / rotated V caches with 6-bit logits per head, Llama with DEX kept,
+/// and over per-channel K / rotated V caches with 6-bit logits per head, Llama with DEX kept
+/// (over f16, and over 2-bit K stored before RoPE),
 /// DIFF V2 (40 tokens of prefill, then decode). Bounds as the quantized caches'.
 #[test]
 fn every_kernel_kind_runs_against_the_cpu() {
@@ -689,10 +693,11 @@ fn every_kernel_kind_runs_against_the_cpu() {
     let test = "every_kernel_kind_runs_against_the_cpu";
     let Some(mut g) = gpu(test, false) else { return };
     let mut failures = Vec::new();
-    let runs: [(&str, bool, CacheFormat, CacheFormat, Option<(u32, LogitGranularity)>); 4] = [
+    let runs: [(&str, bool, CacheFormat, CacheFormat, Option<(u32, LogitGranularity)>); 5] = [
         ("diffllama-gqa", false, F16, F16, None),
         ("diffllama-gqa", false, Q4c, Q4r, Some((6, LogitGranularity::Head))),
         ("llama-dex", true, Q8, F16, None),
+        ("llama-dex", true, Q2c, F16, None),
         ("diffllama-v2-gqa", false, F16, Q8, Some((8, LogitGranularity::Row))),
     ];
     for (name, keep_dex, kt, vt, attn) in runs {
