@@ -38,7 +38,7 @@ pub struct CpuBackend {
     gemm: Option<GemmChoice>,
     acts: ActCache,
     /// Cached RoPE frequencies (they depend only on the spec).
-    thetas: Option<(usize, f32, Vec<f32>)>,
+    thetas: Option<Vec<f32>>,
     /// Sees activations at the probe points (calibration), if installed.
     observer: Option<Box<dyn crate::observe::Observer>>,
     /// The K/V caches' diagnostic perturbation ([`CpuKvCache::new`]; 0: none).
@@ -97,11 +97,13 @@ impl CpuBackend {
     }
 
     fn thetas(&mut self, rope: &RopeSpec) -> &[f32] {
-        let key = (rope.n_rot, rope.freq_base);
-        if self.thetas.as_ref().map(|t| (t.0, t.1)) != Some(key) {
-            self.thetas = Some((key.0, key.1, rope.thetas()));
+        // Compared whole (frequency factors included): the K reader of keys stored before
+        // RoPE computes its own from `rope`, and a stale entry would turn Q by others.
+        let thetas = rope.thetas();
+        if self.thetas.as_ref() != Some(&thetas) {
+            self.thetas = Some(thetas);
         }
-        &self.thetas.as_ref().expect("just set").2
+        self.thetas.as_ref().expect("just set")
     }
 }
 

@@ -160,6 +160,10 @@ impl<B: Backend> Model<B> {
                 b.attention(q, k, v, &mut cache.kv, il, &spans, Some(&self.rope), pairs, att);
                 return merged;
             }
+            // Watched: Q and K are rotated here, for the observer, and stored as they are. A K
+            // cache that holds keys before RoPE (q3c, q2c) then holds this step's keys after
+            // it, read without rotation: a session watched at every step (as the tools that
+            // watch Q, K or V run theirs) is consistent, but measures the post-RoPE keys.
             let pos0 = spans[0].pos0;
             b.rope(q, c.n_heads, c.head_dim, pos0, &self.rope);
             b.rope(k, c.n_kv_heads, c.head_dim, pos0, &self.rope);

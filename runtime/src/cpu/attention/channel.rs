@@ -610,7 +610,7 @@ mod tests {
             // The other slot's window and sink and the unused page were not touched.
             assert!(c.window(0).iter().chain(c.sink(0)).all(|h| h.to_bits() == 0));
             assert!(c.group(1).iter().all(|&b| b == 0));
-            for (col0, hd) in [(0, 64), (64, 64), (0, 128), (32, 96), (16, 16), (8, 40)] {
+            for (col0, hd) in [(0, 64), (64, 64), (0, 128), (32, 96), (96, 32), (16, 16), (8, 40)] {
                 let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin()).collect();
                 let mut key_rope = KeyRope::new(&rope, hd);
                 key_rope.reach(len);

@@ -206,6 +206,13 @@ struct Capture {
 }
 
 impl Observer for Capture {
+    /// The attention output and branches; the rest only for the calibrator. A step whose Q,
+    /// K or V nobody watches lets the backend rotate them as it stores them — which a K
+    /// cache holding keys before RoPE (`q3c`, `q2c`) needs to be measured as it runs.
+    fn wants(&self, probe: Probe, _layer: usize) -> bool {
+        matches!(probe, Probe::AttnOut | Probe::AttnBranches) || self.calibrator.is_some()
+    }
+
     fn observe(&mut self, probe: Probe, layer: usize, pos0: usize, data: &[f32], rows: usize, cols: usize) {
         let slot = |v: &mut Vec<Vec<f32>>| {
             if v.len() <= layer {
