@@ -145,6 +145,111 @@ pub fn rotate_back(x: &[f32], cs: &[(f32, f32)], out: &mut [f32]) {
     out[r..].copy_from_slice(&x[r..]);
 }
 
+/// The AVX2 loop of the per-channel reader's scores over keys stored before RoPE
+/// (`super::channel`), beside the tables it reads.
+#[cfg(target_arch = "x86_64")]
+pub(super) mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::KeyRope;
+    use crate::cpu::simd::{codes_u8, hsum};
+
+    /// One group's keys for one head, as [`scores_before_rope`] reads them: the header's
+    /// lo and step of the head's first column (f16) and the codes of its first packed group
+    /// in row 0.
+    pub struct GroupKeys {
+        pub bits: u32,
+        pub lo: *const u8,
+        pub step: *const u8,
+        pub codes: *const u8,
+        pub row_bytes: usize,
+    }
+
+    /// Scores of the rows of one group of keys stored before RoPE, the head NG·32 channels
+    /// wide: per row j, `Σ (cos_j·gq + sin_j·partner)·(lo + step·u)` over the lanes
+    /// ([`KeyRope::score`]), the codes widened to f32 eight at a time.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C; `keys` as [`GroupKeys`] says for rows t < out.len() ≤ 32; gq,
+    /// partner and `rope`'s lanes NG·32 long.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores_before_rope_ng<const NG: usize>(
+        keys: &GroupKeys,
+        gq: &[f32],
+        partner: &[f32],
+        rope: &KeyRope,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let pb = 4 * keys.bits as usize;
+        unsafe {
+            let (mut lo, mut st) = ([0f32; 128], [0f32; 128]);
+            for i in (0..NG * 32).step_by(8) {
+                _mm256_storeu_ps(lo.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.lo.add(2 * i).cast())));
+                _mm256_storeu_ps(st.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.step.add(2 * i).cast())));
+            }
+            // Eight codes of a row's 32 (e = 0..4) as f32.
+            let eighth = |u: __m256i, e: usize| {
+                let h = if e < 2 { _mm256_castsi256_si128(u) } else { _mm256_extracti128_si256::<1>(u) };
+                let h = if e.is_multiple_of(2) { h } else { _mm_unpackhi_epi64(h, h) };
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h))
+            };
+            // Two rows at a time share the loads of lo, step and the query's lanes.
+            let mut j = 0;
+            while j < out.len() {
+                let two = j + 1 < out.len();
+                let j1 = if two { j + 1 } else { j };
+                let ((c0, s0), (c1, s1)) = (rope.offset_lanes(j), rope.offset_lanes(j1));
+                let (row0, row1) = (keys.codes.add(j * keys.row_bytes), keys.codes.add(j1 * keys.row_bytes));
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                for g in 0..NG {
+                    let (u0, u1) = (codes_u8(keys.bits, row0.add(g * pb)), codes_u8(keys.bits, row1.add(g * pb)));
+                    for e in 0..4 {
+                        let i = 32 * g + 8 * e;
+                        let (stv, lov) = (_mm256_loadu_ps(st.as_ptr().add(i)), _mm256_loadu_ps(lo.as_ptr().add(i)));
+                        let (gv, pv) = (_mm256_loadu_ps(gq.as_ptr().add(i)), _mm256_loadu_ps(partner.as_ptr().add(i)));
+                        let k0 = _mm256_fmadd_ps(stv, eighth(u0, e), lov);
+                        let k1 = _mm256_fmadd_ps(stv, eighth(u1, e), lov);
+                        let turned0 = _mm256_mul_ps(_mm256_loadu_ps(s0.as_ptr().add(i)), pv);
+                        let turned1 = _mm256_mul_ps(_mm256_loadu_ps(s1.as_ptr().add(i)), pv);
+                        let q0 = _mm256_fmadd_ps(_mm256_loadu_ps(c0.as_ptr().add(i)), gv, turned0);
+                        let q1 = _mm256_fmadd_ps(_mm256_loadu_ps(c1.as_ptr().add(i)), gv, turned1);
+                        a0 = _mm256_fmadd_ps(q0, k0, a0);
+                        a1 = _mm256_fmadd_ps(q1, k1, a1);
+                    }
+                }
+                out[j] = hsum(a0) * scale;
+                if two {
+                    out[j + 1] = hsum(a1) * scale;
+                }
+                j += 2;
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`scores_before_rope_ng`] with NG = gq.len()/32 in 1..=4.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scores_before_rope(
+        keys: &GroupKeys,
+        gq: &[f32],
+        partner: &[f32],
+        rope: &KeyRope,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        assert!(out.len() <= 32 && rope.offset_lanes(0).0.len() == gq.len() && partner.len() == gq.len());
+        unsafe {
+            match gq.len() / 32 {
+                1 => scores_before_rope_ng::<1>(keys, gq, partner, rope, scale, out),
+                2 => scores_before_rope_ng::<2>(keys, gq, partner, rope, scale, out),
+                3 => scores_before_rope_ng::<3>(keys, gq, partner, rope, scale, out),
+                _ => scores_before_rope_ng::<4>(keys, gq, partner, rope, scale, out),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
