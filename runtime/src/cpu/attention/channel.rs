@@ -22,7 +22,7 @@ use duet_quant::kv::pack::{self, N};
 use half::f16;
 
 use super::cache::Placement;
-use super::key_rope::{self, KeyRope};
+use super::key_rope::KeyRope;
 use super::plain;
 use crate::error::RuntimeError;
 use crate::kv_pages::SeqPages;
@@ -160,7 +160,7 @@ impl ChannelRows {
             #[cfg(target_arch = "x86_64")]
             if simd {
                 let (hb, at) = (self.fmt.header_bytes(d), col0 / N * pack::packed_bytes(self.fmt.bits()));
-                let keys = key_rope::x86::GroupKeys {
+                let keys = super::key_rope::x86::GroupKeys {
                     bits: self.fmt.bits(),
                     lo: group[2 * col0..].as_ptr(),
                     step: group[2 * (d + col0)..].as_ptr(),
@@ -170,7 +170,7 @@ impl ChannelRows {
                 // SAFETY: features checked; the group's header holds lo and step for every
                 // column, and its GROUP ≥ o.len() rows of codes the head's hd/32 packed
                 // groups at byte `at`; gq, partner and the offsets' lanes are hd long.
-                unsafe { key_rope::x86::scores_before_rope(&keys, &gq, &partner, rope, scale, o) };
+                unsafe { super::key_rope::x86::scores_before_rope(&keys, &gq, &partner, rope, scale, o) };
                 continue;
             }
             self.head_header(group, col0, &mut lo, &mut step);
