@@ -33,6 +33,7 @@
 //! addition changes nothing and the GPU writes the same bytes.
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use super::pack::{N, pack32, packed_bytes, unpack32};
 use crate::fp::{f16_bits_to_f32, f32_to_f16_bits};
@@ -129,6 +130,33 @@ impl ChannelFormat {
         assert_eq!(out.len(), self.group_bytes(cols), "output is not the group's size");
         let (header, codes) = out.split_at_mut(self.header_bytes(cols));
         let (lo_bytes, step_bytes) = header.split_at_mut(2 * cols);
+        let mut xf = vec![0f32; GROUP * cols];
+        x.convert_to_f32_slice(&mut xf);
+        let (mut lo, mut step, mut u) = (vec![0u16; cols], vec![0u16; cols], vec![0u8; GROUP * cols]);
+        super::channel_lanes::quantize_columns(self, &xf, cols, sink_rows, &mut lo, &mut step, &mut u);
+        for (c, (&l, &s)) in lo.iter().zip(&step).enumerate() {
+            lo_bytes[2 * c..2 * c + 2].copy_from_slice(&l.to_le_bytes());
+            step_bytes[2 * c..2 * c + 2].copy_from_slice(&s.to_le_bytes());
+        }
+        let pb = packed_bytes(self.bits());
+        for (row_codes, row_u) in codes.chunks_exact_mut(self.row_bytes(cols)).zip(u.chunks_exact(cols)) {
+            for (dst, blk) in row_codes.chunks_exact_mut(pb).zip(row_u.chunks_exact(N)) {
+                pack32(self.bits(), blk.try_into().unwrap(), dst);
+            }
+        }
+    }
+
+    /// [`ChannelFormat::quantize_group`] a column at a time: the definition, which
+    /// `super::channel_lanes` runs eight columns at a time and the GPU's write kernel
+    /// repeats, kept to test both against.
+    #[cfg(test)]
+    fn quantize_group_scalar(self, x: &[f16], cols: usize, sink_rows: usize, out: &mut [u8]) {
+        assert!(cols.is_multiple_of(N), "channel groups are whole blocks of {N} columns, not {cols}");
+        assert!(sink_rows < GROUP, "a group of {GROUP} rows cannot leave {sink_rows} out");
+        assert_eq!(x.len(), GROUP * cols, "a group is {GROUP} rows");
+        assert_eq!(out.len(), self.group_bytes(cols), "output is not the group's size");
+        let (header, codes) = out.split_at_mut(self.header_bytes(cols));
+        let (lo_bytes, step_bytes) = header.split_at_mut(2 * cols);
         let top = self.top() as f32;
         let mut lo = vec![0f32; cols];
         let mut step = vec![0f32; cols];
@@ -172,6 +200,7 @@ impl ChannelFormat {
     /// times a small integer, or a power of two) and so is the square of a residual rounded
     /// to 11 bits, so a compiler that fuses a product into the next addition changes nothing;
     /// divisions and roundings are correctly rounded on both; the sums run in row order.
+    #[cfg(test)]
     fn clipped_range(self, col: &[f32; GROUP], sink_rows: usize, a: f32, b: f32) -> (u16, u16) {
         let top = self.top() as f32;
         let whole = (f32_to_f16_bits(a), f16_bits_up((b - a) / top));
@@ -240,7 +269,7 @@ impl ChannelFormat {
 /// of a residual is exact in f32 (a residual is a multiple of 2⁻²⁶ here, so the square
 /// is at least 2⁻⁵², a normal f32).
 #[inline]
-fn round_to_11_bits(v: f32) -> f32 {
+pub(super) fn round_to_11_bits(v: f32) -> f32 {
     let b = v.to_bits();
     f32::from_bits((b + 0xfff + ((b >> 13) & 1)) & !0x1fff)
 }
@@ -251,6 +280,7 @@ pub const CLIP_QUARTERS: usize = 4;
 
 /// The code of `x` in a column from `lo` with `step`: `clamp(round((x − lo) / step), 0,
 /// top)`, halves away from zero; 0 for a step of 0 and for NaN.
+#[cfg(test)]
 #[inline]
 fn code(x: f32, lo: f32, step: f32, top: f32) -> f32 {
     if step == 0.0 {
@@ -258,7 +288,7 @@ fn code(x: f32, lo: f32, step: f32, top: f32) -> f32 {
     }
     let t = (x - lo) / step;
     // Below 0 or NaN (a NaN input or step) → 0; from top on → top.
-    if !(t > 0.0) {
+    if t.is_nan() || t <= 0.0 {
         return 0.0;
     }
     if t >= top {
@@ -468,5 +498,40 @@ mod tests {
         f.dequantize_group(&bytes, COLS, &mut back);
         assert!(back[4].is_nan(), "a column holding inf decodes as NaN");
         assert!(back[5].is_finite());
+    }
+
+    /// The eight-lane write gives the scalar definition's bytes, header and codes, for every
+    /// format, with and without the sink row, on columns of every character the lanes treat
+    /// apart: normal, clipped outliers, constant, ±0, subnormal, near f16's top, NaN and ±inf
+    /// (alone and mixed), the search's lanes beside lanes that skip it.
+    #[test]
+    fn lanes_write_the_scalar_bytes() {
+        let base = group();
+        let n = normal(GROUP * COLS, 5);
+        let mut special = base.clone();
+        for r in 0..GROUP {
+            let at = |c: usize| r * COLS + c;
+            special[at(16)] = f16::from_f32(if r % 2 == 0 { 0.0 } else { -0.0 });
+            special[at(17)] = f16::from_bits(1 + (r as u16 % 5));
+            special[at(18)] = f16::from_f32(60000.0 * n[at(18)].signum());
+            special[at(19)] = if r == 9 { f16::NAN } else { f16::from_f32(n[at(19)]) };
+            special[at(20)] = if r == 0 { f16::INFINITY } else { f16::from_f32(n[at(20)]) };
+            special[at(21)] = if r == 31 { f16::NEG_INFINITY } else { f16::from_f32(n[at(21)]) };
+            special[at(22)] = f16::NAN;
+            special[at(23)] = if r == 4 { f16::from_f32(-0.0) } else { f16::from_f32(0.0) };
+            special[at(40)] = f16::from_f32(if r == 1 { 50.0 } else { 0.01 * n[at(40)] });
+            special[at(41)] = f16::from_f32(1.0 + f32::from(r as u8 % 3) * 1e-3);
+        }
+        for x in [&base, &special] {
+            for f in ChannelFormat::ALL {
+                for sink in [0, SINK] {
+                    let (mut lanes, mut scalar) = (vec![0u8; f.group_bytes(COLS)], vec![1u8; f.group_bytes(COLS)]);
+                    f.quantize_group(x, COLS, sink, &mut lanes);
+                    f.quantize_group_scalar(x, COLS, sink, &mut scalar);
+                    let first = lanes.iter().zip(&scalar).position(|(a, b)| a != b);
+                    assert_eq!(first, None, "{f:?}, sink rows {sink}: first differing byte");
+                }
+            }
+        }
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod absmax;
 pub mod channel;
+mod channel_lanes;
 pub mod format;
 pub mod hadamard;
 pub mod pack;

@@ -20,10 +20,8 @@ use crate::backend::RopeSpec;
 pub struct KeyRope {
     thetas: Vec<f32>,
     freq_scale: f32,
-    /// [`GROUP`] rows of n_rot/2 pairs: the offsets j = 0..GROUP.
-    offsets: Vec<(f32, f32)>,
-    /// The same per lane of a head, for vector loops: row j is head_dim cosines (each
-    /// pair's twice, then 1 for the unrotated dims), then head_dim sines (0 past n_rot).
+    /// The offsets j = 0..GROUP per lane of a head: row j is head_dim cosines (each pair's
+    /// twice, then 1 for the unrotated dims), then head_dim sines (0 past n_rot).
     offset_lanes: Vec<f32>,
     head_dim: usize,
     /// One row per group start reached so far.
@@ -57,7 +55,7 @@ impl KeyRope {
                 c.chain(s).collect::<Vec<_>>()
             })
             .collect();
-        KeyRope { thetas, freq_scale: rope.freq_scale, offsets, offset_lanes, head_dim, starts: Vec::new() }
+        KeyRope { thetas, freq_scale: rope.freq_scale, offset_lanes, head_dim, starts: Vec::new() }
     }
 
     /// Whether this was made from `rope`'s frequencies for heads of `head_dim`.
@@ -84,12 +82,6 @@ impl KeyRope {
         let n = self.pairs();
         assert!((g + 1) * n <= self.starts.len(), "key RoPE asked for group {g} before reaching it");
         rotate_back(q, &self.starts[g * n..(g + 1) * n], out);
-    }
-
-    /// The table row of offset `j` within a group.
-    pub fn offset(&self, j: usize) -> &[(f32, f32)] {
-        let n = self.pairs();
-        &self.offsets[j * n..(j + 1) * n]
     }
 
     /// Offset `j`'s cosines and sines per lane (head_dim each).
@@ -125,13 +117,6 @@ impl KeyRope {
         let n8 = k.len() / 8 * 8;
         let rest = (n8..k.len()).map(|i| lane(cos[i], sin[i], gq[i], partner[i], k[i]));
         acc.iter().sum::<f32>() + rest.sum::<f32>()
-    }
-
-    /// `out = R(−p)·q`: one head's query as a key at position `p` (read before RoPE) meets it.
-    pub fn query_at(&self, q: &[f32], p: usize, out: &mut [f32]) {
-        let mut g = vec![0f32; q.len()];
-        self.to_group(q, p / GROUP, &mut g);
-        rotate_back(&g, self.offset(p % GROUP), out);
     }
 }
 
@@ -269,9 +254,10 @@ mod tests {
             let mut roped = k.clone();
             rope_row(&mut roped, 1, hd, p, &rope.thetas(), rope.freq_scale);
             let want: f32 = q.iter().zip(&roped).map(|(a, b)| a * b).sum();
-            let mut qp = vec![0f32; hd];
-            kr.query_at(&q, p, &mut qp);
-            let got: f32 = qp.iter().zip(&k).map(|(a, b)| a * b).sum();
+            let (mut gq, mut partner) = (vec![0f32; hd], vec![0f32; hd]);
+            kr.to_group(&q, p / GROUP, &mut gq);
+            kr.partners(&gq, &mut partner);
+            let got = kr.score(&gq, &partner, p % GROUP, &k);
             assert!((got - want).abs() < 2e-6, "position {p}: {got} vs {want}");
         }
     }
