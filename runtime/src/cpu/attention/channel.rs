@@ -52,12 +52,12 @@ impl ChannelRows {
     }
 
     /// The window of sequence slot `slot`.
-    fn window(&self, slot: usize) -> &[f16] {
+    pub(super) fn window(&self, slot: usize) -> &[f16] {
         &self.windows[slot * GROUP * self.kv_dim..(slot + 1) * GROUP * self.kv_dim]
     }
 
     /// Sink `sink`'s rows.
-    fn sink(&self, sink: usize) -> &[f16] {
+    pub(super) fn sink(&self, sink: usize) -> &[f16] {
         &self.sinks[sink * SINK * self.kv_dim..(sink + 1) * SINK * self.kv_dim]
     }
 
@@ -85,7 +85,8 @@ impl ChannelRows {
     /// `rope`, the cache holds keys before RoPE and `K_j` is key j rotated by its position.
     pub fn scores(&self, at: &Placement, q: &[f32], col0: usize, scale: f32, rope: Option<&KeyRope>, out: &mut [f32]) {
         if let Some(rope) = rope {
-            return self.scores_before_rope(at, q, col0, scale, rope, out);
+            let n = out.len();
+            return self.scores_before_rope(at, q, col0, scale, rope, n, 0..n.div_ceil(GROUP), out, n);
         }
         let n = out.len();
         assert!(n <= at.written, "attention past the {} written positions", at.written);
@@ -136,64 +137,6 @@ impl ChannelRows {
         // The sink's positions, in group 0 above, are read from the sink.
         let sunk = SINK.min(grouped);
         plain::scores_f16(q, &self.sink(at.seq.sink)[col0..], self.kv_dim, scale, &mut out[..sunk]);
-    }
-
-    /// [`ChannelRows::scores`] of keys stored before RoPE: per position, the query turned
-    /// back by the position ([`KeyRope`]) against the key as stored, decoded to f32
-    /// (`lo + step·u`, or its f16 from the window or the sink). Per value that is a decode
-    /// and two multiply-adds more than the integer dot products of the post-RoPE formats.
-    fn scores_before_rope(&self, at: &Placement, q: &[f32], col0: usize, scale: f32, rope: &KeyRope, out: &mut [f32]) {
-        let n = out.len();
-        assert!(n <= at.written, "attention past the {} written positions", at.written);
-        let (hd, d) = (q.len(), self.kv_dim);
-        let grouped = grouped(at.written).min(n);
-        let (mut gq, mut partner, mut k) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
-        let (mut lo, mut step) = (vec![0f32; hd], vec![0f32; hd]);
-        #[cfg(target_arch = "x86_64")]
-        let simd =
-            col0.is_multiple_of(N) && hd.is_multiple_of(N) && (N..=4 * N).contains(&hd) && crate::cpu::simd::avx2();
-        let mut u = [0u8; N];
-        for (g, o) in out[..grouped].chunks_mut(GROUP).enumerate() {
-            rope.to_group(q, g, &mut gq);
-            rope.partners(&gq, &mut partner);
-            let group = self.group(at.seq.pages[g]);
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                let (hb, at) = (self.fmt.header_bytes(d), col0 / N * pack::packed_bytes(self.fmt.bits()));
-                let keys = super::key_rope::x86::GroupKeys {
-                    bits: self.fmt.bits(),
-                    lo: group[2 * col0..].as_ptr(),
-                    step: group[2 * (d + col0)..].as_ptr(),
-                    codes: group[hb + at..].as_ptr(),
-                    row_bytes: self.fmt.row_bytes(d),
-                };
-                // SAFETY: features checked; the group's header holds lo and step for every
-                // column, and its GROUP ≥ o.len() rows of codes the head's hd/32 packed
-                // groups at byte `at`; gq, partner and the offsets' lanes are hd long.
-                unsafe { super::key_rope::x86::scores_before_rope(&keys, &gq, &partner, rope, scale, o) };
-                continue;
-            }
-            self.head_header(group, col0, &mut lo, &mut step);
-            let codes = &group[self.fmt.header_bytes(d)..];
-            for (j, o) in o.iter_mut().enumerate() {
-                self.for_codes(codes, j, col0, hd, &mut u, |x0, len, u| {
-                    for i in 0..len {
-                        k[x0 + i] = lo[x0 + i] + step[x0 + i] * u[i] as f32;
-                    }
-                });
-                *o = rope.score(&gq, &partner, j, &k) * scale;
-            }
-        }
-        // The window's positions, and the sink's (in group 0 above, read from the sink).
-        let (window, sink) = (&self.window(at.seq.slot)[col0..], &self.sink(at.seq.sink)[col0..]);
-        for p in (0..SINK.min(grouped)).chain(grouped..n) {
-            let (g, j) = (p / GROUP, p % GROUP);
-            let row = if p < grouped { &sink[p * d..] } else { &window[j * d..] };
-            k.iter_mut().zip(row).for_each(|(k, h)| *k = h.to_f32());
-            rope.to_group(q, g, &mut gq);
-            rope.partners(&gq, &mut partner);
-            out[p] = rope.score(&gq, &partner, j, &k) * scale;
-        }
     }
 
     /// `out += Σ_j p[j] · V_j[col0..col0 + out.len()]` over positions j < p.len().
@@ -268,13 +211,13 @@ impl ChannelRows {
     }
 
     /// The group of page `page`.
-    fn group(&self, page: u32) -> &[u8] {
+    pub(super) fn group(&self, page: u32) -> &[u8] {
         let (gb, g) = (self.fmt.group_bytes(self.kv_dim), page as usize);
         &self.groups[g * gb..(g + 1) * gb]
     }
 
     /// `lo` and `step` of columns col0..col0 + lo.len() of a group.
-    fn head_header(&self, group: &[u8], col0: usize, lo: &mut [f32], step: &mut [f32]) {
+    pub(super) fn head_header(&self, group: &[u8], col0: usize, lo: &mut [f32], step: &mut [f32]) {
         let f = |at: usize| duet_quant::fp::f16_bits_to_f32(u16::from_le_bytes([group[at], group[at + 1]]));
         for (i, (l, s)) in lo.iter_mut().zip(step.iter_mut()).enumerate() {
             *l = f(2 * (col0 + i));
@@ -284,7 +227,7 @@ impl ChannelRows {
 
     /// Calls `f(x offset, count, codes)` for the packed groups of 32 covering columns
     /// col0..col0 + n of row t of a group's codes.
-    fn for_codes(
+    pub(super) fn for_codes(
         &self,
         codes: &[u8],
         t: usize,
@@ -307,7 +250,7 @@ impl ChannelRows {
 }
 
 /// Of `written` positions, those before this one are in quantized groups.
-fn grouped(written: usize) -> usize {
+pub(super) fn grouped(written: usize) -> usize {
     written / GROUP * GROUP
 }
 

@@ -2,14 +2,18 @@
 //! ([`duet_quant::kv::CacheFormat::keys_before_rope`]).
 //!
 //! A key at position p scores `q · R(p)·k`, R(p) rotating the pair (2i, 2i+1) of each head
-//! by p·θ_i (the first n_rot dims; `crate::cpu::ops::rope_row`), and `q · R(p)·k =
-//! R(−p)·q · k`: the reader rotates the query back instead of every key forward, so the
-//! stored codes are read as they are. Positions are taken as a group start p0 = 32·g and an
-//! offset j < 32, `R(−p) = R(−j)·R(−p0)`: the query is turned by −p0 once per group, then by
-//! −j per position from a table of 32 rows that stays in L1 — not a table row per position,
-//! which would be read once per head and position (as many bytes as an f32 key).
+//! by p·θ_i (the first n_rot dims; `crate::cpu::ops::rope_row`). Positions are taken as a
+//! group start p0 = 32·g and an offset j < 32, `q · R(p)·k = R(−p0)·q · R(j)·k`: the query
+//! is turned back by −p0 once per group, and each key turned forward by j from a table of 32
+//! rows that stays in L1 (not a table row per position, as many bytes as an f32 key). A key
+//! is decoded and turned once for all the query heads that read it (GQA: SmolLM2's 3, DIFF
+//! V1's two softmaxes), where turning the query per position would repeat it per head.
 
-use duet_quant::kv::channel::GROUP;
+use duet_quant::kv::channel::{GROUP, SINK};
+use duet_quant::kv::pack::N;
+
+use super::cache::Placement;
+use super::channel::{ChannelRows, grouped};
 
 use crate::backend::RopeSpec;
 
@@ -21,7 +25,9 @@ pub struct KeyRope {
     thetas: Vec<f32>,
     freq_scale: f32,
     /// The offsets j = 0..GROUP per lane of a head: row j is head_dim cosines (each pair's
-    /// twice, then 1 for the unrotated dims), then head_dim sines (0 past n_rot).
+    /// twice, then 1 for the unrotated dims), then head_dim sines signed for turning a key
+    /// forward (`−sin, +sin` per pair, 0 past n_rot): `R(j)·k = cos·k + sin·swap(k)`, swap
+    /// exchanging the two values of each pair.
     offset_lanes: Vec<f32>,
     head_dim: usize,
     /// One row per group start reached so far.
@@ -38,10 +44,11 @@ fn angles(p: usize, thetas: &[f32], freq_scale: f32, out: &mut Vec<(f32, f32)>) 
 
 impl KeyRope {
     /// # Panics
-    /// If RoPE rotates more than `head_dim` dims.
+    /// If RoPE rotates more than `head_dim` dims, or `head_dim` is odd.
     pub fn new(rope: &RopeSpec, head_dim: usize) -> KeyRope {
         let thetas = rope.thetas();
         assert!(2 * thetas.len() <= head_dim, "RoPE rotates {} dims of a {head_dim}-dim head", 2 * thetas.len());
+        assert!(head_dim.is_multiple_of(2), "RoPE turns pairs: a {head_dim}-dim head");
         let pad = head_dim - 2 * thetas.len();
         let mut offsets = Vec::with_capacity(GROUP * thetas.len());
         for j in 0..GROUP {
@@ -51,7 +58,7 @@ impl KeyRope {
             .flat_map(|j| {
                 let row = &offsets[j * thetas.len()..(j + 1) * thetas.len()];
                 let c = row.iter().flat_map(|&(c, _)| [c, c]).chain(std::iter::repeat_n(1.0, pad));
-                let s = row.iter().flat_map(|&(_, s)| [s, s]).chain(std::iter::repeat_n(0.0, pad));
+                let s = row.iter().flat_map(|&(_, s)| [-s, s]).chain(std::iter::repeat_n(0.0, pad));
                 c.chain(s).collect::<Vec<_>>()
             })
             .collect();
@@ -84,39 +91,21 @@ impl KeyRope {
         rotate_back(q, &self.starts[g * n..(g + 1) * n], out);
     }
 
-    /// Offset `j`'s cosines and sines per lane (head_dim each).
+    /// Offset `j`'s cosines and signed sines per lane (head_dim each).
     pub fn offset_lanes(&self, j: usize) -> (&[f32], &[f32]) {
         let h = self.head_dim;
         self.offset_lanes[2 * h * j..2 * h * (j + 1)].split_at(h)
     }
 
-    /// For one head's query turned to a group's start (`gq`, [`KeyRope::to_group`]), the
-    /// partner of each lane within its pair, `(b, −a)` for the pair (a, b) and 0 for the
-    /// unrotated dims: offset j's query is `cos·gq + sin·partner` lane by lane.
-    pub fn partners(&self, gq: &[f32], out: &mut [f32]) {
-        let r = 2 * self.pairs();
-        for (pt, x) in out[..r].chunks_exact_mut(2).zip(gq[..r].chunks_exact(2)) {
-            pt[0] = x[1];
-            pt[1] = -x[0];
-        }
-        out[r..].fill(0.0);
-    }
-
-    /// `q_j · k` for the key `k` (before RoPE) at offset `j` of the group that `gq` and
-    /// `partner` were turned to: `Σ (cos·gq + sin·partner)·k`.
-    pub fn score(&self, gq: &[f32], partner: &[f32], j: usize, k: &[f32]) -> f32 {
+    /// `R(j)·k` for the key `k` (before RoPE) at offset `j` of a group, into `out`.
+    pub fn turn_key(&self, j: usize, k: &[f32], out: &mut [f32]) {
         let (cos, sin) = self.offset_lanes(j);
-        let lane = |c: f32, s: f32, g: f32, p: f32, k: f32| (c * g + s * p) * k;
-        let mut acc = [0f32; 8];
-        let eights = cos.chunks_exact(8).zip(sin.chunks_exact(8)).zip(gq.chunks_exact(8));
-        for ((((c, s), g), p), k) in eights.zip(partner.chunks_exact(8)).zip(k.chunks_exact(8)) {
-            for l in 0..8 {
-                acc[l] += lane(c[l], s[l], g[l], p[l], k[l]);
-            }
+        for ((o, k), (c, s)) in
+            out.chunks_exact_mut(2).zip(k.chunks_exact(2)).zip(cos.chunks_exact(2).zip(sin.chunks_exact(2)))
+        {
+            o[0] = c[0] * k[0] + s[0] * k[1];
+            o[1] = c[1] * k[1] + s[1] * k[0];
         }
-        let n8 = k.len() / 8 * 8;
-        let rest = (n8..k.len()).map(|i| lane(cos[i], sin[i], gq[i], partner[i], k[i]));
-        acc.iter().sum::<f32>() + rest.sum::<f32>()
     }
 }
 
@@ -130,6 +119,113 @@ pub fn rotate_back(x: &[f32], cs: &[(f32, f32)], out: &mut [f32]) {
     out[r..].copy_from_slice(&x[r..]);
 }
 
+/// The per-channel reader of keys stored before RoPE.
+impl ChannelRows {
+    /// Scores over keys stored before RoPE ([`KeyRope`]) for the query heads `q` (heads of
+    /// hd values one after another, all reading columns col0..col0 + hd): for the positions
+    /// p < n of the groups `groups`, `out[h·stride + p − GROUP·groups.start] = scale · q_h ·
+    /// R(p)·K_p`, the key read from its group, the sink or the window. Each key is decoded
+    /// (`lo + step·u`, or its f16) and turned once for all the heads ([`KeyRope`]): per value
+    /// a decode, a turn and a multiply-add per head, where the post-RoPE formats take an
+    /// integer dot product per head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scores_before_rope(
+        &self,
+        at: &Placement,
+        q: &[f32],
+        col0: usize,
+        scale: f32,
+        rope: &KeyRope,
+        n: usize,
+        groups: std::ops::Range<usize>,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        assert!(n <= at.written, "attention past the {} written positions", at.written);
+        let (hd, d) = (rope.offset_lanes(0).0.len(), self.kv_dim);
+        assert!(q.len().is_multiple_of(hd), "queries of {hd}-value heads");
+        let grouped = grouped(at.written).min(n);
+        let first = GROUP * groups.start;
+        let mut gq = vec![0f32; q.len()];
+        let (mut lo, mut step, mut k, mut turned) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+        let turn_queries = |g: usize, gq: &mut [f32]| {
+            for (q, gq) in q.chunks_exact(hd).zip(gq.chunks_exact_mut(hd)) {
+                rope.to_group(q, g, gq);
+            }
+        };
+        let score_heads = |gq: &[f32], turned: &[f32], out: &mut [f32], at: usize| {
+            for (h, gq) in gq.chunks_exact(hd).enumerate() {
+                out[h * stride + at] = dot(gq, turned) * scale;
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        let simd =
+            col0.is_multiple_of(N) && hd.is_multiple_of(N) && (N..=4 * N).contains(&hd) && crate::cpu::simd::avx2();
+        let mut u = [0u8; N];
+        for g in groups.start..groups.end.min(grouped.div_ceil(GROUP)) {
+            let rows = (grouped - g * GROUP).min(GROUP);
+            turn_queries(g, &mut gq);
+            let group = self.group(at.seq.pages[g]);
+            let o = &mut out[g * GROUP - first..];
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                let (hb, at) =
+                    (self.fmt.header_bytes(d), col0 / N * duet_quant::kv::pack::packed_bytes(self.fmt.bits()));
+                let keys = super::key_rope::x86::GroupKeys {
+                    bits: self.fmt.bits(),
+                    lo: group[2 * col0..].as_ptr(),
+                    step: group[2 * (d + col0)..].as_ptr(),
+                    codes: group[hb + at..].as_ptr(),
+                    row_bytes: self.fmt.row_bytes(d),
+                };
+                // SAFETY: features checked; the group's header holds lo and step for every
+                // column, and its GROUP ≥ rows rows of codes the head's hd/32 packed groups
+                // at byte `at`; gq is whole heads of hd, as the offsets' lanes are; the
+                // kernel checks the bounds of `o`.
+                unsafe { super::key_rope::x86::scores_heads(&keys, &gq, rope, scale, rows, o, stride) };
+                continue;
+            }
+            self.head_header(group, col0, &mut lo, &mut step);
+            let codes = &group[self.fmt.header_bytes(d)..];
+            for j in 0..rows {
+                self.for_codes(codes, j, col0, hd, &mut u, |x0, len, u| {
+                    for i in 0..len {
+                        k[x0 + i] = lo[x0 + i] + step[x0 + i] * u[i] as f32;
+                    }
+                });
+                rope.turn_key(j, &k, &mut turned);
+                score_heads(&gq, &turned, o, j);
+            }
+        }
+        // The window's positions, and the sink's (in group 0 above, read from the sink).
+        let (window, sink) = (&self.window(at.seq.slot)[col0..], &self.sink(at.seq.sink)[col0..]);
+        let mut turned_to = usize::MAX;
+        for p in (0..SINK.min(grouped)).chain(grouped..n).filter(|p| groups.contains(&(p / GROUP))) {
+            let (g, j) = (p / GROUP, p % GROUP);
+            let row = if p < grouped { &sink[p * d..] } else { &window[j * d..] };
+            k.iter_mut().zip(row).for_each(|(k, h)| *k = h.to_f32());
+            if turned_to != g {
+                turn_queries(g, &mut gq);
+                turned_to = g;
+            }
+            rope.turn_key(j, &k, &mut turned);
+            score_heads(&gq, &turned, out, p - first);
+        }
+    }
+}
+
+/// `a · b` in eight partial sums (the order the vector loops take, the same for every head).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (a, b) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    let n8 = a.len() / 8 * 8;
+    acc.iter().sum::<f32>() + a[n8..].iter().zip(&b[n8..]).map(|(a, b)| a * b).sum::<f32>()
+}
+
 /// The AVX2 loop of the per-channel reader's scores over keys stored before RoPE
 /// (`super::channel`), beside the tables it reads.
 #[cfg(target_arch = "x86_64")]
@@ -139,9 +235,8 @@ pub(super) mod x86 {
     use super::KeyRope;
     use crate::cpu::simd::{codes_u8, hsum};
 
-    /// One group's keys for one head, as [`scores_before_rope`] reads them: the header's
-    /// lo and step of the head's first column (f16) and the codes of its first packed group
-    /// in row 0.
+    /// One group's keys for one KV head, as [`scores_heads`] reads them: the header's lo and
+    /// step of the head's first column (f16) and the codes of its first packed group in row 0.
     pub struct GroupKeys {
         pub bits: u32,
         pub lo: *const u8,
@@ -150,25 +245,28 @@ pub(super) mod x86 {
         pub row_bytes: usize,
     }
 
-    /// Scores of the rows of one group of keys stored before RoPE, the head NG·32 channels
-    /// wide: per row j, `Σ (cos_j·gq + sin_j·partner)·(lo + step·u)` over the lanes
-    /// ([`KeyRope::score`]), the codes widened to f32 eight at a time.
+    /// Scores of the rows `j < rows` of one group of keys stored before RoPE, the head NG·32
+    /// channels wide, for every query head in `gq` (heads × NG·32, each turned to the
+    /// group's start): per row the key decoded to f32 (`lo + step·u`, the codes widened
+    /// eight at a time) and turned by its offset ([`KeyRope::turn_key`]) once, then
+    /// `out[h·stride + j] = scale · gq_h · key`.
     ///
     /// # Safety
-    /// AVX2, FMA, F16C; `keys` as [`GroupKeys`] says for rows t < out.len() ≤ 32; gq,
-    /// partner and `rope`'s lanes NG·32 long.
+    /// AVX2, FMA, F16C; `keys` as [`GroupKeys`] says for rows j < rows ≤ 32; `rope`'s
+    /// lanes NG·32 long; gq a whole number of heads; out.len() > (heads − 1)·stride + rows − 1.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scores_before_rope_ng<const NG: usize>(
+    unsafe fn scores_heads_ng<const NG: usize>(
         keys: &GroupKeys,
         gq: &[f32],
-        partner: &[f32],
         rope: &KeyRope,
         scale: f32,
+        rows: usize,
         out: &mut [f32],
+        stride: usize,
     ) {
         let pb = 4 * keys.bits as usize;
         unsafe {
-            let (mut lo, mut st) = ([0f32; 128], [0f32; 128]);
+            let (mut lo, mut st, mut key) = ([0f32; 128], [0f32; 128], [0f32; 128]);
             for i in (0..NG * 32).step_by(8) {
                 _mm256_storeu_ps(lo.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.lo.add(2 * i).cast())));
                 _mm256_storeu_ps(st.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.step.add(2 * i).cast())));
@@ -179,57 +277,65 @@ pub(super) mod x86 {
                 let h = if e.is_multiple_of(2) { h } else { _mm_unpackhi_epi64(h, h) };
                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h))
             };
-            // Two rows at a time share the loads of lo, step and the query's lanes.
-            let mut j = 0;
-            while j < out.len() {
-                let two = j + 1 < out.len();
-                let j1 = if two { j + 1 } else { j };
-                let ((c0, s0), (c1, s1)) = (rope.offset_lanes(j), rope.offset_lanes(j1));
-                let (row0, row1) = (keys.codes.add(j * keys.row_bytes), keys.codes.add(j1 * keys.row_bytes));
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for j in 0..rows {
+                let (cos, sin) = rope.offset_lanes(j);
+                let row = keys.codes.add(j * keys.row_bytes);
                 for g in 0..NG {
-                    let (u0, u1) = (codes_u8(keys.bits, row0.add(g * pb)), codes_u8(keys.bits, row1.add(g * pb)));
+                    let u = codes_u8(keys.bits, row.add(g * pb));
                     for e in 0..4 {
                         let i = 32 * g + 8 * e;
-                        let (stv, lov) = (_mm256_loadu_ps(st.as_ptr().add(i)), _mm256_loadu_ps(lo.as_ptr().add(i)));
-                        let (gv, pv) = (_mm256_loadu_ps(gq.as_ptr().add(i)), _mm256_loadu_ps(partner.as_ptr().add(i)));
-                        let k0 = _mm256_fmadd_ps(stv, eighth(u0, e), lov);
-                        let k1 = _mm256_fmadd_ps(stv, eighth(u1, e), lov);
-                        let turned0 = _mm256_mul_ps(_mm256_loadu_ps(s0.as_ptr().add(i)), pv);
-                        let turned1 = _mm256_mul_ps(_mm256_loadu_ps(s1.as_ptr().add(i)), pv);
-                        let q0 = _mm256_fmadd_ps(_mm256_loadu_ps(c0.as_ptr().add(i)), gv, turned0);
-                        let q1 = _mm256_fmadd_ps(_mm256_loadu_ps(c1.as_ptr().add(i)), gv, turned1);
-                        a0 = _mm256_fmadd_ps(q0, k0, a0);
-                        a1 = _mm256_fmadd_ps(q1, k1, a1);
+                        let k = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(st.as_ptr().add(i)),
+                            eighth(u, e),
+                            _mm256_loadu_ps(lo.as_ptr().add(i)),
+                        );
+                        // cos·k + sin·swap(k): the pairs' values exchanged within each 128-bit lane.
+                        let swapped = _mm256_permute_ps::<0b1011_0001>(k);
+                        let turned = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(cos.as_ptr().add(i)),
+                            k,
+                            _mm256_mul_ps(_mm256_loadu_ps(sin.as_ptr().add(i)), swapped),
+                        );
+                        _mm256_storeu_ps(key.as_mut_ptr().add(i), turned);
                     }
                 }
-                out[j] = hsum(a0) * scale;
-                if two {
-                    out[j + 1] = hsum(a1) * scale;
+                for (h, q) in gq.chunks_exact(NG * 32).enumerate() {
+                    let mut acc = _mm256_setzero_ps();
+                    for i in (0..NG * 32).step_by(8) {
+                        acc = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(q.as_ptr().add(i)),
+                            _mm256_loadu_ps(key.as_ptr().add(i)),
+                            acc,
+                        );
+                    }
+                    out[h * stride + j] = hsum(acc) * scale;
                 }
-                j += 2;
             }
         }
     }
 
     /// # Safety
-    /// As [`scores_before_rope_ng`] with NG = gq.len()/32 in 1..=4.
+    /// As [`scores_heads_ng`] with NG = the head width / 32 in 1..=4.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores_before_rope(
+    pub unsafe fn scores_heads(
         keys: &GroupKeys,
         gq: &[f32],
-        partner: &[f32],
         rope: &KeyRope,
         scale: f32,
+        rows: usize,
         out: &mut [f32],
+        stride: usize,
     ) {
-        assert!(out.len() <= 32 && rope.offset_lanes(0).0.len() == gq.len() && partner.len() == gq.len());
+        let hd = rope.offset_lanes(0).0.len();
+        let heads = gq.len() / hd;
+        assert!(rows <= 32 && hd.is_multiple_of(32) && (32..=128).contains(&hd) && gq.len() == heads * hd);
+        assert!(heads == 0 || rows == 0 || out.len() > (heads - 1) * stride + rows - 1, "scores out of bounds");
         unsafe {
-            match gq.len() / 32 {
-                1 => scores_before_rope_ng::<1>(keys, gq, partner, rope, scale, out),
-                2 => scores_before_rope_ng::<2>(keys, gq, partner, rope, scale, out),
-                3 => scores_before_rope_ng::<3>(keys, gq, partner, rope, scale, out),
-                _ => scores_before_rope_ng::<4>(keys, gq, partner, rope, scale, out),
+            match hd / 32 {
+                1 => scores_heads_ng::<1>(keys, gq, rope, scale, rows, out, stride),
+                2 => scores_heads_ng::<2>(keys, gq, rope, scale, rows, out, stride),
+                3 => scores_heads_ng::<3>(keys, gq, rope, scale, rows, out, stride),
+                _ => scores_heads_ng::<4>(keys, gq, rope, scale, rows, out, stride),
             }
         }
     }
@@ -239,6 +345,8 @@ pub(super) mod x86 {
 mod tests {
     use super::*;
     use crate::cpu::ops::rope_row;
+    use crate::kv_pages::SeqPages;
+    use duet_quant::kv::channel::ChannelFormat;
 
     /// Reading a key before RoPE against the rotated-back query gives the score of the
     /// roped key, at positions across several groups and with part of the head unrotated.
@@ -254,11 +362,61 @@ mod tests {
             let mut roped = k.clone();
             rope_row(&mut roped, 1, hd, p, &rope.thetas(), rope.freq_scale);
             let want: f32 = q.iter().zip(&roped).map(|(a, b)| a * b).sum();
-            let (mut gq, mut partner) = (vec![0f32; hd], vec![0f32; hd]);
+            let (mut gq, mut turned) = (vec![0f32; hd], vec![0f32; hd]);
             kr.to_group(&q, p / GROUP, &mut gq);
-            kr.partners(&gq, &mut partner);
-            let got = kr.score(&gq, &partner, p % GROUP, &k);
+            kr.turn_key(p % GROUP, &k, &mut turned);
+            let got: f32 = gq.iter().zip(&turned).map(|(a, b)| a * b).sum();
             assert!((got - want).abs() < 2e-6, "position {p}: {got} vs {want}");
+        }
+    }
+
+    /// Keys before RoPE scored for several heads at once, a few groups at a time (as
+    /// `super::shared_keys` asks), equal each head's scores alone bit for bit: the vector
+    /// loop (64-wide heads) and the portable one (40-wide), group ranges that split the
+    /// quantized groups, the sink and the window apart.
+    #[test]
+    fn heads_scored_together_equal_each_alone() {
+        let kv_dim = 128;
+        let pages = [1, 0, 2];
+        let seq = SeqPages { pages: &pages, slot: 0, sink: 0 };
+        let len = 77;
+        let vals: Vec<f32> = (0..len * kv_dim).map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0).collect();
+        let rope = RopeSpec { n_rot: 32, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
+        for fmt in [ChannelFormat::Q3, ChannelFormat::Q2] {
+            let mut c = ChannelRows::new(fmt, 3, 1, kv_dim).unwrap();
+            c.write(&seq, 0, &vals);
+            let at = Placement::new(seq, len);
+            for (col0, hd) in [(64, 64), (40, 40)] {
+                let mut key_rope = KeyRope::new(&rope, hd);
+                key_rope.reach(len);
+                let heads = 3;
+                let q: Vec<f32> = (0..heads * hd).map(|i| (i as f32 * 0.37).sin()).collect();
+                for n in [1, 32, 40, 64, 70, len] {
+                    let alone: Vec<Vec<f32>> = q
+                        .chunks(hd)
+                        .map(|qh| {
+                            let mut s = vec![f32::NAN; n];
+                            c.scores(&at, qh, col0, 0.5, Some(&key_rope), &mut s);
+                            s
+                        })
+                        .collect();
+                    for groups in [0..1, 1..2, 2..3, 0..3, 1..3] {
+                        let stride = GROUP * groups.len();
+                        let mut out = vec![f32::NAN; heads * stride];
+                        c.scores_before_rope(&at, &q, col0, 0.5, &key_rope, n, groups.clone(), &mut out, stride);
+                        for (h, want) in alone.iter().enumerate() {
+                            for p in (GROUP * groups.start..GROUP * groups.end).filter(|&p| p < n) {
+                                let got = out[h * stride + p - GROUP * groups.start];
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want[p].to_bits(),
+                                    "{fmt:?} {hd} n={n} {groups:?} head {h} position {p}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -10,7 +10,9 @@
 //! * [`cache`]: the storage of each cache type, and where a layer's rows are written;
 //! * [`plain`], [`blocks`], [`channel`]: the inner loops over f32/f16 rows, block-quantized
 //!   rows and per-channel groups;
-//! * [`logit_quant`]: quantized attention logits.
+//! * [`logit_quant`]: quantized attention logits;
+//! * [`key_rope`], [`shared_keys`]: keys stored before RoPE, turned as they are read, once
+//!   for all the query heads that read them.
 
 mod blocks;
 mod cache;
@@ -18,6 +20,7 @@ mod channel;
 mod key_rope;
 mod logit_quant;
 mod plain;
+mod shared_keys;
 
 use duet_quant::kv::hadamard;
 
@@ -29,25 +32,42 @@ use super::SharedMut;
 use super::pool::ThreadPool;
 use crate::backend::{AttentionKind, SeqSpan};
 use logit_quant::Lq;
+use shared_keys::{Heads, RowAt, SharedScores};
 
-/// Softmax attention probabilities of one query head over cache positions 0..=pos of one
-/// KV head (its K columns at `k_off`) into `scores`, the logits quantized as `lq` says.
+/// Where one query head's logits come from: its query against the cache, or the scores
+/// computed ahead for its KV head's group ([`shared_keys`]).
+enum Logits<'a> {
+    Read { at: &'a Placement<'a>, q: &'a [f32], k: &'a CacheRows, kv_dim: usize, k_off: usize, scale: f32 },
+    Shared { scores: &'a SharedScores, row: usize, head: usize },
+}
+
+/// The logits of query head `h` of batch row `r` (its query `q`, its KV head's K columns
+/// at `k_off`): the scores computed ahead when there are, else read now.
 #[allow(clippy::too_many_arguments)]
-fn attend(
-    at: &Placement,
-    q: &[f32],
-    k: &CacheRows,
+fn logits<'a>(
+    shared: Option<&'a SharedScores>,
+    p: &'a SpanPlan<'a>,
+    k: &'a CacheRows,
     kv_dim: usize,
+    (r, h): (usize, usize),
+    q: &'a [f32],
     k_off: usize,
-    pos: usize,
-    scale: f32,
-    lq: Lq,
-    rope: Option<&KeyRope>,
-    scores: &mut Vec<f32>,
-) {
+) -> Logits<'a> {
+    match shared {
+        Some(scores) => Logits::Shared { scores, row: r, head: h },
+        None => Logits::Read { at: &p.at, q, k, kv_dim, k_off, scale: p.span.spec.scale },
+    }
+}
+
+/// Softmax attention probabilities of one query head over cache positions 0..=pos (of one
+/// KV head, its K columns at `k_off`) into `scores`, the logits quantized as `lq` says.
+fn attend(logits: Logits, pos: usize, lq: Lq, rope: Option<&KeyRope>, scores: &mut Vec<f32>) {
     scores.clear();
     scores.resize(pos + 1, 0.0);
-    k.scores(at, q, kv_dim, k_off, scale, rope, scores);
+    match logits {
+        Logits::Read { at, q, k, kv_dim, k_off, scale } => k.scores(at, q, kv_dim, k_off, scale, rope, scores),
+        Logits::Shared { scores: shared, row, head } => shared.copy(row, head, scores),
+    }
     lq.apply(scores);
     plain::softmax(scores);
 }
@@ -112,6 +132,7 @@ pub fn attention_spans(
     let plans: Vec<SpanPlan> = spans
         .iter()
         .map(|&span| {
+            assert_eq!(span.first * units, items, "spans are consecutive rows from the batch's first");
             let at = Placement::new(span.seq, span.pos0 + span.rows);
             let span_q = &q[span.first * q_dim..(span.first + span.rows) * q_dim];
             let lq = logit_quant::per_head(pool, k, kr, &at, span_q, span.rows, span.pos0, span.spec);
@@ -130,67 +151,89 @@ pub fn attention_spans(
         assert_eq!(b.len(), 2 * rows * q_dim, "branch capture is rows × 2·n_heads·head_dim");
     }
     let branchp = branches.map(|b| SharedMut::new(b.as_mut_ptr()));
-    match &shape.kind {
-        AttentionKind::Standard | AttentionKind::PairedHeads => {
-            pool.for_chunks_tid(items, 1, &|_, range| {
-                let mut scores = Vec::new();
-                for item in range {
-                    let (p, i) = locate(item);
-                    let (r, h) = (p.span.first + i / units, i % units);
-                    let pos = p.span.pos0 + i / units;
-                    let qh = &q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd];
-                    let kv_off = (h / gqa) * hd;
-                    attend(&p.at, qh, k, kv_dim, kv_off, pos, p.span.spec.scale, p.lq[h], kr, &mut scores);
-                    // SAFETY: item (r, h) owns out[r][h·hd..(h+1)·hd].
-                    let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + h * hd), hd) };
-                    weighted_values(&p.at, &scores, v, kv_dim, kv_off, o);
-                }
-            });
-        }
-        AttentionKind::Differential { lambda, lambda_init, sub_norm } => {
-            let half_heads = shape.n_heads / 2;
-            let half_kv = shape.n_kv_heads / 2;
-            pool.for_chunks_tid(items, 1, &|_, range| {
-                let mut p1 = Vec::new();
-                let mut p2 = Vec::new();
-                let mut tmp = vec![0f32; 2 * hd];
-                for item in range {
-                    let (p, i) = locate(item);
-                    let (r, j) = (p.span.first + i / units, i % units);
-                    let pos = p.span.pos0 + i / units;
-                    let (at, scale) = (&p.at, p.span.spec.scale);
-                    let q1 = &q[r * q_dim + j * hd..r * q_dim + (j + 1) * hd];
-                    let q2 = &q[r * q_dim + (j + half_heads) * hd..r * q_dim + (j + half_heads + 1) * hd];
-                    let j2 = j + half_heads;
-                    attend(at, q1, k, kv_dim, (j / gqa) * hd, pos, scale, p.lq[j], kr, &mut p1);
-                    attend(at, q2, k, kv_dim, (j2 / gqa) * hd, pos, scale, p.lq[j2], kr, &mut p2);
-                    // Both softmaxes weight the same 2·hd-wide V: KV heads c and c + Hkv/2.
-                    let c = j / gqa;
-                    let (va, vb) = (c * hd, (c + half_kv) * hd);
-                    // SAFETY: item (r, j) owns out[r][j·2hd..(j+1)·2hd].
-                    let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + j * 2 * hd), 2 * hd) };
-                    weighted_values(at, &p1, v, kv_dim, va, &mut o[..hd]);
-                    weighted_values(at, &p1, v, kv_dim, vb, &mut o[hd..]);
-                    weighted_values(at, &p2, v, kv_dim, va, &mut tmp[..hd]);
-                    weighted_values(at, &p2, v, kv_dim, vb, &mut tmp[hd..]);
-                    if let Some(bp) = branchp {
-                        // SAFETY: item (r, j) owns branches[r][j·4hd..(j+1)·4hd].
-                        let b =
-                            unsafe { std::slice::from_raw_parts_mut(bp.get().add(2 * r * q_dim + j * 4 * hd), 4 * hd) };
-                        b[..2 * hd].copy_from_slice(o);
-                        b[2 * hd..].copy_from_slice(&tmp);
+    // Keys stored before RoPE are scored ahead, for all the heads of a KV head at once, in
+    // blocks of rows; the softmaxes and value sums of each block follow.
+    let shared_keys = match (kr, k) {
+        (Some(kr), CacheRows::Channel(kc)) => Some((kr, kc)),
+        _ => None,
+    };
+    let heads = Heads { n_heads: shape.n_heads, n_kv: shape.n_kv_heads, head_dim: hd };
+    let widest = plans.iter().map(|p| p.span.pos0 + p.span.rows).max().unwrap_or(0);
+    let block = if shared_keys.is_some() { SharedScores::rows_per_block(heads, widest) } else { rows.max(1) };
+    let row_at = |r: usize| {
+        let p = &plans[plans.partition_point(|p| p.span.first <= r) - 1];
+        RowAt { at: &p.at, pos: p.span.pos0 + r - p.span.first, scale: p.span.spec.scale }
+    };
+    for r0 in (0..rows).step_by(block) {
+        let r1 = (r0 + block).min(rows);
+        let shared = shared_keys.map(|(kr, kc)| SharedScores::compute(pool, kc, kr, heads, q, r0..r1, &row_at));
+        let shared = shared.as_ref();
+        let first = r0 * units;
+        let block_items = (r1 - r0) * units;
+        match &shape.kind {
+            AttentionKind::Standard | AttentionKind::PairedHeads => {
+                pool.for_chunks_tid(block_items, 1, &|_, range| {
+                    let mut scores = Vec::new();
+                    for item in range {
+                        let (p, i) = locate(first + item);
+                        let (r, h) = (p.span.first + i / units, i % units);
+                        let pos = p.span.pos0 + i / units;
+                        let qh = &q[r * q_dim + h * hd..r * q_dim + (h + 1) * hd];
+                        let kv_off = (h / gqa) * hd;
+                        attend(logits(shared, p, k, kv_dim, (r, h), qh, kv_off), pos, p.lq[h], kr, &mut scores);
+                        // SAFETY: item (r, h) owns out[r][h·hd..(h+1)·hd].
+                        let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + h * hd), hd) };
+                        weighted_values(&p.at, &scores, v, kv_dim, kv_off, o);
                     }
-                    for (a, &b) in o.iter_mut().zip(&tmp) {
-                        *a -= lambda * b;
+                });
+            }
+            AttentionKind::Differential { lambda, lambda_init, sub_norm } => {
+                let half_heads = shape.n_heads / 2;
+                let half_kv = shape.n_kv_heads / 2;
+                pool.for_chunks_tid(block_items, 1, &|_, range| {
+                    let mut p1 = Vec::new();
+                    let mut p2 = Vec::new();
+                    let mut tmp = vec![0f32; 2 * hd];
+                    for item in range {
+                        let (p, i) = locate(first + item);
+                        let (r, j) = (p.span.first + i / units, i % units);
+                        let pos = p.span.pos0 + i / units;
+                        let at = &p.at;
+                        let q1 = &q[r * q_dim + j * hd..r * q_dim + (j + 1) * hd];
+                        let q2 = &q[r * q_dim + (j + half_heads) * hd..r * q_dim + (j + half_heads + 1) * hd];
+                        let j2 = j + half_heads;
+                        attend(logits(shared, p, k, kv_dim, (r, j), q1, (j / gqa) * hd), pos, p.lq[j], kr, &mut p1);
+                        attend(logits(shared, p, k, kv_dim, (r, j2), q2, (j2 / gqa) * hd), pos, p.lq[j2], kr, &mut p2);
+                        // Both softmaxes weight the same 2·hd-wide V: KV heads c and c + Hkv/2.
+                        let c = j / gqa;
+                        let (va, vb) = (c * hd, (c + half_kv) * hd);
+                        // SAFETY: item (r, j) owns out[r][j·2hd..(j+1)·2hd].
+                        let o =
+                            unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + j * 2 * hd), 2 * hd) };
+                        weighted_values(at, &p1, v, kv_dim, va, &mut o[..hd]);
+                        weighted_values(at, &p1, v, kv_dim, vb, &mut o[hd..]);
+                        weighted_values(at, &p2, v, kv_dim, va, &mut tmp[..hd]);
+                        weighted_values(at, &p2, v, kv_dim, vb, &mut tmp[hd..]);
+                        if let Some(bp) = branchp {
+                            // SAFETY: item (r, j) owns branches[r][j·4hd..(j+1)·4hd].
+                            let b = unsafe {
+                                std::slice::from_raw_parts_mut(bp.get().add(2 * r * q_dim + j * 4 * hd), 4 * hd)
+                            };
+                            b[..2 * hd].copy_from_slice(o);
+                            b[2 * hd..].copy_from_slice(&tmp);
+                        }
+                        for (a, &b) in o.iter_mut().zip(&tmp) {
+                            *a -= lambda * b;
+                        }
+                        tmp.copy_from_slice(o);
+                        super::ops::rms_norm_row(&tmp, sub_norm.as_deref(), shape.rms_eps, o);
+                        let s = 1.0 - lambda_init;
+                        for a in o.iter_mut() {
+                            *a *= s;
+                        }
                     }
-                    tmp.copy_from_slice(o);
-                    super::ops::rms_norm_row(&tmp, sub_norm.as_deref(), shape.rms_eps, o);
-                    let s = 1.0 - lambda_init;
-                    for a in o.iter_mut() {
-                        *a *= s;
-                    }
-                }
-            });
+                });
+            }
         }
     }
 }
@@ -198,7 +241,7 @@ pub fn attention_spans(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{AttentionSpec, LogitQuant, LogitScale};
+    use crate::backend::{AttentionSpec, LogitQuant, LogitScale, RopeSpec};
     use crate::kv_cache::{CacheFormat, KvCacheSpec};
     use crate::kv_pages::SeqPages;
     use logit_quant::absmax;
@@ -324,6 +367,34 @@ mod tests {
                             "{tk}/{tv} diff={diff} [{i}]: {a} vs {b} (query rounding bound {qr})"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// 3- and 2-bit keys read as stored before RoPE (scored ahead for the heads of each KV
+    /// head; in unit tests a row a block, 32 positions an item) attend as an f32 cache
+    /// holding their dequantized values turned by RoPE, both kinds (partial RoPE): f32
+    /// summation order aside.
+    #[test]
+    fn keys_before_rope_attend_as_their_roped_values() {
+        let (q, k, v) = inputs();
+        let rope = RopeSpec { n_rot: HD - 8, freq_base: 10000.0, freq_scale: 0.5, freq_factors: None };
+        let pool = ThreadPool::new(3);
+        for diff in [false, true] {
+            let s = spec(diff, None);
+            for &ty in CacheFormat::QUANTIZED.iter().filter(|t| t.keys_before_rope()) {
+                let mut roped = stored(ty, &k);
+                for (p, row) in roped.chunks_mut(KV_DIM).enumerate() {
+                    crate::cpu::ops::rope_row(row, N_KV, HD, p, &rope.thetas(), rope.freq_scale);
+                }
+                let mut cache = filled(ty, CacheFormat::F32, &k, &v);
+                assert!(cache.keys_before_rope(Some(&rope), 64));
+                let mut got = vec![0f32; ROWS * N_HEADS * HD];
+                attention(&pool, &cache, SEQ, 0, &q, ROWS, POS0, &s, &mut got, None);
+                let want = run(CacheFormat::F32, CacheFormat::F32, &roped, &v, &q, &s);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!((a - b).abs() <= 2e-5 * (1.0 + b.abs()), "{ty} diff={diff} [{i}]: {a} vs {b}");
                 }
             }
         }
@@ -490,8 +561,9 @@ mod tests {
     }
 
     /// Several sequences' rows attended in one pass (`attention_spans`) give exactly what
-    /// each sequence's rows give alone: every cache type, both kinds, and each span with its
-    /// own logit quantization (run settings travel with the sequence).
+    /// each sequence's rows give alone: every cache type (3- and 2-bit keys read before
+    /// RoPE), both kinds, and each span with its own logit quantization (run settings travel
+    /// with the sequence).
     #[test]
     fn spans_of_several_sequences_equal_each_alone() {
         // Sequence B: pages 0 and 2 of slot 0, 20 positions stored, then 5 query rows.
@@ -507,12 +579,16 @@ mod tests {
         );
         let pool = ThreadPool::new(3);
         let q_dim = N_HEADS * HD;
+        let rope = RopeSpec { n_rot: HD, freq_base: 10000.0, freq_scale: 1.0, freq_factors: None };
         for ty in CacheFormat::ALL {
             for diff in [false, true] {
                 let mut cache = filled(ty, ty, &ka, &va);
                 let split = B_POS0 * KV_DIM;
                 cache.store(&B, 0, 0, &kb[..split], &vb[..split]);
                 cache.store(&B, 0, B_POS0, &kb[split..], &vb[split..]);
+                // 3- and 2-bit keys read as stored before RoPE: scored ahead for both
+                // sequences' rows, a row a block and 32 positions an item in unit tests.
+                cache.keys_before_rope(Some(&rope), 64);
                 let spec_a = spec(diff, None);
                 let spec_b = spec(diff, Some(LogitQuant { bits: 4, scale: LogitScale::Head }));
                 let alone = |seq, q: &[f32], rows, pos0, s: &AttentionSpec| {
