@@ -754,7 +754,7 @@ fn decode_attention_multi_tile_chunks() {
 
 /// RoPE with the cache write (one kernel into plain caches, with fusion on) against the
 /// CPU's RoPE then attention: every plain cache pair, a quantized pair (the separate RoPE
-/// dispatches), K caches of keys before RoPE (q3c, q2c: stored unrotated, rotated by the K
+/// dispatches), K caches of keys before RoPE (q4c, q3c, q2c: stored unrotated, rotated by the K
 /// reader), partial rotation with frequency factors, prefill and decode rows; and fusion
 /// off. The rotated Q and K rows must match too (the fused kernel writes K back; K stored
 /// before RoPE stays unrotated on both).
@@ -776,6 +776,7 @@ fn rope_attention_matches_cpu() {
             (CacheFormat::F32, CacheFormat::F32),
             (CacheFormat::F16, CacheFormat::F32),
             (CacheFormat::Q8c, CacheFormat::Q4r),
+            (CacheFormat::Q4c, CacheFormat::Q4r),
             (CacheFormat::Q3c, CacheFormat::Q3r),
             (CacheFormat::Q2c, CacheFormat::F16),
         ] {

@@ -96,14 +96,17 @@ impl ChannelFormat {
     }
 
     /// Whether keys are stored as they were before RoPE (KVQuant, Hooper et al. 2024), RoPE
-    /// applied to each key as it is read: at 3 and 2 bits. RoPE turns each channel pair of a
-    /// key into a sinusoid over positions, so within a group of 32 the fast-rotating pairs
-    /// span their whole amplitude, where before RoPE a channel stays near its own offset:
-    /// SmolLM2's 3-bit K alone +3.1% → +1.8% perplexity, 2-bit +26.5% → +17.1%; at 4 bits
-    /// +0.57% → +0.38%, within the noise, so 4 bits and above keep the cheaper integer reads
-    /// of post-RoPE keys (runtime/bench/results/kv-lowbit-trials-2026-11-28.md).
+    /// applied to each key as it is read: at 4, 3 and 2 bits. RoPE turns each channel pair
+    /// of a key into a sinusoid over positions, so within a group of 32 the fast-rotating
+    /// pairs span their whole amplitude, where before RoPE a channel stays near its own
+    /// offset: SmolLM2's 3-bit K alone +3.1% → +1.8% perplexity, 2-bit +26.5% → +17.1%
+    /// (runtime/bench/results/kv-lowbit-trials-2026-11-28.md); 4-bit K alone +0.57% →
+    /// +0.21%, `q4c`/`q4r` +0.94% → +0.59% at `-c 512` and +1.34% → +0.58% at `-c 4096`
+    /// (`kv-accuracy-duet-q4-before-rope.md`), once the turned keys were shared by the query
+    /// heads that read them. At 6 and 8 bits post-RoPE keys lose nothing measurable and keep
+    /// the integer reads.
     pub fn keys_before_rope(self) -> bool {
-        self.bits() <= 3
+        self.bits() <= 4
     }
 
     /// Largest round-trip error of a value in a column whose group spans `lo..=hi` (f16

@@ -161,7 +161,7 @@ impl<B: Backend> Model<B> {
                 return merged;
             }
             // Watched: Q and K are rotated here, for the observer, and stored as they are. A K
-            // cache that holds keys before RoPE (q3c, q2c) then holds this step's keys after
+            // cache that holds keys before RoPE (q4c, q3c, q2c) then holds this step's keys after
             // it, read without rotation: a session watched at every step (as the tools that
             // watch Q, K or V run theirs) is consistent, but measures the post-RoPE keys.
             let pos0 = spans[0].pos0;

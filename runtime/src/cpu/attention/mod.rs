@@ -372,7 +372,7 @@ mod tests {
         }
     }
 
-    /// 3- and 2-bit keys read as stored before RoPE (scored ahead for the heads of each KV
+    /// 4-, 3- and 2-bit keys read as stored before RoPE (scored ahead for the heads of each KV
     /// head; in unit tests a row a block, 32 positions an item) attend as an f32 cache
     /// holding their dequantized values turned by RoPE, both kinds (partial RoPE): f32
     /// summation order aside.
@@ -586,7 +586,7 @@ mod tests {
                 let split = B_POS0 * KV_DIM;
                 cache.store(&B, 0, 0, &kb[..split], &vb[..split]);
                 cache.store(&B, 0, B_POS0, &kb[split..], &vb[split..]);
-                // 3- and 2-bit keys read as stored before RoPE: scored ahead for both
+                // 4-, 3- and 2-bit keys read as stored before RoPE: scored ahead for both
                 // sequences' rows, a row a block and 32 positions an item in unit tests.
                 cache.keys_before_rope(Some(&rope), 64);
                 let spec_a = spec(diff, None);

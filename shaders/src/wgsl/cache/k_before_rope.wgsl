@@ -1,4 +1,4 @@
-// A K cache of keys stored before RoPE (q3c, q2c: duet_quant::kv::CacheFormat::
+// A K cache of keys stored before RoPE (q4c, q3c, q2c: duet_quant::kv::CacheFormat::
 // keys_before_rope), rotated as they are read: `k_at`/`k_at_row` of key `row` (its position)
 // rotate column c with its pair's other column by row·θ_m, m = (c mod head_dim) / 2, as
 // RoPE does (runtime/src/cpu/ops.rs: a·cos − b·sin, a·sin + b·cos), from the RoPE table RT
