@@ -3,6 +3,21 @@
 
 use std::arch::x86_64::*;
 
+/// `$kernel::<NG>(args…)` for a head of `$groups` groups of 32 values, NG = 1..=4 (4 for
+/// anything larger; each caller's kernel asserts or is given at most 128 values): the
+/// attention loops keep a head's lanes in registers, so its width is a constant.
+macro_rules! by_head_groups {
+    ($groups:expr, $kernel:ident($($arg:expr),* $(,)?)) => {
+        match $groups {
+            1 => $kernel::<1>($($arg),*),
+            2 => $kernel::<2>($($arg),*),
+            3 => $kernel::<3>($($arg),*),
+            _ => $kernel::<4>($($arg),*),
+        }
+    };
+}
+pub(crate) use by_head_groups;
+
 /// The sum of the 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma")]

@@ -113,7 +113,7 @@ pub fn weighted_sum(fmt: RowBlocks, p: &[f32], rows: &[u8], row_bytes: usize, co
 mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::cpu::simd::{codes_u8, f16_at, hsum, query_i16x2};
+    use crate::cpu::simd::{by_head_groups, codes_u8, f16_at, hsum, query_i16x2};
 
     /// The 32 levels at `codes` as i8 lanes: the two's-complement bytes at 8 bits, the codes
     /// less 2^(bits−1) below.
@@ -186,14 +186,7 @@ mod x86 {
         scale: f32,
         out: &mut [f32],
     ) {
-        unsafe {
-            match groups.len() {
-                1 => scores_ng::<1>(bits, q, rows, row_bytes, groups, scale, out),
-                2 => scores_ng::<2>(bits, q, rows, row_bytes, groups, scale, out),
-                3 => scores_ng::<3>(bits, q, rows, row_bytes, groups, scale, out),
-                _ => scores_ng::<4>(bits, q, rows, row_bytes, groups, scale, out),
-            }
-        }
+        unsafe { by_head_groups!(groups.len(), scores_ng(bits, q, rows, row_bytes, groups, scale, out)) }
     }
 
     /// Whole-head weighted sum with the output kept in registers across all rows.
@@ -246,14 +239,7 @@ mod x86 {
         groups: &[(usize, usize)],
         out: &mut [f32],
     ) {
-        unsafe {
-            match groups.len() {
-                1 => weighted_sum_ng::<1>(bits, p, rows, row_bytes, groups, out),
-                2 => weighted_sum_ng::<2>(bits, p, rows, row_bytes, groups, out),
-                3 => weighted_sum_ng::<3>(bits, p, rows, row_bytes, groups, out),
-                _ => weighted_sum_ng::<4>(bits, p, rows, row_bytes, groups, out),
-            }
-        }
+        unsafe { by_head_groups!(groups.len(), weighted_sum_ng(bits, p, rows, row_bytes, groups, out)) }
     }
 }
 

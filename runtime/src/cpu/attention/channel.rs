@@ -258,7 +258,7 @@ pub(super) fn grouped(written: usize) -> usize {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use crate::cpu::simd::{codes_u8, hsum, query_i16x2};
+    use crate::cpu::simd::{by_head_groups, codes_u8, hsum, query_i16x2};
 
     /// Scores of the rows of one group, the head NG·32 channels wide: the header's lo and
     /// step decoded 8 at a time, `c0 = Σ q·lo`, the scaled query q' = q·step rounded to i16
@@ -329,14 +329,7 @@ mod x86 {
         scale: f32,
         out: &mut [f32],
     ) {
-        unsafe {
-            match q.len() / 32 {
-                1 => scores_ng::<1>(bits, q, lo, step, codes, row_bytes, scale, out),
-                2 => scores_ng::<2>(bits, q, lo, step, codes, row_bytes, scale, out),
-                3 => scores_ng::<3>(bits, q, lo, step, codes, row_bytes, scale, out),
-                _ => scores_ng::<4>(bits, q, lo, step, codes, row_bytes, scale, out),
-            }
-        }
+        unsafe { by_head_groups!(q.len() / 32, scores_ng(bits, q, lo, step, codes, row_bytes, scale, out)) }
     }
 
     /// `acc[c] += Σ_t p[t]·u_t[c]`, acc kept in registers over the rows.
@@ -397,14 +390,7 @@ mod x86 {
     /// As [`code_sums_ng`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn code_sums(bits: u32, p: &[f32], codes: *const u8, row_bytes: usize, acc: &mut [f32]) {
-        unsafe {
-            match acc.len() / 32 {
-                1 => code_sums_ng::<1>(bits, p, codes, row_bytes, acc),
-                2 => code_sums_ng::<2>(bits, p, codes, row_bytes, acc),
-                3 => code_sums_ng::<3>(bits, p, codes, row_bytes, acc),
-                _ => code_sums_ng::<4>(bits, p, codes, row_bytes, acc),
-            }
-        }
+        unsafe { by_head_groups!(acc.len() / 32, code_sums_ng(bits, p, codes, row_bytes, acc)) }
     }
 }
 

@@ -233,7 +233,7 @@ pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::KeyRope;
-    use crate::cpu::simd::{codes_u8, hsum};
+    use crate::cpu::simd::{by_head_groups, codes_u8, hsum};
 
     /// One group's keys for one KV head, as [`scores_heads`] reads them: the header's lo and
     /// step of the head's first column (f16) and the codes of its first packed group in row 0.
@@ -330,14 +330,7 @@ pub(super) mod x86 {
         let heads = gq.len() / hd;
         assert!(rows <= 32 && hd.is_multiple_of(32) && (32..=128).contains(&hd) && gq.len() == heads * hd);
         assert!(heads == 0 || rows == 0 || out.len() > (heads - 1) * stride + rows - 1, "scores out of bounds");
-        unsafe {
-            match hd / 32 {
-                1 => scores_heads_ng::<1>(keys, gq, rope, scale, rows, out, stride),
-                2 => scores_heads_ng::<2>(keys, gq, rope, scale, rows, out, stride),
-                3 => scores_heads_ng::<3>(keys, gq, rope, scale, rows, out, stride),
-                _ => scores_heads_ng::<4>(keys, gq, rope, scale, rows, out, stride),
-            }
-        }
+        unsafe { by_head_groups!(hd / 32, scores_heads_ng(keys, gq, rope, scale, rows, out, stride)) }
     }
 }
 
