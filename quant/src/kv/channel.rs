@@ -102,7 +102,7 @@ impl ChannelFormat {
     /// offset: SmolLM2's 3-bit K alone +3.1% → +1.8% perplexity, 2-bit +26.5% → +17.1%
     /// (runtime/bench/results/kv-lowbit-trials-2026-11-28.md); 4-bit K alone +0.57% →
     /// +0.21%, `q4c`/`q4r` +0.94% → +0.59% at `-c 512` and +1.34% → +0.58% at `-c 4096`
-    /// (`kv-accuracy-duet-q4-before-rope.md`), once the turned keys were shared by the query
+    /// (`kv-accuracy-duet-f95b7c9.md`), once the turned keys were shared by the query
     /// heads that read them. At 6 and 8 bits post-RoPE keys lose nothing measurable and keep
     /// the integer reads.
     pub fn keys_before_rope(self) -> bool {
