@@ -8,6 +8,8 @@
 #   DEPTHS="512 4096" CONFIGS="f16 f16,q8c q8r" runtime/bench/kv_cache_speed.sh
 #                                              # other depths (default 4096) and cache pairs
 #                                              # (comma-separated "K V"; the first is the base)
+#   MODELS=diff-ref runtime/bench/kv_cache_speed.sh
+#                                              # chosen models (smollm2 diff-ref)
 #
 # `duet bench -c DEPTH+32 -d DEPTH -p 0 -n 32 -r 3 -t 2 --device cpu` per cache type; the types
 # alternate within each round so they share the machine's noise; the table gives the
@@ -37,7 +39,9 @@ echo "Machine: $(bench_machine). duet $(bench_duet_label)."
 echo
 echo "| model | K / V cache | KV cache at 4,096 positions | depth | tg32 (t/s) | vs ${configs[0]/ / \/ } |"
 echo "|---|---|---|---|---|---|"
-for model in "$smol" "$BENCH/diff-ref.f16.gguf"; do
+declare -A model_files=([smollm2]="$smol" [diff-ref]="$BENCH/diff-ref.f16.gguf")
+for name in ${MODELS:-smollm2 diff-ref}; do
+  model=${model_files[$name]:?unknown model $name (smollm2 diff-ref)}
   declare -A runs=()
   for ((r = 0; r < rounds; r++)); do
     for d in "${depths[@]}"; do

@@ -109,6 +109,31 @@ pub fn weighted_sum(fmt: RowBlocks, p: &[f32], rows: &[u8], row_bytes: usize, co
     }
 }
 
+/// [`weighted_sum`] of two probability vectors over the same rows at once (`out[i] +=
+/// Σ_j p[i][j] · V_j`): DIFF's two softmaxes weigh the same values, and each value is
+/// decoded once for both.
+pub fn weighted_sum_pair(
+    fmt: RowBlocks,
+    p: [&[f32]; 2],
+    rows: &[u8],
+    row_bytes: usize,
+    col0: usize,
+    out: [&mut [f32]; 2],
+) {
+    let n = out[0].len();
+    assert!(p[0].len() == p[1].len() && out[1].len() == n, "a pair of sums over the same rows");
+    #[cfg(target_arch = "x86_64")]
+    if whole_groups(col0, n) {
+        assert!(p[0].len() * row_bytes <= rows.len(), "attention rows out of the cache");
+        let groups: Vec<(usize, usize)> = (0..n / N).map(|g| fmt.group(col0 + g * N)).collect();
+        // SAFETY: as in `scores`.
+        return unsafe { x86::weighted_sum_pair(fmt.bits, p, rows.as_ptr(), row_bytes, &groups, out) };
+    }
+    let [o0, o1] = out;
+    weighted_sum(fmt, p[0], rows, row_bytes, col0, o0);
+    weighted_sum(fmt, p[1], rows, row_bytes, col0, o1);
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -241,6 +266,50 @@ mod x86 {
     ) {
         unsafe { by_head_groups!(groups.len(), weighted_sum_ng(bits, p, rows, row_bytes, groups, out)) }
     }
+
+    /// [`weighted_sum`] of two probability vectors, a group of 32 columns at a time (two
+    /// sets of four accumulators), each value decoded once for both.
+    ///
+    /// # Safety
+    /// As [`weighted_sum_ng`] for both outputs (each groups.len()·32 long, p[0] and p[1]
+    /// the same length).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum_pair(
+        bits: u32,
+        p: [&[f32]; 2],
+        rows: *const u8,
+        row_bytes: usize,
+        groups: &[(usize, usize)],
+        out: [&mut [f32]; 2],
+    ) {
+        let [o0, o1] = out;
+        unsafe {
+            for (g, &(s, c)) in groups.iter().enumerate() {
+                let load = |o: &[f32]| -> [__m256; 4] {
+                    std::array::from_fn(|k| _mm256_loadu_ps(o.as_ptr().add(32 * g + 8 * k)))
+                };
+                let (mut a0, mut a1) = (load(o0), load(o1));
+                for (j, (&w0, &w1)) in p[0].iter().zip(p[1]).enumerate() {
+                    let row = rows.add(j * row_bytes);
+                    let q = levels(bits, row.add(c));
+                    let d = f16_at(row.add(s));
+                    let (wd0, wd1) = (_mm256_set1_ps(w0 * d), _mm256_set1_ps(w1 * d));
+                    let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q)];
+                    for k in 0..4 {
+                        let h = halves[k / 2];
+                        let eight = if k % 2 == 0 { h } else { _mm_unpackhi_epi64(h, h) };
+                        let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+                        a0[k] = _mm256_fmadd_ps(wd0, x, a0[k]);
+                        a1[k] = _mm256_fmadd_ps(wd1, x, a1[k]);
+                    }
+                }
+                for k in 0..4 {
+                    _mm256_storeu_ps(o0.as_mut_ptr().add(32 * g + 8 * k), a0[k]);
+                    _mm256_storeu_ps(o1.as_mut_ptr().add(32 * g + 8 * k), a1[k]);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -319,6 +388,15 @@ mod tests {
                         "{fmt:?} {col0}+{hd} col {i}: {o} vs {want}"
                     );
                 }
+                // The pair of sums (DIFF's two softmaxes) gives each sum alone, bit for bit.
+                let p2: Vec<f32> = (0..n_rows).map(|j| 0.5 - j as f32 * 0.03).collect();
+                let mut alone2 = vec![-0.5f32; hd];
+                weighted_sum(*fmt, &p2, &bytes, *rb, col0, &mut alone2);
+                let (mut pair0, mut pair1) = (vec![0.25f32; hd], vec![-0.5f32; hd]);
+                weighted_sum_pair(*fmt, [&p, &p2], &bytes, *rb, col0, [&mut pair0, &mut pair1]);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&pair0), bits(&out), "{fmt:?} {col0}+{hd}: the pair's first sum");
+                assert_eq!(bits(&pair1), bits(&alone2), "{fmt:?} {col0}+{hd}: the pair's second sum");
             }
         }
     }

@@ -215,6 +215,21 @@ impl CacheRows {
             }
         }
     }
+
+    /// [`CacheRows::weighted_sum`] of two probability vectors over the same positions
+    /// (`out[i] += Σ_j p[i][j] · V_j`): each value decoded once for both where the format's
+    /// loop allows (the rotated blocks), else two sums.
+    pub fn weighted_sum_pair(&self, at: &Placement, p: [&[f32]; 2], kv_dim: usize, col0: usize, out: [&mut [f32]; 2]) {
+        let [o0, o1] = out;
+        let CacheRows::Blocks { fmt, bytes, row_bytes, .. } = self else {
+            self.weighted_sum(at, p[0], kv_dim, col0, o0);
+            return self.weighted_sum(at, p[1], kv_dim, col0, o1);
+        };
+        for Run { pos, row, len } in at.runs_before(p[0].len()) {
+            let p = [&p[0][pos..pos + len], &p[1][pos..pos + len]];
+            blocks::weighted_sum_pair(*fmt, p, &bytes[row * row_bytes..], *row_bytes, col0, [&mut *o0, &mut *o1]);
+        }
+    }
 }
 
 pub struct CpuKvCache {

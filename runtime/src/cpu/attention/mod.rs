@@ -80,6 +80,24 @@ fn weighted_values(at: &Placement, p: &[f32], v: &CacheRows, kv_dim: usize, v_of
     hadamard::rotate_blocks(out, v.rotation());
 }
 
+/// [`weighted_values`] of DIFF's two softmaxes `p` over the same V columns, each value
+/// decoded once for both.
+fn weighted_values_pair(
+    at: &Placement,
+    p: [&[f32]; 2],
+    v: &CacheRows,
+    kv_dim: usize,
+    v_off: usize,
+    out: [&mut [f32]; 2],
+) {
+    let [o0, o1] = out;
+    o0.fill(0.0);
+    o1.fill(0.0);
+    v.weighted_sum_pair(at, p, kv_dim, v_off, [&mut *o0, &mut *o1]);
+    hadamard::rotate_blocks(o0, v.rotation());
+    hadamard::rotate_blocks(o1, v.rotation());
+}
+
 /// What every query row of one span needs: where its positions are and how its logits are
 /// quantized, per head.
 struct SpanPlan<'a> {
@@ -210,10 +228,9 @@ pub fn attention_spans(
                         // SAFETY: item (r, j) owns out[r][j·2hd..(j+1)·2hd].
                         let o =
                             unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + j * 2 * hd), 2 * hd) };
-                        weighted_values(at, &p1, v, kv_dim, va, &mut o[..hd]);
-                        weighted_values(at, &p1, v, kv_dim, vb, &mut o[hd..]);
-                        weighted_values(at, &p2, v, kv_dim, va, &mut tmp[..hd]);
-                        weighted_values(at, &p2, v, kv_dim, vb, &mut tmp[hd..]);
+                        let ((oa, ob), (ta, tb)) = (o.split_at_mut(hd), tmp.split_at_mut(hd));
+                        weighted_values_pair(at, [&p1, &p2], v, kv_dim, va, [oa, ta]);
+                        weighted_values_pair(at, [&p1, &p2], v, kv_dim, vb, [ob, tb]);
                         if let Some(bp) = branchp {
                             // SAFETY: item (r, j) owns branches[r][j·4hd..(j+1)·4hd].
                             let b = unsafe {
