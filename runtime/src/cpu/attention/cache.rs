@@ -218,8 +218,11 @@ impl CacheRows {
 
     /// [`CacheRows::weighted_sum`] of two probability vectors over the same positions
     /// (`out[i] += Σ_j p[i][j] · V_j`): each value decoded once for both where the format's
-    /// loop allows (the rotated blocks), else two sums.
+    /// loop allows (the block rows, the per-channel groups), else two sums.
     pub fn weighted_sum_pair(&self, at: &Placement, p: [&[f32]; 2], kv_dim: usize, col0: usize, out: [&mut [f32]; 2]) {
+        if let CacheRows::Channel(c) = self {
+            return c.weighted_sum_pair(at, p, col0, out);
+        }
         let [o0, o1] = out;
         let CacheRows::Blocks { fmt, bytes, row_bytes, .. } = self else {
             self.weighted_sum(at, p[0], kv_dim, col0, o0);
@@ -229,6 +232,25 @@ impl CacheRows {
             let p = [&p[0][pos..pos + len], &p[1][pos..pos + len]];
             blocks::weighted_sum_pair(*fmt, p, &bytes[row * row_bytes..], *row_bytes, col0, [&mut *o0, &mut *o1]);
         }
+    }
+
+    /// `out = Σ_j p_j · V[j][v_off..v_off + out.len()]`, in the original basis also when
+    /// this (V) cache is rotated.
+    pub fn values(&self, at: &Placement, p: &[f32], kv_dim: usize, v_off: usize, out: &mut [f32]) {
+        out.fill(0.0);
+        self.weighted_sum(at, p, kv_dim, v_off, out);
+        hadamard::rotate_blocks(out, self.rotation());
+    }
+
+    /// [`CacheRows::values`] of DIFF's two softmaxes `p` over the same columns, each value
+    /// decoded once for both ([`CacheRows::weighted_sum_pair`]).
+    pub fn values_pair(&self, at: &Placement, p: [&[f32]; 2], kv_dim: usize, v_off: usize, out: [&mut [f32]; 2]) {
+        let [o0, o1] = out;
+        o0.fill(0.0);
+        o1.fill(0.0);
+        self.weighted_sum_pair(at, p, kv_dim, v_off, [&mut *o0, &mut *o1]);
+        hadamard::rotate_blocks(o0, self.rotation());
+        hadamard::rotate_blocks(o1, self.rotation());
     }
 }
 

@@ -141,56 +141,82 @@ impl ChannelRows {
 
     /// `out += Σ_j p[j] · V_j[col0..col0 + out.len()]` over positions j < p.len().
     pub fn weighted_sum(&self, at: &Placement, p: &[f32], col0: usize, out: &mut [f32]) {
-        let n = p.len();
+        self.weighted_sums([p], col0, at, [out]);
+    }
+
+    /// [`ChannelRows::weighted_sum`] of DIFF's two softmaxes over the same columns
+    /// (`out[i] += Σ_j p[i][j] · V_j`), each group's codes read once for both.
+    pub fn weighted_sum_pair(&self, at: &Placement, p: [&[f32]; 2], col0: usize, out: [&mut [f32]; 2]) {
+        self.weighted_sums(p, col0, at, out);
+    }
+
+    /// The value sums of `M` probability vectors over the same positions.
+    fn weighted_sums<const M: usize>(&self, p: [&[f32]; M], col0: usize, at: &Placement, mut out: [&mut [f32]; M]) {
+        let n = p[0].len();
         assert!(n <= at.written, "attention past the {} written positions", at.written);
-        let hd = out.len();
+        let hd = out[0].len();
+        assert!(p.iter().all(|p| p.len() == n) && out.iter().all(|o| o.len() == hd), "sums over the same rows");
         let grouped = grouped(at.written).min(n);
-        let (mut lo, mut step, mut acc) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+        let (mut lo, mut step) = (vec![0f32; hd], vec![0f32; hd]);
+        let mut acc: [Vec<f32>; M] = std::array::from_fn(|_| vec![0f32; hd]);
         // The sink's positions are read from the sink, so group 0 weighs them 0.
         let sunk = SINK.min(grouped);
-        plain::weighted_sum_f16(&p[..sunk], &self.sink(at.seq.sink)[col0..], self.kv_dim, out);
-        let (mut group0, g0) = ([0f32; GROUP], grouped.min(GROUP));
-        group0[sunk..g0].copy_from_slice(&p[sunk..g0]);
+        let g0 = grouped.min(GROUP);
+        let mut group0 = [[0f32; GROUP]; M];
+        for ((p, o), g) in p.iter().zip(out.iter_mut()).zip(group0.iter_mut()) {
+            plain::weighted_sum_f16(&p[..sunk], &self.sink(at.seq.sink)[col0..], self.kv_dim, o);
+            g[sunk..g0].copy_from_slice(&p[sunk..g0]);
+        }
         #[cfg(target_arch = "x86_64")]
         let simd =
             col0.is_multiple_of(N) && hd.is_multiple_of(N) && (N..=4 * N).contains(&hd) && crate::cpu::simd::avx2();
         let d = self.kv_dim;
-        for (g, pg) in p[..grouped].chunks(GROUP).enumerate() {
-            let pg = if g == 0 { &group0[..g0] } else { pg };
+        for g in 0..grouped.div_ceil(GROUP) {
+            let pg: [&[f32]; M] = std::array::from_fn(|m| {
+                if g == 0 { &group0[m][..g0] } else { &p[m][g * GROUP..grouped.min((g + 1) * GROUP)] }
+            });
             let group = self.group(at.seq.pages[g]);
             let codes = &group[self.fmt.header_bytes(d)..];
-            let sum_p: f32 = pg.iter().sum();
-            acc.fill(0.0);
+            let sum_p: [f32; M] = std::array::from_fn(|m| pg[m].iter().sum());
+            for a in acc.iter_mut() {
+                a.fill(0.0);
+            }
             #[cfg(target_arch = "x86_64")]
             if simd {
-                let at = col0 / N * pack::packed_bytes(self.fmt.bits());
+                let (at, rb) = (col0 / N * pack::packed_bytes(self.fmt.bits()), self.fmt.row_bytes(d));
+                let (pgs, accs): (&[&[f32]], &mut [Vec<f32>]) = (&pg, &mut acc);
                 // SAFETY: as in `scores`; the header holds lo and step for every column.
                 unsafe {
-                    x86::code_sums(self.fmt.bits(), pg, codes.as_ptr().add(at), self.fmt.row_bytes(d), &mut acc);
-                    x86::add_group_values(
-                        group[2 * col0..].as_ptr(),
-                        group[2 * (d + col0)..].as_ptr(),
-                        sum_p,
-                        &acc,
-                        out,
-                    );
+                    let codes = codes.as_ptr().add(at);
+                    match accs {
+                        [a] => x86::code_sums(self.fmt.bits(), pgs[0], codes, rb, a),
+                        [a0, a1] => x86::code_sums_pair(self.fmt.bits(), [pgs[0], pgs[1]], codes, rb, [a0, a1]),
+                        _ => unreachable!("one or two probability vectors"),
+                    }
+                    for ((o, a), &sp) in out.iter_mut().zip(accs.iter()).zip(&sum_p) {
+                        x86::add_group_values(group[2 * col0..].as_ptr(), group[2 * (d + col0)..].as_ptr(), sp, a, o);
+                    }
                 }
                 continue;
             }
             self.head_header(group, col0, &mut lo, &mut step);
             let mut u = [0u8; N];
-            for (t, &w) in pg.iter().enumerate() {
-                self.for_codes(codes, t, col0, hd, &mut u, |x0, len, u| {
-                    for (a, &c) in acc[x0..x0 + len].iter_mut().zip(u) {
-                        *a += w * c as f32;
-                    }
-                });
-            }
-            for (((o, &a), &l), &s) in out.iter_mut().zip(&acc).zip(&lo).zip(&step) {
-                *o += l * sum_p + s * a;
+            for ((o, a), (pg, &sp)) in out.iter_mut().zip(acc.iter_mut()).zip(pg.iter().zip(&sum_p)) {
+                for (t, &w) in pg.iter().enumerate() {
+                    self.for_codes(codes, t, col0, hd, &mut u, |x0, len, u| {
+                        for (a, &c) in a[x0..x0 + len].iter_mut().zip(u) {
+                            *a += w * c as f32;
+                        }
+                    });
+                }
+                for (((o, &a), &l), &s) in o.iter_mut().zip(a.iter()).zip(&lo).zip(&step) {
+                    *o += l * sp + s * a;
+                }
             }
         }
-        plain::weighted_sum_f16(&p[grouped..], &self.window(at.seq.slot)[col0..], self.kv_dim, out);
+        for (p, o) in p.iter().zip(out.iter_mut()) {
+            plain::weighted_sum_f16(&p[grouped..], &self.window(at.seq.slot)[col0..], self.kv_dim, o);
+        }
     }
 
     /// Positions `0..at.written` as the loops read them (written·kv_dim values into `out`).
@@ -364,6 +390,42 @@ mod x86 {
         }
     }
 
+    /// [`code_sums`] of two probability vectors, 32 columns at a time (two sets of four
+    /// accumulators), each row's codes widened once for both; per lane the same sums in
+    /// the same order as `code_sums`.
+    ///
+    /// # Safety
+    /// As [`code_sums_ng`] for both (p[0] and p[1] the same length, both accs as long).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn code_sums_pair(bits: u32, p: [&[f32]; 2], codes: *const u8, row_bytes: usize, acc: [&mut [f32]; 2]) {
+        let (pb, [acc0, acc1]) = (4 * bits as usize, acc);
+        assert!(acc0.len() == acc1.len() && acc0.len().is_multiple_of(32) && p[0].len() == p[1].len());
+        unsafe {
+            for g in 0..acc0.len() / 32 {
+                let load = |a: &[f32]| -> [__m256; 4] {
+                    std::array::from_fn(|k| _mm256_loadu_ps(a.as_ptr().add(32 * g + 8 * k)))
+                };
+                let (mut a0, mut a1) = (load(acc0), load(acc1));
+                for (t, (&w0, &w1)) in p[0].iter().zip(p[1]).enumerate() {
+                    let u = codes_u8(bits, codes.add(t * row_bytes + g * pb));
+                    let (wv0, wv1) = (_mm256_set1_ps(w0), _mm256_set1_ps(w1));
+                    let halves = [_mm256_castsi256_si128(u), _mm256_extracti128_si256::<1>(u)];
+                    for k in 0..4 {
+                        let h = halves[k / 2];
+                        let eight = if k % 2 == 0 { h } else { _mm_unpackhi_epi64(h, h) };
+                        let x = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(eight));
+                        a0[k] = _mm256_fmadd_ps(wv0, x, a0[k]);
+                        a1[k] = _mm256_fmadd_ps(wv1, x, a1[k]);
+                    }
+                }
+                for k in 0..4 {
+                    _mm256_storeu_ps(acc0.as_mut_ptr().add(32 * g + 8 * k), a0[k]);
+                    _mm256_storeu_ps(acc1.as_mut_ptr().add(32 * g + 8 * k), a1[k]);
+                }
+            }
+        }
+    }
+
     /// `out[c] += lo[c]·sum_p + step[c]·acc[c]` (a group's values weighed, from its code
     /// sums), lo and step read as f16 eight at a time: the products and the sum the portable
     /// loop computes, unfused, so both give the same bits. A scalar decode of the header per
@@ -492,6 +554,15 @@ mod tests {
                     let p: Vec<f32> = (0..n).map(|j| 1.0 / (j + 2) as f32).collect();
                     let mut out = vec![0.25f32; hd];
                     c.weighted_sum(&at, &p, col0, &mut out);
+                    // The pair of sums (DIFF's two softmaxes) gives each sum alone, bit for bit.
+                    let p2: Vec<f32> = (0..n).map(|j| 0.5 - j as f32 * 0.01).collect();
+                    let mut alone2 = vec![-0.5f32; hd];
+                    c.weighted_sum(&at, &p2, col0, &mut alone2);
+                    let (mut pair0, mut pair1) = (vec![0.25f32; hd], vec![-0.5f32; hd]);
+                    c.weighted_sum_pair(&at, [&p, &p2], col0, [&mut pair0, &mut pair1]);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&pair0), bits(&out), "{fmt:?} {col0}+{hd} n={n}: the pair's first sum");
+                    assert_eq!(bits(&pair1), bits(&alone2), "{fmt:?} {col0}+{hd} n={n}: the pair's second sum");
                     for (i, o) in out.iter().enumerate() {
                         let want: f32 = 0.25 + (0..n).map(|j| p[j] * deq[j * kv_dim + col0 + i]).sum::<f32>();
                         assert!(

@@ -72,32 +72,6 @@ fn attend(logits: Logits, pos: usize, lq: Lq, rope: Option<&KeyRope>, scores: &m
     plain::softmax(scores);
 }
 
-/// `out = Σ_j p_j · V[j][v_off..v_off + out.len()]`, in the original basis also when the V
-/// cache is rotated.
-fn weighted_values(at: &Placement, p: &[f32], v: &CacheRows, kv_dim: usize, v_off: usize, out: &mut [f32]) {
-    out.fill(0.0);
-    v.weighted_sum(at, p, kv_dim, v_off, out);
-    hadamard::rotate_blocks(out, v.rotation());
-}
-
-/// [`weighted_values`] of DIFF's two softmaxes `p` over the same V columns, each value
-/// decoded once for both.
-fn weighted_values_pair(
-    at: &Placement,
-    p: [&[f32]; 2],
-    v: &CacheRows,
-    kv_dim: usize,
-    v_off: usize,
-    out: [&mut [f32]; 2],
-) {
-    let [o0, o1] = out;
-    o0.fill(0.0);
-    o1.fill(0.0);
-    v.weighted_sum_pair(at, p, kv_dim, v_off, [&mut *o0, &mut *o1]);
-    hadamard::rotate_blocks(o0, v.rotation());
-    hadamard::rotate_blocks(o1, v.rotation());
-}
-
 /// What every query row of one span needs: where its positions are and how its logits are
 /// quantized, per head.
 struct SpanPlan<'a> {
@@ -201,7 +175,7 @@ pub fn attention_spans(
                         attend(logits(shared, p, k, kv_dim, (r, h), qh, kv_off), pos, p.lq[h], kr, &mut scores);
                         // SAFETY: item (r, h) owns out[r][h·hd..(h+1)·hd].
                         let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + h * hd), hd) };
-                        weighted_values(&p.at, &scores, v, kv_dim, kv_off, o);
+                        v.values(&p.at, &scores, kv_dim, kv_off, o);
                     }
                 });
             }
@@ -229,8 +203,8 @@ pub fn attention_spans(
                         let o =
                             unsafe { std::slice::from_raw_parts_mut(outp.get().add(r * q_dim + j * 2 * hd), 2 * hd) };
                         let ((oa, ob), (ta, tb)) = (o.split_at_mut(hd), tmp.split_at_mut(hd));
-                        weighted_values_pair(at, [&p1, &p2], v, kv_dim, va, [oa, ta]);
-                        weighted_values_pair(at, [&p1, &p2], v, kv_dim, vb, [ob, tb]);
+                        v.values_pair(at, [&p1, &p2], kv_dim, va, [oa, ta]);
+                        v.values_pair(at, [&p1, &p2], kv_dim, vb, [ob, tb]);
                         if let Some(bp) = branchp {
                             // SAFETY: item (r, j) owns branches[r][j·4hd..(j+1)·4hd].
                             let b = unsafe {
