@@ -127,12 +127,7 @@ impl ChannelFormat {
     /// a sequence's group 0, whose first rows are read from elsewhere) are left out of the
     /// columns' ranges; their codes are clamped like any other.
     pub fn quantize_group(self, x: &[f16], cols: usize, sink_rows: usize, out: &mut [u8]) {
-        assert!(cols.is_multiple_of(N), "channel groups are whole blocks of {N} columns, not {cols}");
-        assert!(sink_rows < GROUP, "a group of {GROUP} rows cannot leave {sink_rows} out");
-        assert_eq!(x.len(), GROUP * cols, "a group is {GROUP} rows");
-        assert_eq!(out.len(), self.group_bytes(cols), "output is not the group's size");
-        let (header, codes) = out.split_at_mut(self.header_bytes(cols));
-        let (lo_bytes, step_bytes) = header.split_at_mut(2 * cols);
+        let (lo_bytes, step_bytes, codes) = self.group_parts(x, cols, sink_rows, out);
         let mut xf = vec![0f32; GROUP * cols];
         x.convert_to_f32_slice(&mut xf);
         let (mut lo, mut step, mut u) = (vec![0u16; cols], vec![0u16; cols], vec![0u8; GROUP * cols]);
@@ -149,17 +144,30 @@ impl ChannelFormat {
         }
     }
 
-    /// [`ChannelFormat::quantize_group`] a column at a time: the definition, which
-    /// `super::channel_lanes` runs eight columns at a time and the GPU's write kernel
-    /// repeats, kept to test both against.
-    #[cfg(test)]
-    fn quantize_group_scalar(self, x: &[f16], cols: usize, sink_rows: usize, out: &mut [u8]) {
+    /// The checks of a group's quantization and its output split into the bottoms, the
+    /// steps and the codes.
+    fn group_parts<'a>(
+        self,
+        x: &[f16],
+        cols: usize,
+        sink_rows: usize,
+        out: &'a mut [u8],
+    ) -> (&'a mut [u8], &'a mut [u8], &'a mut [u8]) {
         assert!(cols.is_multiple_of(N), "channel groups are whole blocks of {N} columns, not {cols}");
         assert!(sink_rows < GROUP, "a group of {GROUP} rows cannot leave {sink_rows} out");
         assert_eq!(x.len(), GROUP * cols, "a group is {GROUP} rows");
         assert_eq!(out.len(), self.group_bytes(cols), "output is not the group's size");
         let (header, codes) = out.split_at_mut(self.header_bytes(cols));
         let (lo_bytes, step_bytes) = header.split_at_mut(2 * cols);
+        (lo_bytes, step_bytes, codes)
+    }
+
+    /// [`ChannelFormat::quantize_group`] a column at a time: the definition, which
+    /// `super::channel_lanes` runs eight columns at a time and the GPU's write kernel
+    /// repeats, kept to test both against.
+    #[cfg(test)]
+    fn quantize_group_scalar(self, x: &[f16], cols: usize, sink_rows: usize, out: &mut [u8]) {
+        let (lo_bytes, step_bytes, codes) = self.group_parts(x, cols, sink_rows, out);
         let top = self.top() as f32;
         let mut lo = vec![0f32; cols];
         let mut step = vec![0f32; cols];

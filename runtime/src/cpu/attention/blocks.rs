@@ -388,15 +388,13 @@ mod tests {
                         "{fmt:?} {col0}+{hd} col {i}: {o} vs {want}"
                     );
                 }
-                // The pair of sums (DIFF's two softmaxes) gives each sum alone, bit for bit.
-                let p2: Vec<f32> = (0..n_rows).map(|j| 0.5 - j as f32 * 0.03).collect();
-                let mut alone2 = vec![-0.5f32; hd];
-                weighted_sum(*fmt, &p2, &bytes, *rb, col0, &mut alone2);
-                let (mut pair0, mut pair1) = (vec![0.25f32; hd], vec![-0.5f32; hd]);
-                weighted_sum_pair(*fmt, [&p, &p2], &bytes, *rb, col0, [&mut pair0, &mut pair1]);
-                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&pair0), bits(&out), "{fmt:?} {col0}+{hd}: the pair's first sum");
-                assert_eq!(bits(&pair1), bits(&alone2), "{fmt:?} {col0}+{hd}: the pair's second sum");
+                super::super::cache::assert_pair_is_each_alone(
+                    &p,
+                    hd,
+                    |p, o| weighted_sum(*fmt, p, &bytes, *rb, col0, o),
+                    |p, o| weighted_sum_pair(*fmt, p, &bytes, *rb, col0, o),
+                    &format!("{fmt:?} {col0}+{hd}"),
+                );
             }
         }
     }

@@ -254,6 +254,28 @@ impl CacheRows {
     }
 }
 
+/// Test of a pair of value sums (DIFF's two softmaxes): it gives each sum alone, bit for
+/// bit. `alone` and `pair` add `Σ_j p_j·V_j` into their outputs; the pair weighs with `p`
+/// and a second vector of the same length, its outputs starting where the sums alone do.
+#[cfg(test)]
+pub(super) fn assert_pair_is_each_alone(
+    p: &[f32],
+    hd: usize,
+    alone: impl Fn(&[f32], &mut [f32]),
+    pair: impl Fn([&[f32]; 2], [&mut [f32]; 2]),
+    what: &str,
+) {
+    let p2: Vec<f32> = (0..p.len()).map(|j| 0.5 - j as f32 * 0.01).collect();
+    let (mut alone0, mut alone1) = (vec![0.25f32; hd], vec![-0.5f32; hd]);
+    alone(p, &mut alone0);
+    alone(&p2, &mut alone1);
+    let (mut pair0, mut pair1) = (vec![0.25f32; hd], vec![-0.5f32; hd]);
+    pair([p, &p2], [&mut pair0, &mut pair1]);
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&pair0), bits(&alone0), "{what}: the pair's first sum");
+    assert_eq!(bits(&pair1), bits(&alone1), "{what}: the pair's second sum");
+}
+
 pub struct CpuKvCache {
     pub spec: KvCacheSpec,
     pub k: Vec<CacheRows>,

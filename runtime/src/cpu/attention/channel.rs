@@ -554,15 +554,13 @@ mod tests {
                     let p: Vec<f32> = (0..n).map(|j| 1.0 / (j + 2) as f32).collect();
                     let mut out = vec![0.25f32; hd];
                     c.weighted_sum(&at, &p, col0, &mut out);
-                    // The pair of sums (DIFF's two softmaxes) gives each sum alone, bit for bit.
-                    let p2: Vec<f32> = (0..n).map(|j| 0.5 - j as f32 * 0.01).collect();
-                    let mut alone2 = vec![-0.5f32; hd];
-                    c.weighted_sum(&at, &p2, col0, &mut alone2);
-                    let (mut pair0, mut pair1) = (vec![0.25f32; hd], vec![-0.5f32; hd]);
-                    c.weighted_sum_pair(&at, [&p, &p2], col0, [&mut pair0, &mut pair1]);
-                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&pair0), bits(&out), "{fmt:?} {col0}+{hd} n={n}: the pair's first sum");
-                    assert_eq!(bits(&pair1), bits(&alone2), "{fmt:?} {col0}+{hd} n={n}: the pair's second sum");
+                    super::super::cache::assert_pair_is_each_alone(
+                        &p,
+                        hd,
+                        |p, o| c.weighted_sum(&at, p, col0, o),
+                        |p, o| c.weighted_sum_pair(&at, p, col0, o),
+                        &format!("{fmt:?} {col0}+{hd} n={n}"),
+                    );
                     for (i, o) in out.iter().enumerate() {
                         let want: f32 = 0.25 + (0..n).map(|j| p[j] * deq[j * kv_dim + col0 + i]).sum::<f32>();
                         assert!(

@@ -152,9 +152,10 @@ pub fn attention_spans(
     let heads = Heads { n_heads: shape.n_heads, n_kv: shape.n_kv_heads, head_dim: hd };
     let widest = plans.iter().map(|p| p.span.pos0 + p.span.rows).max().unwrap_or(0);
     let block = if shared_keys.is_some() { SharedScores::rows_per_block(heads, widest) } else { rows.max(1) };
+    // Batch row r's first work item is r·units (the spans are consecutive rows).
     let row_at = |r: usize| {
-        let p = &plans[plans.partition_point(|p| p.span.first <= r) - 1];
-        RowAt { at: &p.at, pos: p.span.pos0 + r - p.span.first, scale: p.span.spec.scale }
+        let (p, i) = locate(r * units);
+        RowAt { at: &p.at, pos: p.span.pos0 + i / units, scale: p.span.spec.scale }
     };
     for r0 in (0..rows).step_by(block) {
         let r1 = (r0 + block).min(rows);
