@@ -102,10 +102,14 @@ fn keys_before_rope_are_stored_unrotated_and_rotated_as_read() {
     let exact = outputs(CacheFormat::F32, &q, &k_pre, &v, &rope);
     assert!([CacheFormat::Q4c, CacheFormat::Q3c, CacheFormat::Q2c].iter().all(|t| t.keys_before_rope()));
     assert!(!CacheFormat::Q6c.keys_before_rope());
-    // Measured (Zen 4, 2026-11-28): q4c 4.3e-7, q3c 1.3e-6, q2c 5.9e-6; the same keys stored
+    // Measured (Zen 4, 2026-11-28): q4c 4.3e-7, q3c 1.6e-5, q2c 1.7e-5; the same keys stored
     // after RoPE and rotated again as read: 0.31 (q3c) and 0.29 (q2c). q6c stores keys after
-    // RoPE: 3.5e-5, its 64 levels spread over each pair's circle (q4c did so, 6.5e-4).
-    for (kt, bound) in [(CacheFormat::Q4c, 8e-7), (CacheFormat::Q3c, 3e-6), (CacheFormat::Q2c, 1.5e-5)] {
+    // RoPE: 3.5e-5, its 64 levels spread over each pair's circle (q4c did so, 6.5e-4). These
+    // keys are the compact headers' hard case (duet_quant::kv::channel_header): a channel's
+    // offset (σ 2) some 140 steps from zero over a spread of 0.1 at 3 bits, past the 255
+    // quarter steps a bottom may lie, so both widths take the step that reaches it (with f16
+    // bottoms q3c gave 1.3e-6, q2c 5.9e-6).
+    for (kt, bound) in [(CacheFormat::Q4c, 8e-7), (CacheFormat::Q3c, 3e-5), (CacheFormat::Q2c, 3e-5)] {
         let e = nmse(&outputs(kt, &q, &k_pre, &v, &rope), &exact);
         eprintln!("K {kt}: nmse {e:.3e} against an f32 K cache");
         assert!(e <= bound, "K {kt}: nmse {e:.3e} against an f32 K cache (bound {bound:.0e})");

@@ -385,6 +385,10 @@ fn cache_reader(which: char, e: CacheFormat) -> String {
             .replace("$BUF", buf)
             .replace("$FN", func)
             .replace("$BITS", &e.bits().to_string())
+            .replace(
+                "$COMPACT",
+                &matches!(e.layout(), duet_quant::kv::CacheLayout::Channel(f) if f.compact_header()).to_string(),
+            )
     };
     match (which, e.kind()) {
         ('k', CacheKind::Plain) if e == CacheFormat::F32 => include_str!("wgsl/cache/k_f32.wgsl").into(),
@@ -425,6 +429,10 @@ pub fn source(v: &Variant) -> String {
     let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;\nconst LA_WG: u32 = {LA_WG}u;");
     // A per-channel cache's sink rows (kv_write_channel, channel_read).
     let _ = writeln!(s, "const CHANNEL_SINK: u32 = {}u;", duet_quant::kv::channel::SINK);
+    // The compact headers' step grid (kv_write_channel, channel_read).
+    let grid: Vec<String> = duet_quant::kv::channel_header::K.iter().map(|k| format!("{k}.0")).collect();
+    let _ = writeln!(s, "const COMPACT_K = array<f32, 16>({});", grid.join(", "));
+    s.push_str(include_str!("wgsl/cache/channel_header.wgsl"));
     s.push_str(PRELUDE);
     let weights = |s: &mut String, t: GgmlType| {
         s.push_str(WEIGHTS_COMMON);
@@ -483,6 +491,7 @@ pub fn source(v: &Variant) -> String {
                 if let duet_quant::kv::CacheLayout::Channel(f) = e.layout() {
                     let _ = writeln!(s, "const CLIP_QUARTERS: u32 = {}u;", duet_quant::kv::channel::CLIP_QUARTERS);
                     let _ = writeln!(s, "const NARROWS_RANGE: bool = {};", f.narrows_range());
+                    let _ = writeln!(s, "const COMPACT: bool = {};", f.compact_header());
                 }
                 s.push_str(&page_table(3));
                 s.push_str(QUANT_COMMON);

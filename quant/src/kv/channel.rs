@@ -17,6 +17,10 @@
 //!   at 3 and 2 bits narrowed where values beyond it then cost less in all
 //!   (`ChannelFormat::clipped_range`: each end moved in by up to one step, the least sum
 //!   of squared errors);
+//! * at 3 and 2 bits, in place of those two, the compact header ([`super::channel_header`]):
+//!   a `u16` word per column, then an f32 unit per 32 columns — the f16 `lo` and `step`
+//!   above taken to the nearest bottom and next step of its grid (or the whole range's,
+//!   where that leaves less error);
 //! * [`GROUP`] rows of codes `u ∈ [0, 2^bits − 1]`, each row `cols·bits/8` bytes, packed 32
 //!   at a time ([`super::pack`]).
 //!
@@ -35,6 +39,7 @@
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+use super::channel_header;
 use super::pack::{N, pack32, packed_bytes, unpack32};
 use crate::fp::{f16_bits_to_f32, f32_to_f16_bits};
 
@@ -72,9 +77,18 @@ impl ChannelFormat {
         (1 << self.bits()) - 1
     }
 
-    /// Bytes of `lo` and `step` for `cols` columns.
+    /// Bytes of `lo` and `step` for `cols` columns: f16 pairs, or at 3 and 2 bits a word a
+    /// column and a unit per 32 ([`ChannelFormat::compact_header`]).
     pub fn header_bytes(self, cols: usize) -> usize {
-        4 * cols
+        if self.compact_header() { 2 * cols + 4 * (cols / N) } else { 4 * cols }
+    }
+
+    /// Whether `lo` and `step` are stored in 16 bits a column ([`super::channel_header`])
+    /// rather than as f16 pairs: at 3 and 2 bits, where the header's 32 bits a column over
+    /// a group of 32 positions were a whole bit a value (a 3-bit K cache 4 bits, past issue
+    /// 44's budget of 3.5). At 4 bits the coarser grid cost 18% more KL divergence.
+    pub fn compact_header(self) -> bool {
+        self.bits() <= 3
     }
 
     /// Bytes of one row's codes.
@@ -115,11 +129,25 @@ impl ChannelFormat {
     /// and the value. At 3 and 2 bits the search may narrow the range: a value beyond it is
     /// off by the clipped distance, at most two steps of the whole range (the bottom moves
     /// in by up to one step and its f16 rounding by no more than that, since the old bottom
-    /// is an f16 value; the top by up to one), which also covers the values inside.
-    pub fn error_bound(self, lo: f32, hi: f32) -> f32 {
+    /// is an f16 value; the top by up to one), which also covers the values inside. With
+    /// compact headers, half of [`ChannelFormat::compact_step_bound`] more (`unit`: the
+    /// column's block's, [`super::channel_header`]; unused otherwise).
+    pub fn error_bound(self, lo: f32, hi: f32, unit: f32) -> f32 {
         let step = (hi - lo) / self.top() as f32 * (1.0 + 1.0 / 1024.0) + 1.0 / (1u32 << 24) as f32;
         let steps = if self.narrows_range() { 2.0 } else { 0.5 };
-        step * (steps + 1.0 / 16384.0) + (lo.abs().max(hi.abs())) * f32::EPSILON
+        let bound = step * (steps + 1.0 / 16384.0) + (lo.abs().max(hi.abs())) * f32::EPSILON;
+        if self.compact_header() { bound + self.compact_step_bound(lo, hi, unit) * 0.5 } else { bound }
+    }
+
+    /// With compact headers, the largest step a column spanning `lo..=hi` may be given: the
+    /// next of the grid above its own (2^(1/16) apart, 8-bit mantissas: at most 5.4%
+    /// coarser), or above `4·|lo| / 255` where the bottom would not fit in 255 quarter steps
+    /// otherwise, and no finer than the grid's finest, 134·2⁻¹⁵ of the block's unit. Its bottom moves by at most
+    /// an eighth of it.
+    pub fn compact_step_bound(self, lo: f32, hi: f32, unit: f32) -> f32 {
+        let step = (hi - lo) / self.top() as f32 * (1.0 + 1.0 / 1024.0) + 1.0 / (1u32 << 24) as f32;
+        let fit = 4.0 * lo.abs().max(hi.abs()) / 254.0;
+        1.054 * step.max(fit).max(unit / 245.0)
     }
 
     /// Quantizes a group: `x` is [`GROUP`] rows of `cols` f16 values, row-major; `out` is
@@ -127,14 +155,80 @@ impl ChannelFormat {
     /// a sequence's group 0, whose first rows are read from elsewhere) are left out of the
     /// columns' ranges; their codes are clamped like any other.
     pub fn quantize_group(self, x: &[f16], cols: usize, sink_rows: usize, out: &mut [u8]) {
-        let (lo_bytes, step_bytes, codes) = self.group_parts(x, cols, sink_rows, out);
+        self.check_group(x, cols, sink_rows, out);
         let mut xf = vec![0f32; GROUP * cols];
         x.convert_to_f32_slice(&mut xf);
         let (mut lo, mut step, mut u) = (vec![0u16; cols], vec![0u16; cols], vec![0u8; GROUP * cols]);
         super::channel_lanes::quantize_columns(self, &xf, cols, sink_rows, &mut lo, &mut step, &mut u);
-        for (c, (&l, &s)) in lo.iter().zip(&step).enumerate() {
-            lo_bytes[2 * c..2 * c + 2].copy_from_slice(&l.to_le_bytes());
-            step_bytes[2 * c..2 * c + 2].copy_from_slice(&s.to_le_bytes());
+        self.write_group(&xf, cols, sink_rows, &lo, &step, &mut u, out);
+    }
+
+    /// The checks of a group's quantization.
+    fn check_group(self, x: &[f16], cols: usize, sink_rows: usize, out: &[u8]) {
+        assert!(cols.is_multiple_of(N), "channel groups are whole blocks of {N} columns, not {cols}");
+        assert!(sink_rows < GROUP, "a group of {GROUP} rows cannot leave {sink_rows} out");
+        assert_eq!(x.len(), GROUP * cols, "a group is {GROUP} rows");
+        assert_eq!(out.len(), self.group_bytes(cols), "output is not the group's size");
+    }
+
+    /// Writes a group whose columns' ranges were searched (f16 `lo` and `step`, codes `u`
+    /// against them): f16 pairs as they are, or compact headers — each block's unit, each
+    /// column's word, and the codes again against the bottom and step the word decodes to.
+    /// A narrowed range can land badly on the compact grid (its bottom moved by up to an
+    /// eighth of a step, its step up to 5.4% coarser, and the top with them), so a column
+    /// takes the whole range's word instead where that leaves less error, measured as the
+    /// search measures it.
+    #[allow(clippy::too_many_arguments)]
+    fn write_group(
+        self,
+        x: &[f32],
+        cols: usize,
+        sink_rows: usize,
+        lo: &[u16],
+        step: &[u16],
+        u: &mut [u8],
+        out: &mut [u8],
+    ) {
+        let (header, codes) = out.split_at_mut(self.header_bytes(cols));
+        if self.compact_header() {
+            let (words, units) = header.split_at_mut(2 * cols);
+            let top = self.top() as f32;
+            for b in 0..cols / N {
+                let cs = b * N..(b + 1) * N;
+                let searched = |c: usize| (f16_bits_to_f32(lo[c]), f16_bits_to_f32(step[c]));
+                let whole = |c: usize| {
+                    let col = (sink_rows..GROUP).map(|r| x[r * cols + c]);
+                    let (a, b) = col.fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+                    (f16_bits_to_f32(f32_to_f16_bits(a)), f16_bits_to_f32(f16_bits_up((b - a) / top)))
+                };
+                let unit = channel_header::unit(cs.clone().flat_map(|c| [searched(c), whole(c)]));
+                units[4 * b..4 * b + 4].copy_from_slice(&unit.to_le_bytes());
+                for c in cs {
+                    let err = |w: u16| {
+                        let (l, s) = channel_header::decode(w, unit);
+                        (sink_rows..GROUP).fold(0f32, |e, r| {
+                            let v = x[r * cols + c];
+                            let d = round_to_11_bits(v - (l + s * code(v, l, s, top)));
+                            e + d * d
+                        })
+                    };
+                    let (ws, ww) = (searched(c), whole(c));
+                    let (ws, ww) = (channel_header::encode(ws.0, ws.1, unit), channel_header::encode(ww.0, ww.1, unit));
+                    // NaN errors (a column that is not finite) keep the searched word.
+                    let w = if err(ww) < err(ws) { ww } else { ws };
+                    words[2 * c..2 * c + 2].copy_from_slice(&w.to_le_bytes());
+                    let (l, s) = channel_header::decode(w, unit);
+                    for r in 0..GROUP {
+                        u[r * cols + c] = code(x[r * cols + c], l, s, top) as u8;
+                    }
+                }
+            }
+        } else {
+            let (lo_bytes, step_bytes) = header.split_at_mut(2 * cols);
+            for (c, (&l, &s)) in lo.iter().zip(step).enumerate() {
+                lo_bytes[2 * c..2 * c + 2].copy_from_slice(&l.to_le_bytes());
+                step_bytes[2 * c..2 * c + 2].copy_from_slice(&s.to_le_bytes());
+            }
         }
         let pb = packed_bytes(self.bits());
         for (row_codes, row_u) in codes.chunks_exact_mut(self.row_bytes(cols)).zip(u.chunks_exact(cols)) {
@@ -144,33 +238,15 @@ impl ChannelFormat {
         }
     }
 
-    /// The checks of a group's quantization and its output split into the bottoms, the
-    /// steps and the codes.
-    fn group_parts<'a>(
-        self,
-        x: &[f16],
-        cols: usize,
-        sink_rows: usize,
-        out: &'a mut [u8],
-    ) -> (&'a mut [u8], &'a mut [u8], &'a mut [u8]) {
-        assert!(cols.is_multiple_of(N), "channel groups are whole blocks of {N} columns, not {cols}");
-        assert!(sink_rows < GROUP, "a group of {GROUP} rows cannot leave {sink_rows} out");
-        assert_eq!(x.len(), GROUP * cols, "a group is {GROUP} rows");
-        assert_eq!(out.len(), self.group_bytes(cols), "output is not the group's size");
-        let (header, codes) = out.split_at_mut(self.header_bytes(cols));
-        let (lo_bytes, step_bytes) = header.split_at_mut(2 * cols);
-        (lo_bytes, step_bytes, codes)
-    }
-
     /// [`ChannelFormat::quantize_group`] a column at a time: the definition, which
     /// `super::channel_lanes` runs eight columns at a time and the GPU's write kernel
     /// repeats, kept to test both against.
     #[cfg(test)]
     fn quantize_group_scalar(self, x: &[f16], cols: usize, sink_rows: usize, out: &mut [u8]) {
-        let (lo_bytes, step_bytes, codes) = self.group_parts(x, cols, sink_rows, out);
+        self.check_group(x, cols, sink_rows, out);
         let top = self.top() as f32;
-        let mut lo = vec![0f32; cols];
-        let mut step = vec![0f32; cols];
+        let (mut lo_all, mut step_all) = (vec![0u16; cols], vec![0u16; cols]);
+        let mut u = vec![0u8; GROUP * cols];
         for c in 0..cols {
             let col: [f32; GROUP] = std::array::from_fn(|r| x[r * cols + c].to_f32());
             // f32::min/max skip NaN; a column of NaN or ±inf decodes as NaN (step NaN).
@@ -181,22 +257,15 @@ impl ChannelFormat {
             } else {
                 (f32_to_f16_bits(if a.is_finite() { a } else { 0.0 }), 0x7e00)
             };
-            lo_bytes[2 * c..2 * c + 2].copy_from_slice(&lo_bits.to_le_bytes());
-            step_bytes[2 * c..2 * c + 2].copy_from_slice(&step_bits.to_le_bytes());
-            lo[c] = f16_bits_to_f32(lo_bits);
-            step[c] = f16_bits_to_f32(step_bits);
-        }
-        let rb = self.row_bytes(cols);
-        for (r, row_codes) in codes.chunks_exact_mut(rb).enumerate() {
-            let row = &x[r * cols..(r + 1) * cols];
-            for (blk, dst) in row_codes.chunks_exact_mut(packed_bytes(self.bits())).enumerate() {
-                let u: [u8; N] = std::array::from_fn(|j| {
-                    let c = blk * N + j;
-                    code(row[c].to_f32(), lo[c], step[c], top) as u8
-                });
-                pack32(self.bits(), &u, dst);
+            (lo_all[c], step_all[c]) = (lo_bits, step_bits);
+            let (lo, step) = (f16_bits_to_f32(lo_bits), f16_bits_to_f32(step_bits));
+            for (r, &v) in col.iter().enumerate() {
+                u[r * cols + c] = code(v, lo, step, top) as u8;
             }
         }
+        let mut xf = vec![0f32; GROUP * cols];
+        x.convert_to_f32_slice(&mut xf);
+        self.write_group(&xf, cols, sink_rows, &lo_all, &step_all, &mut u, out);
     }
 
     /// The f16 bits of `lo` and `step` of a column whose rows `sink_rows..GROUP` (values
@@ -246,10 +315,25 @@ impl ChannelFormat {
 
     /// Each column's `lo` and `step` of a group.
     pub fn header(self, group: &[u8], cols: usize, lo: &mut [f32], step: &mut [f32]) {
-        let f = |b: &[u8]| f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        for (c, (l, s)) in lo.iter_mut().zip(step.iter_mut()).enumerate().take(cols) {
-            *l = f(&group[2 * c..]);
-            *s = f(&group[2 * cols + 2 * c..]);
+        self.head_header(group, cols, 0, &mut lo[..cols], &mut step[..cols]);
+    }
+
+    /// `lo` and `step` of columns `col0..col0 + lo.len()` of a group of `cols` columns (a
+    /// reader's head).
+    pub fn head_header(self, group: &[u8], cols: usize, col0: usize, lo: &mut [f32], step: &mut [f32]) {
+        let half = |at: usize| u16::from_le_bytes([group[at], group[at + 1]]);
+        if self.compact_header() {
+            for (i, (l, s)) in lo.iter_mut().zip(step.iter_mut()).enumerate() {
+                let c = col0 + i;
+                let at = 2 * cols + 4 * (c / N);
+                let unit = f32::from_le_bytes(group[at..at + 4].try_into().unwrap());
+                (*l, *s) = channel_header::decode(half(2 * c), unit);
+            }
+        } else {
+            for (i, (l, s)) in lo.iter_mut().zip(step.iter_mut()).enumerate() {
+                *l = f16_bits_to_f32(half(2 * (col0 + i)));
+                *s = f16_bits_to_f32(half(2 * (cols + col0 + i)));
+            }
         }
     }
 
@@ -291,7 +375,6 @@ pub const CLIP_QUARTERS: usize = 4;
 
 /// The code of `x` in a column from `lo` with `step`: `clamp(round((x − lo) / step), 0,
 /// top)`, halves away from zero; 0 for a step of 0 and for NaN.
-#[cfg(test)]
 #[inline]
 fn code(x: f32, lo: f32, step: f32, top: f32) -> f32 {
     if step == 0.0 {
@@ -318,231 +401,5 @@ pub fn f16_bits_up(v: f32) -> u16 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::legacy::test_util::normal;
-
-    const COLS: usize = 64;
-
-    /// Columns of different characters: an offset outlier channel with a small spread
-    /// (what keys look like), a constant column, mixed signs, tiny values.
-    fn group() -> Vec<f16> {
-        let n = normal(GROUP * COLS, 11);
-        (0..GROUP * COLS)
-            .map(|i| {
-                let (r, c) = (i / COLS, i % COLS);
-                let v = match c {
-                    3 => 40.0 + 0.05 * n[i],
-                    7 => -2.5,
-                    9 => 1e-5 * n[i],
-                    11 => {
-                        if r == 0 {
-                            300.0
-                        } else {
-                            n[i]
-                        }
-                    }
-                    _ => n[i] * (1.0 + c as f32 / 16.0),
-                };
-                f16::from_f32(v)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn round_trip_error_is_within_the_bound() {
-        let x = group();
-        for f in ChannelFormat::ALL {
-            let mut bytes = vec![0u8; f.group_bytes(COLS)];
-            f.quantize_group(&x, COLS, 0, &mut bytes);
-            let mut back = vec![0f32; x.len()];
-            f.dequantize_group(&bytes, COLS, &mut back);
-            for c in 0..COLS {
-                let col: Vec<f32> = (0..GROUP).map(|r| x[r * COLS + c].to_f32()).collect();
-                let lo = col.iter().fold(f32::INFINITY, |m, &v| m.min(v));
-                let hi = col.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                let bound = f.error_bound(lo, hi);
-                for r in 0..GROUP {
-                    let (a, b) = (col[r], back[r * COLS + c]);
-                    assert!((a - b).abs() <= bound, "{f:?} col {c} row {r}: {a} -> {b}, bound {bound}");
-                }
-                // The bottom of the range is the smallest value exactly, or at 3 and 2 bits
-                // above it by at most two steps of the whole range where the search
-                // narrowed it.
-                let bottom = back.iter().skip(c).step_by(COLS).fold(f32::INFINITY, |m, &v| m.min(v));
-                let step = (hi - lo) / f.top() as f32;
-                if !f.narrows_range() {
-                    assert_eq!(bottom, lo, "{f:?} col {c}");
-                } else {
-                    assert!(bottom >= lo && bottom - lo <= 2.0 * step * 1.001, "{f:?} col {c}: {bottom}");
-                }
-            }
-            // A constant column is exact.
-            assert!((0..GROUP).all(|r| back[r * COLS + 7] == -2.5));
-        }
-    }
-
-    /// The narrowed range never leaves a column more error (the sum of squared errors, the
-    /// search's measure but for its f16 rounding of each residual) than the whole range, and
-    /// at 2 bits it takes a column with one high row from coarse steps to fine ones: 31
-    /// values spread over 0..1 and one at 1.6.
-    #[test]
-    fn clipping_never_costs_and_helps_a_lone_high_value() {
-        let mut x = group();
-        for r in 0..GROUP {
-            x[r * COLS + 20] = f16::from_f32(if r == 13 { 1.6 } else { r as f32 / 31.0 });
-        }
-        for f in ChannelFormat::ALL {
-            let mut bytes = vec![0u8; f.group_bytes(COLS)];
-            f.quantize_group(&x, COLS, 0, &mut bytes);
-            let mut back = vec![0f32; x.len()];
-            f.dequantize_group(&bytes, COLS, &mut back);
-            let top = f.top() as f32;
-            for c in 0..COLS {
-                let col: Vec<f32> = (0..GROUP).map(|r| x[r * COLS + c].to_f32()).collect();
-                let (a, b) = col.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
-                let step = f16_bits_to_f32(f16_bits_up((b - a) / top));
-                let whole: f32 = col.iter().map(|&v| (v - (a + step * code(v, a, step, top))).powi(2)).sum();
-                let got: f32 = (0..GROUP).map(|r| (col[r] - back[r * COLS + c]).powi(2)).sum();
-                assert!(got <= whole * (1.0 + 2e-3), "{f:?} col {c}: {got} > {whole} over the whole range");
-                if !f.narrows_range() {
-                    assert_eq!(got, whole, "{f:?} col {c}: searched though it does not narrow");
-                }
-                if c == 20 && f == ChannelFormat::Q2 {
-                    assert!(got < whole * 0.8, "2 bits, one high row: {got} vs {whole}");
-                }
-            }
-        }
-    }
-
-    /// With the sink row left out, column 11's outlier in row 0 (300) no longer sets the
-    /// column's range: rows 1.. come back within the bound of their own range, which is
-    /// far finer, and row 0's code is clamped to the top.
-    #[test]
-    fn the_sink_row_is_left_out_of_the_ranges() {
-        let x = group();
-        for f in ChannelFormat::ALL {
-            let (mut with, mut without) = (vec![0u8; f.group_bytes(COLS)], vec![0u8; f.group_bytes(COLS)]);
-            f.quantize_group(&x, COLS, SINK, &mut with);
-            f.quantize_group(&x, COLS, 0, &mut without);
-            let (mut lo, mut step) = (vec![0f32; COLS], vec![0f32; COLS]);
-            f.header(&with, COLS, &mut lo, &mut step);
-            let mut step0 = vec![0f32; COLS];
-            f.header(&without, COLS, &mut lo.clone(), &mut step0);
-            assert!(
-                step[11] * 20.0 < step0[11],
-                "{f:?}: step {} with the sink left out, {} with it",
-                step[11],
-                step0[11]
-            );
-            let mut back = vec![0f32; x.len()];
-            f.dequantize_group(&with, COLS, &mut back);
-            for c in 0..COLS {
-                let col: Vec<f32> = (SINK..GROUP).map(|r| x[r * COLS + c].to_f32()).collect();
-                let lo = col.iter().fold(f32::INFINITY, |m, &v| m.min(v));
-                let hi = col.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-                for (r, &a) in col.iter().enumerate() {
-                    let b = back[(r + SINK) * COLS + c];
-                    assert!((a - b).abs() <= f.error_bound(lo, hi), "{f:?} col {c} row {}: {a} -> {b}", r + SINK);
-                }
-            }
-            let hi11 = (SINK..GROUP).map(|r| x[r * COLS + 11].to_f32()).fold(f32::NEG_INFINITY, f32::max);
-            assert!((back[11] - hi11).abs() <= f.error_bound(lo[11], hi11), "{f:?}: row 0 clamped to the top");
-        }
-    }
-
-    /// Two more bits divide the step by ~4 and the squared error by ~16 (at least 8 here),
-    /// over the columns of normal values (the row outlier of column 11 leaves its others a
-    /// step or two, where the error stops shrinking that way).
-    #[test]
-    fn more_bits_less_error() {
-        let x = group();
-        let err = |f: ChannelFormat| {
-            let mut bytes = vec![0u8; f.group_bytes(COLS)];
-            f.quantize_group(&x, COLS, 0, &mut bytes);
-            let mut back = vec![0f32; x.len()];
-            f.dequantize_group(&bytes, COLS, &mut back);
-            let normal_column = |i: &usize| ![3, 7, 9, 11].contains(&(i % COLS));
-            (0..x.len()).filter(normal_column).map(|i| ((x[i].to_f32() - back[i]) as f64).powi(2)).sum::<f64>()
-        };
-        let (e8, e6, e4) = (err(ChannelFormat::Q8), err(ChannelFormat::Q6), err(ChannelFormat::Q4));
-        assert!(e8 * 8.0 < e6 && e6 * 8.0 < e4, "squared errors 8/6/4 bits: {e8} {e6} {e4}");
-        // One bit fewer, about 4 times the squared error (at least 2.5 here).
-        let (e3, e2) = (err(ChannelFormat::Q3), err(ChannelFormat::Q2));
-        assert!(e4 * 2.5 < e3 && e3 * 2.5 < e2, "squared errors 4/3/2 bits: {e4} {e3} {e2}");
-    }
-
-    #[test]
-    fn layout_and_sizes() {
-        assert_eq!(ChannelFormat::Q4.group_bytes(64), 4 * 64 + 32 * 32);
-        assert_eq!(ChannelFormat::Q6.row_bytes(64), 48);
-        assert_eq!(ChannelFormat::Q8.group_bytes(32), 128 + 32 * 32);
-        // Header first: lo then step, f16 little-endian; the codes of row r after it.
-        let mut x = vec![f16::from_f32(1.0); GROUP * 32];
-        x[5 * 32 + 2] = f16::from_f32(16.0);
-        let mut b = vec![0u8; ChannelFormat::Q4.group_bytes(32)];
-        ChannelFormat::Q4.quantize_group(&x, 32, 0, &mut b);
-        assert_eq!(u16::from_le_bytes([b[4], b[5]]), f16::from_f32(1.0).to_bits(), "lo of column 2");
-        assert_eq!(u16::from_le_bytes([b[64 + 4], b[64 + 5]]), f16::from_f32(1.0).to_bits(), "step 15/15");
-        assert_eq!(b[128 + 5 * 16 + 2], 15, "row 5, column 2 is the top code (low nibble)");
-        assert_eq!(b[128 + 4 * 16 + 2], 0);
-    }
-
-    #[test]
-    fn rounding_up_to_f16() {
-        assert_eq!(f16_bits_up(1.0), 0x3c00);
-        assert_eq!(f16_bits_up(1.0 + 1e-6), 0x3c01);
-        assert_eq!(f16_bits_up(0.0), 0);
-        assert_eq!(f16_bits_up(1e-9), 1, "below the smallest subnormal rounds up to it");
-        assert_eq!(f16_bits_up(70000.0), 0x7c00);
-    }
-
-    #[test]
-    fn non_finite_inputs_do_not_panic() {
-        let mut x = group();
-        x[3] = f16::NAN;
-        x[COLS + 4] = f16::INFINITY;
-        let f = ChannelFormat::Q4;
-        let mut bytes = vec![0u8; f.group_bytes(COLS)];
-        f.quantize_group(&x, COLS, 0, &mut bytes);
-        let mut back = vec![0f32; x.len()];
-        f.dequantize_group(&bytes, COLS, &mut back);
-        assert!(back[4].is_nan(), "a column holding inf decodes as NaN");
-        assert!(back[5].is_finite());
-    }
-
-    /// The eight-lane write gives the scalar definition's bytes, header and codes, for every
-    /// format, with and without the sink row, on columns of every character the lanes treat
-    /// apart: normal, clipped outliers, constant, ±0, subnormal, near f16's top, NaN and ±inf
-    /// (alone and mixed), the search's lanes beside lanes that skip it.
-    #[test]
-    fn lanes_write_the_scalar_bytes() {
-        let base = group();
-        let n = normal(GROUP * COLS, 5);
-        let mut special = base.clone();
-        for r in 0..GROUP {
-            let at = |c: usize| r * COLS + c;
-            special[at(16)] = f16::from_f32(if r % 2 == 0 { 0.0 } else { -0.0 });
-            special[at(17)] = f16::from_bits(1 + (r as u16 % 5));
-            special[at(18)] = f16::from_f32(60000.0 * n[at(18)].signum());
-            special[at(19)] = if r == 9 { f16::NAN } else { f16::from_f32(n[at(19)]) };
-            special[at(20)] = if r == 0 { f16::INFINITY } else { f16::from_f32(n[at(20)]) };
-            special[at(21)] = if r == 31 { f16::NEG_INFINITY } else { f16::from_f32(n[at(21)]) };
-            special[at(22)] = f16::NAN;
-            special[at(23)] = if r == 4 { f16::from_f32(-0.0) } else { f16::from_f32(0.0) };
-            special[at(40)] = f16::from_f32(if r == 1 { 50.0 } else { 0.01 * n[at(40)] });
-            special[at(41)] = f16::from_f32(1.0 + f32::from(r as u8 % 3) * 1e-3);
-        }
-        for x in [&base, &special] {
-            for f in ChannelFormat::ALL {
-                for sink in [0, SINK] {
-                    let (mut lanes, mut scalar) = (vec![0u8; f.group_bytes(COLS)], vec![1u8; f.group_bytes(COLS)]);
-                    f.quantize_group(x, COLS, sink, &mut lanes);
-                    f.quantize_group_scalar(x, COLS, sink, &mut scalar);
-                    let first = lanes.iter().zip(&scalar).position(|(a, b)| a != b);
-                    assert_eq!(first, None, "{f:?}, sink rows {sink}: first differing byte");
-                }
-            }
-        }
-    }
-}
+#[path = "channel_tests.rs"]
+mod tests;

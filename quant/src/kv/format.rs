@@ -7,7 +7,7 @@
 //! | `f32`, `f16` | plain | 128, 64 |
 //! | `q8`, `q6`, `q4` | symmetric absmax blocks of 32 along the row ([`super::absmax`]) | 34, 26, 18 |
 //! | `q8r`, `q6r`, `q4r`, `q3r`, `q2r` | each head Hadamard-rotated, then signed-max blocks of 64 ([`super::signed_max`]) | 33, 25, 17, 13, 9 |
-//! | `q8c`, `q6c`, `q4c`, `q3c`, `q2c` | per channel over groups of 32 positions ([`super::channel`]), the newest positions and the first (the attention sink) in f16 | 36, 28, 20, 16, 12 (+ the f16 window and sink) |
+//! | `q8c`, `q6c`, `q4c`, `q3c`, `q2c` | per channel over groups of 32 positions ([`super::channel`]; at 3 and 2 bits with compact headers, [`super::channel_header`]), the newest positions and the first (the attention sink) in f16 | 36, 28, 20, 14.1, 10.1 (+ the f16 window and sink) |
 //!
 //! A cache holds pages of [`PAGE`] positions (a per-channel group). On the GPU a block row is
 //! padded to whole u32 words ([`CacheFormat::word_row_bytes`]).
@@ -272,7 +272,7 @@ mod tests {
             CacheKind::Channel { .. } => t.group_bytes(64) / PAGE / 2,
             _ => t.row_bytes(64) / 2,
         };
-        let want = [128, 64, 34, 26, 18, 33, 25, 17, 13, 9, 36, 28, 20, 16, 12];
+        let want = [128, 64, 34, 26, 18, 33, 25, 17, 13, 9, 36, 28, 20, 14, 10];
         for (t, w) in CacheFormat::ALL.into_iter().zip(want) {
             assert_eq!(per32(t), w, "{t}");
         }

@@ -13,6 +13,7 @@
 
 pub mod absmax;
 pub mod channel;
+pub mod channel_header;
 mod channel_lanes;
 pub mod format;
 pub mod hadamard;

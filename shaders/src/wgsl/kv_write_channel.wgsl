@@ -1,7 +1,9 @@
 // K/V cache write into a QBITS-bit per-channel cache (q8c … q2c): quantizes each group of
 // 32 positions that this batch completes (duet_quant::kv::channel, the CPU backend's recipe
 // bit for bit). The cache buffer holds a group of GB bytes per page — lo[kv_dim] and
-// step[kv_dim] as f16, then 32 rows of packed codes, RB = kv_dim·QBITS/8 bytes each — then
+// step[kv_dim] as f16 (at 3 and 2 bits, COMPACT: a u16 word[kv_dim], then an f32 unit per 32
+// channels, channel_header.wgsl), then 32 rows of packed codes, RB = kv_dim·QBITS/8 bytes
+// each — then
 // each sequence's f16 window of its group not yet complete (position p in slot p mod 32;
 // this sequence's at word window_word), then the sinks (this sequence's at word
 // sink_word). The sequence's group g is page PT[pt_base + g]. A
@@ -47,8 +49,75 @@ var<private> codes: array<u32, 32>;
 // This thread's channel's 32 values in the group.
 var<private> col: array<f32, 32>;
 
+var<workgroup> unit_s: array<f32, 32>;
+
+// Bytes of a group's header: f16 lo and step, or with COMPACT (3 and 2 bits) a u16 word per
+// channel and an f32 unit per 32 (channel_header.wgsl).
+fn header_bytes() -> u32 {
+    if (COMPACT) {
+        return 2u * P.kv_dim + P.kv_dim / 8u;
+    }
+    return 4u * P.kv_dim;
+}
+
 fn group_bytes() -> u32 {
-    return 4u * P.kv_dim + 32u * (P.kv_dim * QBITS / 8u);
+    return header_bytes() + 32u * (P.kv_dim * QBITS / 8u);
+}
+
+fn compact_finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
+}
+
+// lo in quarter steps, to nearest (halves away from zero), within ±1024; 0 for a step of 0
+// (duet_quant::kv::channel_header's `quarters`).
+fn compact_quarters(lo: f32, step: f32) -> i32 {
+    if (step == 0.0) {
+        return 0;
+    }
+    let t = div_signed(4.0 * lo, step);
+    if (abs(t) > 1024.0) {
+        if (t > 0.0) {
+            return 1024;
+        }
+        return -1024;
+    }
+    return i32(round_away(t));
+}
+
+// The header word of a channel whose range is lo with step (channel_header's `encode`): the
+// finest step of the grid at least its own whose bottom fits in 255 quarter steps.
+fn compact_encode(lo: f32, step: f32, unit: f32) -> u32 {
+    if (!(compact_finite(lo) && compact_finite(step) && compact_finite(unit))) {
+        return 0x100u;
+    }
+    var e = 0u;
+    for (var bit = 64u; bit > 0u; bit = bit / 2u) {
+        if (compact_step(unit, e + bit) >= step) {
+            e += bit;
+        }
+    }
+    if (abs(compact_quarters(lo, compact_step(unit, e))) > 255) {
+        var fit = 0u;
+        for (var bit = 64u; bit > 0u; bit = bit / 2u) {
+            if (fit + bit < e && abs(compact_quarters(lo, compact_step(unit, fit + bit))) <= 255) {
+                fit += bit;
+            }
+        }
+        e = fit;
+    }
+    return (e << 9u) | (bitcast<u32>(compact_quarters(lo, compact_step(unit, e))) & 0x1ffu);
+}
+
+// The search's measure of header word w over this thread's rows t0.. (in `col`).
+fn compact_err(t0: u32, w: u32, unit: f32) -> f32 {
+    let d = compact_decode(w, unit);
+    var err = 0.0;
+    for (var t = t0; t < 32u; t++) {
+        let x = col[t];
+        let r = round_to_11_bits(x - (d.x + d.y * code_of(x, d.x, d.y)));
+        err += r * r;
+    }
+    return err;
 }
 
 // v (finite) rounded to 11 significant bits, to nearest even (duet_quant::kv::channel's
@@ -147,7 +216,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var lo_bits = 0u;
     var step_bits = 0x7e00u;
     var lo_val = lo;
-    if (abs(lo) <= 65504.0 && abs(hi) <= 65504.0) {
+    let finite = abs(lo) <= 65504.0 && abs(hi) <= 65504.0;
+    if (finite) {
         let r = clipped_range(t0, lo, hi);
         lo_bits = r.x;
         step_bits = r.y;
@@ -157,14 +227,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // finite, step NaN, codes 0.
         lo_bits = f16_rne_signed(lo);
     }
+    var step_val = half_to_f32(step_bits);
+    if (COMPACT) {
+        // The searched range and the whole one, both finite or neither; the block's unit
+        // from both (channel_header's `unit`), then the word of the one leaving less error.
+        let whole = vec2<f32>(half_to_f32(f16_rne_signed(lo)), half_to_f32(f16_up(div_rn(hi - lo, TOP))));
+        unit_s[lid] = 0.0;
+        if (finite && compact_finite(whole.y)) {
+            unit_s[lid] = max(max(step_val, abs(lo_val) * (1.0 / 32.0)), max(whole.y, abs(whole.x) * (1.0 / 32.0)));
+        }
+        workgroupBarrier();
+        if (lid == 0u) {
+            var m = 0.0;
+            for (var i = 0u; i < 32u; i++) {
+                m = max(m, unit_s[i]);
+            }
+            unit_s[0] = bitcast<f32>((bitcast<u32>(m) + 0xffffu) & 0xffff0000u);
+        }
+        workgroupBarrier();
+        let unit = unit_s[0];
+        var w = 0x100u;
+        if (finite) {
+            w = compact_encode(lo_val, step_val, unit);
+            let ww = compact_encode(whole.x, whole.y, unit);
+            if (compact_err(t0, ww, unit) < compact_err(t0, w, unit)) {
+                w = ww;
+            }
+        }
+        let d = compact_decode(w, unit);
+        lo_val = d.x;
+        step_val = d.y;
+        bits_s[lid] = w;
+        if (lid == 0u) {
+            C[(base + 2u * P.kv_dim) / 4u + c0 / 32u] = bitcast<u32>(unit);
+        }
+    } else {
+        bits_s[lid] = lo_bits;
+        bits_s[32u + lid] = step_bits;
+    }
     lo_s[lid] = lo_val;
-    step_s[lid] = half_to_f32(step_bits);
-    bits_s[lid] = lo_bits;
-    bits_s[32u + lid] = step_bits;
+    step_s[lid] = step_val;
     workgroupBarrier();
     if (lid % 2u == 0u) {
         C[(base + 2u * (c0 + lid)) / 4u] = bits_s[lid] | (bits_s[lid + 1u] << 16u);
-        C[(base + 2u * (P.kv_dim + c0 + lid)) / 4u] = bits_s[32u + lid] | (bits_s[33u + lid] << 16u);
+        if (!COMPACT) {
+            C[(base + 2u * (P.kv_dim + c0 + lid)) / 4u] = bits_s[32u + lid] | (bits_s[33u + lid] << 16u);
+        }
     }
     // Group 0: the sink rows' f16 values, row by row, to the sink.
     for (var t = 0u; t < t0; t++) {
@@ -185,7 +293,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         codes[j] = u32(u);
     }
     // ... packed into QBITS words.
-    let at = (base + 4u * P.kv_dim + lid * (P.kv_dim * QBITS / 8u) + (c0 / 32u) * 4u * QBITS) / 4u;
+    let at = (base + header_bytes() + lid * (P.kv_dim * QBITS / 8u) + (c0 / 32u) * 4u * QBITS) / 4u;
     for (var w = 0u; w < QBITS; w++) {
         var word = 0u;
         for (var i = 0u; i < 4u; i++) {

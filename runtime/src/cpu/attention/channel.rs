@@ -98,18 +98,19 @@ impl ChannelRows {
             col0.is_multiple_of(N) && hd.is_multiple_of(N) && (N..=4 * N).contains(&hd) && crate::cpu::simd::avx2();
         for (g, o) in out[..grouped].chunks_mut(GROUP).enumerate() {
             let group = self.group(at.seq.pages[g]);
+            self.head_header(group, col0, &mut lo, &mut step);
             #[cfg(target_arch = "x86_64")]
             if simd {
                 let (hb, at) = (self.fmt.header_bytes(self.kv_dim), col0 / N * pack::packed_bytes(self.fmt.bits()));
-                // SAFETY: features checked; the group's header holds lo and step for every
-                // column, and its GROUP ≥ o.len() rows of codes the head's hd/32 packed
-                // groups at byte `at`.
+                // SAFETY: features checked; lo and step are hd long, and the group's
+                // GROUP ≥ o.len() rows of codes hold the head's hd/32 packed groups at
+                // byte `at`.
                 unsafe {
                     x86::scores(
                         self.fmt.bits(),
                         q,
-                        group.as_ptr().add(2 * col0),
-                        group.as_ptr().add(2 * (self.kv_dim + col0)),
+                        &lo,
+                        &step,
                         group.as_ptr().add(hb + at),
                         self.fmt.row_bytes(self.kv_dim),
                         scale,
@@ -118,7 +119,6 @@ impl ChannelRows {
                 };
                 continue;
             }
-            self.head_header(group, col0, &mut lo, &mut step);
             let c0: f32 = q.iter().zip(&lo).map(|(a, b)| a * b).sum();
             for ((s, a), b) in qs.iter_mut().zip(q).zip(&step) {
                 *s = a * b;
@@ -181,11 +181,12 @@ impl ChannelRows {
             for a in acc.iter_mut() {
                 a.fill(0.0);
             }
+            self.head_header(group, col0, &mut lo, &mut step);
             #[cfg(target_arch = "x86_64")]
             if simd {
                 let (at, rb) = (col0 / N * pack::packed_bytes(self.fmt.bits()), self.fmt.row_bytes(d));
                 let (pgs, accs): (&[&[f32]], &mut [Vec<f32>]) = (&pg, &mut acc);
-                // SAFETY: as in `scores`; the header holds lo and step for every column.
+                // SAFETY: as in `scores`.
                 unsafe {
                     let codes = codes.as_ptr().add(at);
                     match accs {
@@ -194,12 +195,11 @@ impl ChannelRows {
                         _ => unreachable!("one or two probability vectors"),
                     }
                     for ((o, a), &sp) in out.iter_mut().zip(accs.iter()).zip(&sum_p) {
-                        x86::add_group_values(group[2 * col0..].as_ptr(), group[2 * (d + col0)..].as_ptr(), sp, a, o);
+                        x86::add_group_values(&lo, &step, sp, a, o);
                     }
                 }
                 continue;
             }
-            self.head_header(group, col0, &mut lo, &mut step);
             let mut u = [0u8; N];
             for ((o, a), (pg, &sp)) in out.iter_mut().zip(acc.iter_mut()).zip(pg.iter().zip(&sum_p)) {
                 for (t, &w) in pg.iter().enumerate() {
@@ -242,13 +242,20 @@ impl ChannelRows {
         &self.groups[g * gb..(g + 1) * gb]
     }
 
-    /// `lo` and `step` of columns col0..col0 + lo.len() of a group.
+    /// `lo` and `step` of columns col0..col0 + lo.len() of a group, decoded once a group and
+    /// head for every reader ([`ChannelFormat::head_header`]; f16 pairs eight at a time
+    /// where F16C is present: a scalar decode had cost a third of a per-channel V cache's
+    /// decode time).
     pub(super) fn head_header(&self, group: &[u8], col0: usize, lo: &mut [f32], step: &mut [f32]) {
-        let f = |at: usize| duet_quant::fp::f16_bits_to_f32(u16::from_le_bytes([group[at], group[at + 1]]));
-        for (i, (l, s)) in lo.iter_mut().zip(step.iter_mut()).enumerate() {
-            *l = f(2 * (col0 + i));
-            *s = f(2 * (self.kv_dim + col0 + i));
+        #[cfg(target_arch = "x86_64")]
+        if !self.fmt.compact_header() && lo.len().is_multiple_of(8) && crate::cpu::simd::avx2() {
+            let (l, s) = (&group[2 * col0..2 * (col0 + lo.len())], &group[2 * (self.kv_dim + col0)..]);
+            assert!(step.len() == lo.len() && s.len() >= 2 * lo.len());
+            // SAFETY: F16C checked; lo.len() f16 values at l and at s (asserted).
+            unsafe { (x86::f16_to_f32(l.as_ptr(), lo), x86::f16_to_f32(s.as_ptr(), step)) };
+            return;
         }
+        self.fmt.head_header(group, self.kv_dim, col0, lo, step);
     }
 
     /// Calls `f(x offset, count, codes)` for the packed groups of 32 covering columns
@@ -292,15 +299,15 @@ mod x86 {
     /// widened to i16 (vpmaddwd: at most 2·255·32767 < 2^31 per lane).
     ///
     /// # Safety
-    /// AVX2, FMA, F16C; NG·32 f16 values at `lo` and at `step`; row t < out.len() has its
-    /// NG packed groups at `codes + t·row_bytes`; q.len() = NG·32.
+    /// AVX2, FMA; `lo` and `step` NG·32 long; row t < out.len() has its NG packed groups at
+    /// `codes + t·row_bytes`; q.len() = NG·32.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scores_ng<const NG: usize>(
         bits: u32,
         q: &[f32],
-        lo: *const u8,
-        step: *const u8,
+        lo: &[f32],
+        step: &[f32],
         codes: *const u8,
         row_bytes: usize,
         scale: f32,
@@ -312,8 +319,7 @@ mod x86 {
             let mut qs = [0f32; 128];
             for i in (0..NG * 32).step_by(8) {
                 let qv = _mm256_loadu_ps(q.as_ptr().add(i));
-                let l = _mm256_cvtph_ps(_mm_loadu_si128(lo.add(2 * i) as *const __m128i));
-                let st = _mm256_cvtph_ps(_mm_loadu_si128(step.add(2 * i) as *const __m128i));
+                let (l, st) = (_mm256_loadu_ps(lo[i..i + 8].as_ptr()), _mm256_loadu_ps(step[i..i + 8].as_ptr()));
                 c0 = _mm256_fmadd_ps(qv, l, c0);
                 _mm256_storeu_ps(qs.as_mut_ptr().add(i), _mm256_mul_ps(qv, st));
             }
@@ -348,8 +354,8 @@ mod x86 {
     pub unsafe fn scores(
         bits: u32,
         q: &[f32],
-        lo: *const u8,
-        step: *const u8,
+        lo: &[f32],
+        step: &[f32],
         codes: *const u8,
         row_bytes: usize,
         scale: f32,
@@ -427,24 +433,36 @@ mod x86 {
     }
 
     /// `out[c] += lo[c]·sum_p + step[c]·acc[c]` (a group's values weighed, from its code
-    /// sums), lo and step read as f16 eight at a time: the products and the sum the portable
-    /// loop computes, unfused, so both give the same bits. A scalar decode of the header per
-    /// group and head had cost a third of a per-channel V cache's decode time.
+    /// sums), eight at a time: the products and the sum the portable loop computes,
+    /// unfused, so both give the same bits.
     ///
     /// # Safety
-    /// AVX2, F16C; out.len() f16 values at `lo` and at `step`, acc as long as out, a
-    /// multiple of 8.
+    /// AVX2; lo, step and acc as long as out, a multiple of 8.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn add_group_values(lo: *const u8, step: *const u8, sum_p: f32, acc: &[f32], out: &mut [f32]) {
-        assert!(acc.len() == out.len() && out.len().is_multiple_of(8));
+    pub unsafe fn add_group_values(lo: &[f32], step: &[f32], sum_p: f32, acc: &[f32], out: &mut [f32]) {
+        assert!(acc.len() == out.len() && lo.len() == out.len() && step.len() == out.len());
+        assert!(out.len().is_multiple_of(8));
         unsafe {
             let sp = _mm256_set1_ps(sum_p);
             for i in (0..out.len()).step_by(8) {
-                let l = _mm256_cvtph_ps(_mm_loadu_si128(lo.add(2 * i).cast()));
-                let s = _mm256_cvtph_ps(_mm_loadu_si128(step.add(2 * i).cast()));
+                let l = _mm256_loadu_ps(lo.as_ptr().add(i));
+                let s = _mm256_loadu_ps(step.as_ptr().add(i));
                 let v = _mm256_add_ps(_mm256_mul_ps(l, sp), _mm256_mul_ps(s, _mm256_loadu_ps(acc.as_ptr().add(i))));
                 _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_add_ps(_mm256_loadu_ps(out.as_ptr().add(i)), v));
             }
+        }
+    }
+
+    /// `out.len()` f16 values at `src` (little-endian, any alignment) as f32.
+    ///
+    /// # Safety
+    /// F16C; 2·out.len() bytes readable at `src`; out.len() a multiple of 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_to_f32(src: *const u8, out: &mut [f32]) {
+        for i in (0..out.len()).step_by(8) {
+            unsafe {
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.add(2 * i).cast())))
+            };
         }
     }
 

@@ -167,25 +167,25 @@ impl ChannelRows {
             turn_queries(g, &mut gq);
             let group = self.group(at.seq.pages[g]);
             let o = &mut out[g * GROUP - first..];
+            self.head_header(group, col0, &mut lo, &mut step);
             #[cfg(target_arch = "x86_64")]
             if simd {
                 let (hb, at) =
                     (self.fmt.header_bytes(d), col0 / N * duet_quant::kv::pack::packed_bytes(self.fmt.bits()));
                 let keys = super::key_rope::x86::GroupKeys {
                     bits: self.fmt.bits(),
-                    lo: group[2 * col0..].as_ptr(),
-                    step: group[2 * (d + col0)..].as_ptr(),
+                    lo: &lo,
+                    step: &step,
                     codes: group[hb + at..].as_ptr(),
                     row_bytes: self.fmt.row_bytes(d),
                 };
-                // SAFETY: features checked; the group's header holds lo and step for every
-                // column, and its GROUP ≥ rows rows of codes the head's hd/32 packed groups
-                // at byte `at`; gq is whole heads of hd, as the offsets' lanes are; the
-                // kernel checks the bounds of `o`.
+                // SAFETY: features checked; lo and step are hd long, and the group's
+                // GROUP ≥ rows rows of codes hold the head's hd/32 packed groups at byte
+                // `at`; gq is whole heads of hd, as the offsets' lanes are; the kernel
+                // checks the bounds of `o`.
                 unsafe { super::key_rope::x86::scores_heads(&keys, &gq, rope, scale, rows, o, stride) };
                 continue;
             }
-            self.head_header(group, col0, &mut lo, &mut step);
             let codes = &group[self.fmt.header_bytes(d)..];
             for j in 0..rows {
                 self.for_codes(codes, j, col0, hd, &mut u, |x0, len, u| {
@@ -235,12 +235,12 @@ pub(super) mod x86 {
     use super::KeyRope;
     use crate::cpu::simd::{by_head_groups, codes_u8, hsum};
 
-    /// One group's keys for one KV head, as [`scores_heads`] reads them: the header's lo and
-    /// step of the head's first column (f16) and the codes of its first packed group in row 0.
-    pub struct GroupKeys {
+    /// One group's keys for one KV head, as [`scores_heads`] reads them: the head's lo and
+    /// step (decoded) and the codes of its first packed group in row 0.
+    pub struct GroupKeys<'a> {
         pub bits: u32,
-        pub lo: *const u8,
-        pub step: *const u8,
+        pub lo: &'a [f32],
+        pub step: &'a [f32],
         pub codes: *const u8,
         pub row_bytes: usize,
     }
@@ -266,11 +266,7 @@ pub(super) mod x86 {
     ) {
         let pb = 4 * keys.bits as usize;
         unsafe {
-            let (mut lo, mut st, mut key) = ([0f32; 128], [0f32; 128], [0f32; 128]);
-            for i in (0..NG * 32).step_by(8) {
-                _mm256_storeu_ps(lo.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.lo.add(2 * i).cast())));
-                _mm256_storeu_ps(st.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(keys.step.add(2 * i).cast())));
-            }
+            let (lo, st, mut key) = (&keys.lo[..NG * 32], &keys.step[..NG * 32], [0f32; 128]);
             // Eight codes of a row's 32 (e = 0..4) as f32.
             let eighth = |u: __m256i, e: usize| {
                 let h = if e < 2 { _mm256_castsi256_si128(u) } else { _mm256_extracti128_si256::<1>(u) };

@@ -1,6 +1,8 @@
 // A $BITS-bit per-channel cache (q8c … q2c, duet_quant::kv::channel): P.cache_groups
-// groups of 32 positions, one per page — lo[kv_dim] and step[kv_dim] as f16, then 32 rows
-// of codes, each kv_dim·$BITS/8 bytes packed 32 at a time (value = lo + step·code) — then
+// groups of 32 positions, one per page — lo[kv_dim] and step[kv_dim] as f16, or at 3 and 2
+// bits a compact header (channel_header.wgsl: a u16 word[kv_dim], then an f32 unit per 32
+// columns), then 32 rows of codes, each kv_dim·$BITS/8 bytes packed 32 at a time (value =
+// lo + step·code) — then
 // f16 rows: each sequence's window holding its positions past its last complete group
 // (position p in slot p mod 32 of window P.window), then the sinks (the first CHANNEL_SINK
 // positions, read from there once group 0 is complete; this sequence's from f16 row
@@ -24,7 +26,11 @@ fn $FN(row: u32, c: u32) -> f32 {
 // that same page.
 fn $FN_row(row: u32, crow: u32, c: u32) -> f32 {
     let rb = P.kv_dim * $BITSu / 8u;
-    let gb = 4u * P.kv_dim + 32u * rb;
+    var hb = 4u * P.kv_dim;
+    if ($COMPACT) {
+        hb = 2u * P.kv_dim + P.kv_dim / 8u;
+    }
+    let gb = hb + 32u * rb;
     let grouped = (P.pos0 + P.rows) / 32u * 32u;
     if (row >= grouped) {
         return $FN_half((P.cache_groups * gb) / 2u + (P.window * 32u + row % 32u) * P.kv_dim + c);
@@ -37,9 +43,18 @@ fn $FN_row(row: u32, crow: u32, c: u32) -> f32 {
         page = cache_page(row);
     }
     let base = page * gb;
-    let lo = $FN_half(base / 2u + c);
-    let step = $FN_half(base / 2u + P.kv_dim + c);
-    let g = base + 4u * P.kv_dim + (row % 32u) * rb + (c / 32u) * 4u * $BITSu;
+    var lo: f32;
+    var step: f32;
+    if ($COMPACT) {
+        let w = $BUF[(base + 2u * c) >> 2u] >> ((c & 1u) * 16u);
+        let d = compact_decode(w, bitcast<f32>($BUF[(base + 2u * P.kv_dim) / 4u + c / 32u]));
+        lo = d.x;
+        step = d.y;
+    } else {
+        lo = $FN_half(base / 2u + c);
+        step = $FN_half(base / 2u + P.kv_dim + c);
+    }
+    let g = base + hb + (row % 32u) * rb + (c / 32u) * 4u * $BITSu;
     let j = c % 32u;
     var u: u32;
     if ($BITSu == 8u) {

@@ -1,0 +1,20 @@
+// The compact header of a 3- or 2-bit per-channel group (duet_quant::kv::channel_header, the
+// definition): per block of 32 columns an f32 `unit` of 8 significant bits, per column a u16
+// (e << 9) | (m & 0x1ff) — step = unit · COMPACT_K[e mod 16] · 2^-(8 + e / 16), lo = step · m / 4,
+// m = -256 marking a column that held ±inf or NaN. Every product is exact in f32, so a
+// compiler's fusing changes nothing.
+
+fn compact_step(unit: f32, e: u32) -> f32 {
+    return unit * COMPACT_K[e & 15u] * bitcast<f32>((119u - (e >> 4u)) << 23u);
+}
+
+// (lo, step) of header word w (its low 16 bits).
+fn compact_decode(w: u32, unit: f32) -> vec2<f32> {
+    let m = bitcast<i32>(w << 23u) >> 23u;
+    if (m == -256) {
+        let nan = bitcast<f32>(0x7fc00000u);
+        return vec2<f32>(nan, nan);
+    }
+    let step = compact_step(unit, (w >> 9u) & 0x7fu);
+    return vec2<f32>(step * f32(m) * 0.25, step);
+}
