@@ -30,9 +30,9 @@ tps() { # model k v depth -> median t/s of one `duet bench` run
   "$duet" bench -m "$1" -c $(($4 + 32)) -d "$4" -p 0 -n 32 -r 3 -t 2 --device cpu --cache-type-k "$2" --cache-type-v "$3" 2>/dev/null \
     | bench_duet_cell "t/s" "^tg32"
 }
-kv_bytes() { # model k v -> "MiB (ratio× f16)" at 4,096 positions
+kv_bytes() { # model k v -> "MiB (ratio× f16, bits a value)" at 4,096 positions
   "$duet" bench -m "$1" -c 4096 -p 1 -n 0 -r 1 -t 2 --device cpu --cache-type-k "$2" --cache-type-v "$3" 2>/dev/null \
-    | bench_duet_cell "KV cache" "^pp1$" | sed 's/^.*, //'
+    | bench_duet_cell "KV cache" "^pp1$" | sed 's/^[^,]*, //'
 }
 
 echo "Machine: $(bench_machine). duet $(bench_duet_label)."

@@ -218,13 +218,15 @@ fn bench<B: Backend>(
                 params,
                 backend: device.clone(),
                 threads,
+                // Bits a value, everything included: f16's 16 times the ratio.
                 kv: format!(
-                    "{}/{} {} ctx, {}{copies} ({:.3}× f16)",
+                    "{}/{} {} ctx, {}{copies} ({:.3}× f16, {:.2} bits a value)",
                     kv.k_type,
                     kv.v_type,
                     engine.n_ctx(),
                     human_bytes(kv.bytes() as u64),
-                    kv.bytes() as f64 / f16_kv.bytes() as f64
+                    kv.bytes() as f64 / f16_kv.bytes() as f64,
+                    16.0 * kv.bytes() as f64 / f16_kv.bytes() as f64
                 ),
                 test: label.clone(),
                 n_prompt: if prompt { n } else { 0 },
