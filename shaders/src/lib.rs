@@ -429,9 +429,13 @@ pub fn source(v: &Variant) -> String {
     let _ = writeln!(s, "const DEX_MAX_HD: u32 = {DEX_MAX_HEAD_DIM}u;\nconst LA_WG: u32 = {LA_WG}u;");
     // A per-channel cache's sink rows (kv_write_channel, channel_read).
     let _ = writeln!(s, "const CHANNEL_SINK: u32 = {}u;", duet_quant::kv::channel::SINK);
-    // The compact headers' step grid (kv_write_channel, channel_read).
-    let grid: Vec<String> = duet_quant::kv::channel_header::K.iter().map(|k| format!("{k}.0")).collect();
-    let _ = writeln!(s, "const COMPACT_K = array<f32, 16>({});", grid.join(", "));
+    // The compact headers' step grid (kv_write_channel, channel_read): K[i] − 128, a byte
+    // each, four to a word — an array indexed at run time would become a function-local
+    // copy with an explicit layout, which spirv-val refuses (VUID-StandaloneSpirv-None-10684).
+    for (j, four) in duet_quant::kv::channel_header::K.chunks(4).enumerate() {
+        let word = four.iter().enumerate().fold(0u32, |w, (b, &k)| w | (k - 128) << (8 * b));
+        let _ = writeln!(s, "const COMPACT_K{j}: u32 = {word:#010x}u;");
+    }
     s.push_str(include_str!("wgsl/cache/channel_header.wgsl"));
     s.push_str(PRELUDE);
     let weights = |s: &mut String, t: GgmlType| {
