@@ -26,6 +26,17 @@
 /// `round(256 · 2^(−i/16))`: the step grid's mantissas, 8 significant bits each.
 pub const K: [u32; 16] = [256, 245, 235, 225, 215, 206, 197, 189, 181, 173, 166, 159, 152, 146, 140, 134];
 
+/// [`K`] as f32, for readers that look the mantissa up in a register.
+pub const K_F32: [f32; 16] = {
+    let mut t = [0f32; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = K[i] as f32;
+        i += 1;
+    }
+    t
+};
+
 /// Largest `e`.
 pub const E_MAX: u32 = 127;
 

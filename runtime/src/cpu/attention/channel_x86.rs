@@ -174,8 +174,7 @@ pub unsafe fn add_group_values(lo: &[f32], step: &[f32], sum_p: f32, acc: &[f32]
 /// `group`; col0 and lo.len() = step.len() multiples of 8, col0 + lo.len() ≤ cols.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn compact_header(group: *const u8, cols: usize, col0: usize, lo: &mut [f32], step: &mut [f32]) {
-    use duet_quant::kv::channel_header::{K, M_NOT_FINITE};
-    let k = K.map(|k| k as f32);
+    use duet_quant::kv::channel_header::{K_F32 as k, M_NOT_FINITE};
     unsafe {
         let (k_lo, k_hi) = (_mm256_loadu_ps(k.as_ptr()), _mm256_loadu_ps(k.as_ptr().add(8)));
         for i in (0..lo.len()).step_by(8) {
