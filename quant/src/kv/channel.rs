@@ -139,11 +139,12 @@ impl ChannelFormat {
         if self.compact_header() { bound + self.compact_step_bound(lo, hi, unit) * 0.5 } else { bound }
     }
 
-    /// With compact headers, the largest step a column spanning `lo..=hi` may be given: the
-    /// next of the grid above its own (2^(1/16) apart, 8-bit mantissas: at most 5.4%
-    /// coarser), or above `4·|lo| / 255` where the bottom would not fit in 255 quarter steps
-    /// otherwise, and no finer than the grid's finest, 134·2⁻¹⁵ of the block's unit. Its bottom moves by at most
-    /// an eighth of it.
+    /// With compact headers, the largest step a column spanning `lo..=hi` may be given
+    /// (bounded with 5.4% where the grid's steps are at most 4.7% apart, 2^(1/16) with
+    /// 8-bit mantissas): the next of the grid above its own, or above `4·|lo| / 255` where
+    /// the bottom would not fit in 255 quarter steps otherwise, and no finer than the
+    /// grid's finest, 134·2⁻¹⁵ of the block's unit. Its bottom moves by at most an eighth
+    /// of it.
     pub fn compact_step_bound(self, lo: f32, hi: f32, unit: f32) -> f32 {
         let step = (hi - lo) / self.top() as f32 * (1.0 + 1.0 / 1024.0) + 1.0 / (1u32 << 24) as f32;
         let fit = 4.0 * lo.abs().max(hi.abs()) / 254.0;
@@ -175,7 +176,7 @@ impl ChannelFormat {
     /// against them): f16 pairs as they are, or compact headers — each block's unit, each
     /// column's word, and the codes again against the bottom and step the word decodes to.
     /// A narrowed range can land badly on the compact grid (its bottom moved by up to an
-    /// eighth of a step, its step up to 5.4% coarser, and the top with them), so a column
+    /// eighth of a step, its step up to 4.7% coarser, and the top with them), so a column
     /// takes the whole range's word instead where that leaves less error, measured as the
     /// search measures it.
     #[allow(clippy::too_many_arguments)]
