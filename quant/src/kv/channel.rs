@@ -202,9 +202,10 @@ impl ChannelFormat {
                     let (a, b) = col.fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
                     (f16_bits_to_f32(f32_to_f16_bits(a)), f16_bits_to_f32(f16_bits_up((b - a) / top)))
                 };
-                let unit = channel_header::unit(cs.clone().flat_map(|c| [searched(c), whole(c)]));
+                let wholes: [(f32, f32); N] = std::array::from_fn(|i| whole(b * N + i));
+                let unit = channel_header::unit(cs.clone().map(searched).chain(wholes));
                 units[4 * b..4 * b + 4].copy_from_slice(&unit.to_le_bytes());
-                for c in cs {
+                for (c, ww) in cs.zip(wholes) {
                     let err = |w: u16| {
                         let (l, s) = channel_header::decode(w, unit);
                         (sink_rows..GROUP).fold(0f32, |e, r| {
@@ -213,10 +214,11 @@ impl ChannelFormat {
                             e + d * d
                         })
                     };
-                    let (ws, ww) = (searched(c), whole(c));
+                    let ws = searched(c);
                     let (ws, ww) = (channel_header::encode(ws.0, ws.1, unit), channel_header::encode(ww.0, ww.1, unit));
-                    // NaN errors (a column that is not finite) keep the searched word.
-                    let w = if err(ww) < err(ws) { ww } else { ws };
+                    // NaN errors (a column that is not finite) keep the searched word; where
+                    // both ranges land on the same word there is nothing to measure.
+                    let w = if ww != ws && err(ww) < err(ws) { ww } else { ws };
                     words[2 * c..2 * c + 2].copy_from_slice(&w.to_le_bytes());
                     let (l, s) = channel_header::decode(w, unit);
                     for r in 0..GROUP {

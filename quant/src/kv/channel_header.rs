@@ -127,8 +127,8 @@ mod tests {
 
     #[test]
     fn the_grid_is_two_to_the_sixteenth_apart_and_exact() {
-        for i in 0..16 {
-            let t = K[i] as f64 / 256.0;
+        for (i, &k) in K.iter().enumerate() {
+            let t = k as f64 / 256.0;
             assert!((t / 2f64.powf(-(i as f64) / 16.0) - 1.0).abs() < 2.0 / 256.0, "K[{i}]");
         }
         let unit = round_up_8_bits(0.7321);
