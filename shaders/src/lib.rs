@@ -389,6 +389,10 @@ fn cache_reader(which: char, e: CacheFormat) -> String {
                 "$COMPACT",
                 &matches!(e.layout(), duet_quant::kv::CacheLayout::Channel(f) if f.compact_header()).to_string(),
             )
+            .replace(
+                "$LLOYD_MAX",
+                &matches!(e.layout(), duet_quant::kv::CacheLayout::Rotated(f) if f.levels().is_some()).to_string(),
+            )
     };
     match (which, e.kind()) {
         ('k', CacheKind::Plain) if e == CacheFormat::F32 => include_str!("wgsl/cache/k_f32.wgsl").into(),
@@ -437,6 +441,15 @@ pub fn source(v: &Variant) -> String {
         let _ = writeln!(s, "const COMPACT_K{j}: u32 = {word:#010x}u;");
     }
     s.push_str(include_str!("wgsl/cache/channel_header.wgsl"));
+    // q3r's Lloyd–Max levels (kv_write_signed_max, absmax_read): four i8 to a word, for the
+    // same reason; the scale 199/8192 written out exactly.
+    let levels = duet_quant::kv::lloyd_max::LEVELS;
+    for (j, four) in levels.chunks(4).enumerate() {
+        let word = four.iter().enumerate().fold(0u32, |w, (b, &l)| w | (l as u8 as u32) << (8 * b));
+        let _ = writeln!(s, "const LM_LEVELS{j}: u32 = {word:#010x}u;");
+    }
+    let _ = writeln!(s, "const LM_SCALE: f32 = {};", duet_quant::kv::lloyd_max::SCALE as f64);
+    s.push_str(include_str!("wgsl/cache/lloyd_max.wgsl"));
     s.push_str(PRELUDE);
     let weights = |s: &mut String, t: GgmlType| {
         s.push_str(WEIGHTS_COMMON);

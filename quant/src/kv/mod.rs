@@ -3,7 +3,7 @@
 //!
 //! * [`absmax`]: symmetric absmax blocks of 32 along a row (`q8`/`q6`/`q4`; q8 is ggml's
 //!   Q8_0);
-//! * [`signed_max`]: ggml Q4_0's signed-maximum rule in blocks of 64 along a row, for rows
+//! * [`signed_max`]: ggml Q4_0's signed-maximum rule (at 3 bits [`lloyd_max`]'s levels) in blocks of 64 along a row, for rows
 //!   stored in the [`hadamard`] basis (`q8r`/`q6r`/`q4r`/`q3r`/`q2r`);
 //! * [`channel`]: per-column asymmetric groups of 32 rows (`q8c`/`q6c`/`q4c`/`q3c`/`q2c`,
 //!   KIVI's keys).
@@ -17,6 +17,7 @@ pub mod channel_header;
 mod channel_lanes;
 pub mod format;
 pub mod hadamard;
+pub mod lloyd_max;
 pub mod pack;
 pub mod signed_max;
 

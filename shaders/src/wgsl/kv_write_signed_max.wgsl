@@ -7,7 +7,9 @@
 // Per block, with h = 2^(QBITS-1): m = the value of largest magnitude (the first found),
 // d = f16(m · (-1/h)) (exact but for the f16 rounding), q = x / d rounded half away from
 // zero (0 when d = 0), clamped to -h ..= h - 1; codes are the two's-complement byte at 8
-// bits, q + h below.
+// bits, q + h below. At 3 bits (q3r) the codes are those of Lloyd–Max levels instead
+// (duet_quant::kv::lloyd_max; cache/lloyd_max.wgsl): d = f16(|m| · LM_SCALE), a correctly
+// rounded product, and each value's code that of the nearest level of x / d.
 
 const BLOCK: u32 = 64u;
 const BB: u32 = 2u + 8u * QBITS;
@@ -16,11 +18,20 @@ const H: i32 = 1 << (QBITS - 1u);
 // The block's scale: the f16 bits of d. (-1/h is a power of two, ldexp keeps it exact:
 // the product is exact.)
 fn block_scale(m: f32) -> u32 {
+    if (QBITS == 3u) {
+        return f16_rne(abs(m) * LM_SCALE);
+    }
     return f16_rne_signed(m * ldexp(-1.0, -i32(QBITS - 1u)));
 }
 
 fn block_code(v: f32, m: f32, scale: u32) -> u32 {
     let d = half_to_f32(scale);
+    if (QBITS == 3u) {
+        if (d == 0.0) {
+            return 4u;
+        }
+        return lloyd_max_code(div_signed(v, d));
+    }
     var q = 0;
     if (d != 0.0) {
         q = i32(clamp(round_away(div_signed(v, d)), -f32(H), f32(H - 1)));

@@ -1,7 +1,9 @@
 //! Attention's inner loops over cache rows stored in blocks along the row — an f16 scale
 //! per 32 (`q8`/`q6`/`q4`, [`duet_quant::kv::absmax`]) or per 64 values (`q8r` … `q2r`,
 //! [`duet_quant::kv::signed_max`]) — reading the blocks in place: nothing is dequantized
-//! ahead. Both formats store levels with the same codes, so one decoder serves them.
+//! ahead. Both formats store levels with the same codes, so one decoder serves them — but
+//! for `q3r`, whose codes stand for uneven levels (looked up in a table, the same integer
+//! arithmetic after).
 //!
 //! A head's columns `col0..col0 + n` of a row are walked 32 values at a time; each group
 //! of 32 has one scale, applied once (`d·Σ q·x`). The value sums convert the integers to
@@ -12,11 +14,13 @@
 use duet_quant::kv::pack::{self, N};
 
 /// The layout of one block-quantized row: blocks of `per_scale` values (32 or 64), each an
-/// f16 scale followed by `per_scale/32` packed groups of codes.
+/// f16 scale followed by `per_scale/32` packed groups of codes, code `u` standing for level
+/// `levels[u]` where a table is given (`q3r`), else `u − 2^(bits−1)` (two's complement at 8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowBlocks {
     pub bits: u32,
     pub per_scale: usize,
+    pub levels: Option<&'static [i8; 8]>,
 }
 
 impl RowBlocks {
@@ -39,7 +43,11 @@ impl RowBlocks {
         pack::unpack32(self.bits, codes, &mut u);
         let offset = 1i32 << (self.bits - 1);
         for (o, &c) in q.iter_mut().zip(&u) {
-            *o = if self.bits == 8 { c as i8 } else { (c as i32 - offset) as i8 };
+            *o = match self.levels {
+                Some(l) => l[c as usize],
+                None if self.bits == 8 => c as i8,
+                None => (c as i32 - offset) as i8,
+            };
         }
     }
 
@@ -77,7 +85,7 @@ pub fn scores(fmt: RowBlocks, q: &[f32], rows: &[u8], row_bytes: usize, col0: us
         let groups: Vec<(usize, usize)> = (0..n / N).map(|g| fmt.group(col0 + g * N)).collect();
         // SAFETY: AVX2/FMA/F16C checked; every row j < out.len() is whole (asserted above)
         // and holds the head's groups at the offsets `group` computed.
-        return unsafe { x86::scores(fmt.bits, q, rows.as_ptr(), row_bytes, &groups, scale, out) };
+        return unsafe { x86::scores(fmt, q, rows.as_ptr(), row_bytes, &groups, scale, out) };
     }
     for (j, o) in out.iter_mut().enumerate() {
         let row = &rows[j * row_bytes..(j + 1) * row_bytes];
@@ -97,7 +105,7 @@ pub fn weighted_sum(fmt: RowBlocks, p: &[f32], rows: &[u8], row_bytes: usize, co
     if whole_groups(col0, n) {
         let groups: Vec<(usize, usize)> = (0..n / N).map(|g| fmt.group(col0 + g * N)).collect();
         // SAFETY: as in `scores`.
-        return unsafe { x86::weighted_sum(fmt.bits, p, rows.as_ptr(), row_bytes, &groups, out) };
+        return unsafe { x86::weighted_sum(fmt, p, rows.as_ptr(), row_bytes, &groups, out) };
     }
     for (j, &w) in p.iter().enumerate() {
         let row = &rows[j * row_bytes..(j + 1) * row_bytes];
@@ -127,7 +135,7 @@ pub fn weighted_sum_pair(
         assert!(p[0].len() * row_bytes <= rows.len(), "attention rows out of the cache");
         let groups: Vec<(usize, usize)> = (0..n / N).map(|g| fmt.group(col0 + g * N)).collect();
         // SAFETY: as in `scores`.
-        return unsafe { x86::weighted_sum_pair(fmt.bits, p, rows.as_ptr(), row_bytes, &groups, out) };
+        return unsafe { x86::weighted_sum_pair(fmt, p, rows.as_ptr(), row_bytes, &groups, out) };
     }
     let [o0, o1] = out;
     weighted_sum(fmt, p[0], rows, row_bytes, col0, o0);
@@ -138,19 +146,45 @@ pub fn weighted_sum_pair(
 mod x86 {
     use std::arch::x86_64::*;
 
+    use super::RowBlocks;
     use crate::cpu::simd::{by_head_groups, codes_u8, f16_at, hsum, query_i16x2};
 
-    /// The 32 levels at `codes` as i8 lanes: the two's-complement bytes at 8 bits, the codes
-    /// less 2^(bits−1) below.
-    ///
-    /// # Safety
-    /// The packed group readable at `codes`; AVX2.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn levels(bits: u32, codes: *const u8) -> __m256i {
-        unsafe {
-            let u = codes_u8(bits, codes);
-            if bits == 8 { u } else { _mm256_sub_epi8(u, _mm256_set1_epi8(1 << (bits - 1))) }
+    /// How a row's codes become levels: a table to shuffle them through (`q3r`), or the
+    /// offset 2^(bits−1) to subtract (none at 8 bits: the bytes are two's complement).
+    #[derive(Clone, Copy)]
+    struct Decode {
+        bits: u32,
+        table: Option<__m256i>,
+    }
+
+    impl Decode {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn new(fmt: RowBlocks) -> Decode {
+            let table = fmt.levels.map(|l| {
+                let t: [i8; 16] = std::array::from_fn(|u| if u < 8 { l[u] } else { 0 });
+                // SAFETY: 16 readable bytes.
+                let t = unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) };
+                _mm256_set_m128i(t, t)
+            });
+            Decode { bits: fmt.bits, table }
+        }
+
+        /// The 32 levels at `codes` as i8 lanes.
+        ///
+        /// # Safety
+        /// The packed group readable at `codes`; AVX2.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn levels(self, codes: *const u8) -> __m256i {
+            unsafe {
+                let u = codes_u8(self.bits, codes);
+                match self.table {
+                    Some(t) => _mm256_shuffle_epi8(t, u),
+                    None if self.bits == 8 => u,
+                    None => _mm256_sub_epi8(u, _mm256_set1_epi8(1 << (self.bits - 1))),
+                }
+            }
         }
     }
 
@@ -165,7 +199,7 @@ mod x86 {
     /// `groups` (scale offset, codes offset); q.len() = NG·32.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scores_ng<const NG: usize>(
-        bits: u32,
+        fmt: RowBlocks,
         q: &[f32],
         rows: *const u8,
         row_bytes: usize,
@@ -178,12 +212,13 @@ mod x86 {
             return;
         };
         unsafe {
+            let dec = Decode::new(fmt);
             for (j, o) in out.iter_mut().enumerate() {
                 let row = rows.add(j * row_bytes);
                 let mut acc = _mm256_setzero_ps();
                 for g in 0..NG {
                     let (s, c) = groups[g];
-                    let k = levels(bits, row.add(c));
+                    let k = dec.levels(row.add(c));
                     let (k0, k1) = (
                         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(k)),
                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(k)),
@@ -203,7 +238,7 @@ mod x86 {
     /// As [`scores_ng`] with NG = q.len()/32 in 1..=4.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scores(
-        bits: u32,
+        fmt: RowBlocks,
         q: &[f32],
         rows: *const u8,
         row_bytes: usize,
@@ -211,7 +246,7 @@ mod x86 {
         scale: f32,
         out: &mut [f32],
     ) {
-        unsafe { by_head_groups!(groups.len(), scores_ng(bits, q, rows, row_bytes, groups, scale, out)) }
+        unsafe { by_head_groups!(groups.len(), scores_ng(fmt, q, rows, row_bytes, groups, scale, out)) }
     }
 
     /// Whole-head weighted sum with the output kept in registers across all rows.
@@ -220,7 +255,7 @@ mod x86 {
     /// As [`scores_ng`], with out.len() = NG·32 and p.len() rows.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn weighted_sum_ng<const NG: usize>(
-        bits: u32,
+        fmt: RowBlocks,
         p: &[f32],
         rows: *const u8,
         row_bytes: usize,
@@ -228,13 +263,14 @@ mod x86 {
         out: &mut [f32],
     ) {
         unsafe {
+            let dec = Decode::new(fmt);
             let mut acc: [[__m256; 4]; NG] =
                 std::array::from_fn(|g| std::array::from_fn(|k| _mm256_loadu_ps(out.as_ptr().add(32 * g + 8 * k))));
             for (j, &w) in p.iter().enumerate() {
                 let row = rows.add(j * row_bytes);
                 for (g, ag) in acc.iter_mut().enumerate() {
                     let (s, c) = groups[g];
-                    let q = levels(bits, row.add(c));
+                    let q = dec.levels(row.add(c));
                     let wd = _mm256_set1_ps(w * f16_at(row.add(s)));
                     let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q)];
                     for (k, a) in ag.iter_mut().enumerate() {
@@ -257,14 +293,14 @@ mod x86 {
     /// As [`weighted_sum_ng`] with NG = out.len()/32 in 1..=4.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_sum(
-        bits: u32,
+        fmt: RowBlocks,
         p: &[f32],
         rows: *const u8,
         row_bytes: usize,
         groups: &[(usize, usize)],
         out: &mut [f32],
     ) {
-        unsafe { by_head_groups!(groups.len(), weighted_sum_ng(bits, p, rows, row_bytes, groups, out)) }
+        unsafe { by_head_groups!(groups.len(), weighted_sum_ng(fmt, p, rows, row_bytes, groups, out)) }
     }
 
     /// [`weighted_sum`] of two probability vectors, a group of 32 columns at a time (two
@@ -275,7 +311,7 @@ mod x86 {
     /// the same length).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_sum_pair(
-        bits: u32,
+        fmt: RowBlocks,
         p: [&[f32]; 2],
         rows: *const u8,
         row_bytes: usize,
@@ -284,6 +320,7 @@ mod x86 {
     ) {
         let [o0, o1] = out;
         unsafe {
+            let dec = Decode::new(fmt);
             for (g, &(s, c)) in groups.iter().enumerate() {
                 let load = |o: &[f32]| -> [__m256; 4] {
                     std::array::from_fn(|k| _mm256_loadu_ps(o.as_ptr().add(32 * g + 8 * k)))
@@ -291,7 +328,7 @@ mod x86 {
                 let (mut a0, mut a1) = (load(o0), load(o1));
                 for (j, (&w0, &w1)) in p[0].iter().zip(p[1]).enumerate() {
                     let row = rows.add(j * row_bytes);
-                    let q = levels(bits, row.add(c));
+                    let q = dec.levels(row.add(c));
                     let d = f16_at(row.add(s));
                     let (wd0, wd1) = (_mm256_set1_ps(w0 * d), _mm256_set1_ps(w1 * d));
                     let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q)];
@@ -330,7 +367,7 @@ mod tests {
         type Codec = (RowBlocks, Box<dyn Fn(&[f32], &mut [u8])>, Box<dyn Fn(&[u8], &mut [f32])>, usize);
         let mut formats: Vec<Codec> = Vec::new();
         for f in [AbsmaxFormat::Q8, AbsmaxFormat::Q6, AbsmaxFormat::Q4] {
-            let rb = RowBlocks { bits: f.bits(), per_scale: 32 };
+            let rb = RowBlocks { bits: f.bits(), per_scale: 32, levels: None };
             formats.push((
                 rb,
                 Box::new(move |x, b| f.quantize_row(x, b)),
@@ -339,7 +376,7 @@ mod tests {
             ));
         }
         for f in SignedMaxFormat::ALL {
-            let rb = RowBlocks { bits: f.bits(), per_scale: 64 };
+            let rb = RowBlocks { bits: f.bits(), per_scale: 64, levels: f.levels() };
             formats.push((
                 rb,
                 Box::new(move |x, b| f.quantize_row(x, b)),

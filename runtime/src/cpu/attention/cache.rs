@@ -75,9 +75,9 @@ impl CacheRows {
         Ok(match layout {
             CacheLayout::F32 => CacheRows::F32(zeroed(n, what)?),
             CacheLayout::F16 => CacheRows::F16(zeroed(n, what)?),
-            CacheLayout::Absmax(f) => blocks(RowBlocks { bits: f.bits(), per_scale: 32 }, 1)?,
+            CacheLayout::Absmax(f) => blocks(RowBlocks { bits: f.bits(), per_scale: 32, levels: None }, 1)?,
             CacheLayout::Rotated(f) => blocks(
-                RowBlocks { bits: f.bits(), per_scale: duet_quant::kv::signed_max::BLOCK },
+                RowBlocks { bits: f.bits(), per_scale: duet_quant::kv::signed_max::BLOCK, levels: f.levels() },
                 hadamard::block_size(head_dim),
             )?,
             CacheLayout::Channel(f) => CacheRows::Channel(ChannelRows::new(f, n_pages, n_seqs, kv_dim)?),

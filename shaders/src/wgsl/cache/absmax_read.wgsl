@@ -2,7 +2,8 @@
 // signed-max blocks of 64 (q8r … q2r, duet_quant::kv::signed_max; rows in each head's
 // Hadamard basis). Each row is kv_dim / $PER blocks of an f16 scale d and $PER/32 packed
 // groups of 32 codes, padded with zero bytes to a whole u32 word; value = d·q with q the
-// two's-complement code at 8 bits and code - 2^($BITS-1) below (both formats' codes).
+// two's-complement code at 8 bits and code - 2^($BITS-1) below (both formats' codes), but
+// for q3r ($LLOYD_MAX), whose code u stands for lloyd_max_level(u) (cache/lloyd_max.wgsl).
 // Values are decoded where they are read.
 @group(0) @binding($BINDING) var<storage, read> $BUF: array<u32>;
 
@@ -38,7 +39,11 @@ fn $FN_row(row: u32, crow: u32, c: u32) -> f32 {
         if ($BITSu == 3u) {
             u |= (($FN_byte(g + 8u + (j >> 3u)) >> (j & 7u)) & 1u) << 2u;
         }
-        q = i32(u) - (1 << ($BITSu - 1u));
+        if ($LLOYD_MAX) {
+            q = lloyd_max_level(u);
+        } else {
+            q = i32(u) - (1 << ($BITSu - 1u));
+        }
     } else {
         q = i32(($FN_byte(g + (j & 15u)) >> ((j >> 4u) * 4u)) & 15u) - 8;
     }
