@@ -336,6 +336,16 @@ pub trait Backend {
     /// submission and waits). Errors the device reported since the last read (device
     /// lost, out of memory) come back here.
     fn read_rows(&mut self, t: &Self::Tensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError>;
+    /// [`Backend::read_rows`] as a future, for a device whose results arrive only after the
+    /// caller yields (WebGPU in a browser). Native backends' futures are ready when first
+    /// polled (the default: the synchronous read).
+    fn read_rows_async(
+        &mut self,
+        t: &Self::Tensor,
+        rows: std::ops::Range<usize>,
+    ) -> impl std::future::Future<Output = Result<Vec<f32>, RuntimeError>> {
+        std::future::ready(self.read_rows(t, rows))
+    }
     /// Installs (or, with None, removes and returns) the observer that sees activations at
     /// the probe points: calibration, attn-bench's per-layer errors, attention maps.
     fn set_observer(&mut self, observer: Option<Box<dyn Observer>>) -> Option<Box<dyn Observer>>;

@@ -5,9 +5,10 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use duet_quant::gguf::GgufFile;
+use web_time::Instant;
 
 use crate::backend::Backend;
 use crate::error::RuntimeError;

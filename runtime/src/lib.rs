@@ -28,6 +28,7 @@ pub mod memory;
 pub mod model;
 pub mod model_config;
 pub mod observe;
+pub mod ready;
 pub mod sampler;
 pub mod text;
 pub mod tools;

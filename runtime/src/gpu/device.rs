@@ -144,11 +144,16 @@ const MAX_BINDING_WANTED: u64 = 1 << 31;
 /// The adapters wgpu finds on the primary backends (Vulkan, Metal, DX12), best first:
 /// discrete, integrated, virtual, then software (CPU) adapters.
 pub fn adapters() -> Vec<wgpu::Adapter> {
+    pollster::block_on(adapters_async())
+}
+
+/// [`adapters`] as a future (in a browser: the page's WebGPU adapter, if any).
+pub async fn adapters_async() -> Vec<wgpu::Adapter> {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
         backends: wgpu::Backends::PRIMARY,
         ..wgpu::InstanceDescriptor::new_without_display_handle_from_env()
     });
-    let mut list = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+    let mut list = instance.enumerate_adapters(wgpu::Backends::PRIMARY).await;
     list.sort_by_key(|a| rank(a.get_info().device_type));
     list
 }
@@ -214,7 +219,12 @@ pub fn lacking_limits(have: &wgpu::Limits) -> Vec<String> {
 impl GpuContext {
     /// Opens the best adapter allowed by `opts`, or says why none can be used.
     pub fn new(opts: &GpuOptions) -> Result<GpuContext, RuntimeError> {
-        let list = adapters();
+        pollster::block_on(Self::new_async(opts))
+    }
+
+    /// [`GpuContext::new`] as a future (a browser's adapter and device arrive as promises).
+    pub async fn new_async(opts: &GpuOptions) -> Result<GpuContext, RuntimeError> {
+        let list = adapters_async().await;
         if list.is_empty() {
             return Err(RuntimeError::Device(
                 "no Vulkan, Metal or DX12 adapter found (install a GPU driver, or mesa-vulkan-drivers for the lavapipe software adapter; --device cpu runs on the CPU)".into(),
@@ -227,7 +237,7 @@ impl GpuContext {
                 reasons.push(format!("{}: not a hardware GPU", describe(&info)));
                 continue;
             }
-            match Self::open(adapter, opts) {
+            match Self::open(adapter, opts).await {
                 Ok(ctx) => return Ok(ctx),
                 Err(e) => reasons.push(e.to_string()),
             }
@@ -235,7 +245,7 @@ impl GpuContext {
         Err(RuntimeError::Device(format!("no usable GPU adapter: {}", reasons.join("; "))))
     }
 
-    fn open(adapter: wgpu::Adapter, opts: &GpuOptions) -> Result<GpuContext, RuntimeError> {
+    async fn open(adapter: wgpu::Adapter, opts: &GpuOptions) -> Result<GpuContext, RuntimeError> {
         let info = adapter.get_info();
         let name = describe(&info);
         let have = adapter.limits();
@@ -308,15 +318,17 @@ impl GpuContext {
             // GPUs that run it (gpu_ops), and `--gpu-tune coop=off` leaves it out.
             experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
         }
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("duet"),
-            required_features: features,
-            required_limits: want.clone(),
-            experimental_features: experimental,
-            memory_hints: wgpu::MemoryHints::Performance,
-            ..Default::default()
-        }))
-        .map_err(|e| RuntimeError::Device(format!("{name}: cannot open the device: {e}")))?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("duet"),
+                required_features: features,
+                required_limits: want.clone(),
+                experimental_features: experimental,
+                memory_hints: wgpu::MemoryHints::Performance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| RuntimeError::Device(format!("{name}: cannot open the device: {e}")))?;
         let sink = Arc::new(Mutex::new(ErrorSink::default()));
         {
             let sink = Arc::clone(&sink);
@@ -421,8 +433,21 @@ impl GpuContext {
     }
 
     /// Runs `f` (which creates resources) and reports an out-of-memory or validation error
-    /// it caused.
+    /// it caused. In a browser an error scope's result is a promise that only the page's
+    /// event loop settles: there `f`'s errors reach the uncaptured-error sink instead, and
+    /// the next readback reports them.
     pub fn checked<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T, RuntimeError> {
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = what;
+            return Ok(f());
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        self.checked_now(what, f)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn checked_now<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T, RuntimeError> {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();

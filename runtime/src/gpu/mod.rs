@@ -95,7 +95,12 @@ impl GpuBackend {
     /// Opens an adapter (see [`GpuOptions`]) and creates the layouts and the kernels every
     /// model uses.
     pub fn new(opts: &GpuOptions) -> Result<GpuBackend, RuntimeError> {
-        let ctx = GpuContext::new(opts)?;
+        pollster::block_on(Self::new_async(opts))
+    }
+
+    /// [`GpuBackend::new`] as a future (in a browser the adapter and device are promises).
+    pub async fn new_async(opts: &GpuOptions) -> Result<GpuBackend, RuntimeError> {
+        let ctx = GpuContext::new_async(opts).await?;
         let alloc = Allocator::default();
         let pipes = Pipelines::new(&ctx.device, ctx.trusted);
         let rec = Recorder::new(&ctx, &alloc);
@@ -455,6 +460,10 @@ impl Backend for GpuBackend {
     }
 
     fn read_rows(&mut self, t: &GpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {
+        crate::ready::finish(self.read_rows_async(t, rows))
+    }
+
+    async fn read_rows_async(&mut self, t: &GpuTensor, rows: std::ops::Range<usize>) -> Result<Vec<f32>, RuntimeError> {
         if let Some(e) = self.observe_error.take() {
             return Err(e);
         }
@@ -465,7 +474,7 @@ impl Backend for GpuBackend {
         let off = (rows.start * t.cols * 4) as u64;
         let size = (rows.len() * t.cols * 4) as u64;
         self.submit(Some((&t.buf, off, size)));
-        self.rec.read(&self.ctx, size)
+        self.rec.read_async(&self.ctx, size).await
     }
 
     fn set_observer(

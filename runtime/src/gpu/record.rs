@@ -119,7 +119,7 @@ impl Recorder {
             self.submit(ctx, alloc, None);
         }
         // After that flush: its time is the submission's (and its wait's), not the recording's.
-        let started = self.profiler.is_some().then(std::time::Instant::now);
+        let started = self.profiler.is_some().then(web_time::Instant::now);
         let offset = self.staging.len() as u32;
         self.staging.extend(params.iter().flat_map(|v| v.to_le_bytes()));
         self.staging.resize(offset as usize + PARAMS_SLOT as usize, 0);
@@ -174,7 +174,7 @@ impl Recorder {
     /// Submits everything recorded, then copies `readback` = (buffer, byte offset, bytes)
     /// into the readback buffer in the same submission.
     pub fn submit(&mut self, ctx: &GpuContext, alloc: &Allocator, readback: Option<(&Buf, u64, u64)>) {
-        let started = std::time::Instant::now();
+        let started = web_time::Instant::now();
         // Release bind groups that hold buffers dropped since the last submission.
         let dead: Vec<u64> = std::mem::take(&mut *alloc.dead.lock().unwrap_or_else(|p| p.into_inner()));
         if !dead.is_empty() {
@@ -228,7 +228,7 @@ impl Recorder {
         }
         if let Some(p) = self.profiler.as_mut().filter(|_| !self.pending.is_empty()) {
             let kernels: Vec<(Variant, u64)> = self.pending.iter().map(|d| (d.variant, d.weight_bytes)).collect();
-            let waited = std::time::Instant::now();
+            let waited = web_time::Instant::now();
             if let Err(e) = p.collect(ctx, &kernels) {
                 self.profile_error.get_or_insert(e);
             }
@@ -243,29 +243,48 @@ impl Recorder {
     /// Waits for the last submission and returns the first `size` bytes of the readback
     /// buffer as f32.
     pub fn read(&mut self, ctx: &GpuContext, size: u64) -> Result<Vec<f32>, RuntimeError> {
+        crate::ready::finish(self.read_async(ctx, size))
+    }
+
+    /// [`Recorder::read`] as a future. Natively the device is waited for before the future
+    /// is first polled, so it is ready then; in a browser (WebGPU) the mapping completes from
+    /// the page's event loop, which wakes the task.
+    pub async fn read_async(&mut self, ctx: &GpuContext, size: u64) -> Result<Vec<f32>, RuntimeError> {
         if let Some(e) = self.profile_error.take() {
             return Err(e);
         }
-        let started = std::time::Instant::now();
+        let started = web_time::Instant::now();
         let rb = self.readback.as_ref().expect("submit with a readback first");
-        let slot = Arc::new(std::sync::Mutex::new(None));
+        let state = Arc::new(std::sync::Mutex::new(MapState::default()));
         {
-            let slot = Arc::clone(&slot);
+            let state = Arc::clone(&state);
             rb.map_async(wgpu::MapMode::Read, 0..size, move |r| {
-                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+                s.result = Some(r);
+                if let Some(w) = s.waker.take() {
+                    w.wake();
+                }
             });
         }
-        let poll = ctx.device.poll(wgpu::PollType::wait_indefinitely());
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let poll = ctx.device.poll(wgpu::PollType::wait_indefinitely());
+            if let Some(e) = ctx.take_error() {
+                return Err(e);
+            }
+            if let Err(e) = poll {
+                return Err(RuntimeError::Device(format!("waiting for the GPU failed: {e}")));
+            }
+            if state.lock().unwrap_or_else(|p| p.into_inner()).result.is_none() {
+                return Err(RuntimeError::Device("the GPU did not finish the readback".into()));
+            }
+        }
+        let mapped = Mapped(state).await;
         if let Some(e) = ctx.take_error() {
             return Err(e);
         }
-        if let Err(e) = poll {
-            return Err(RuntimeError::Device(format!("waiting for the GPU failed: {e}")));
-        }
-        match slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(RuntimeError::Device(format!("reading results back from the GPU failed: {e}"))),
-            None => return Err(RuntimeError::Device("the GPU did not finish the readback".into())),
+        if let Err(e) = mapped {
+            return Err(RuntimeError::Device(format!("reading results back from the GPU failed: {e}")));
         }
         let out = {
             let view = rb
@@ -278,5 +297,31 @@ impl Recorder {
             p.host(HostStep::Wait, started.elapsed());
         }
         Ok(out)
+    }
+}
+
+/// A readback's mapping in progress: its result once `map_async`'s callback has run, and the
+/// task to wake then.
+#[derive(Default)]
+struct MapState {
+    result: Option<Result<(), wgpu::BufferAsyncError>>,
+    waker: Option<std::task::Waker>,
+}
+
+/// The mapping as a future.
+struct Mapped(Arc<std::sync::Mutex<MapState>>);
+
+impl std::future::Future for Mapped {
+    type Output = Result<(), wgpu::BufferAsyncError>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match s.result.take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
     }
 }

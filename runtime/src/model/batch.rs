@@ -111,6 +111,18 @@ impl<B: Backend> Model<B> {
         &self,
         b: &mut B,
         ctx: &mut BatchContext<B>,
+        batch: Batch<'_, '_, B>,
+    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        crate::ready::finish(self.decode_async(b, ctx, batch))
+    }
+
+    /// [`Model::decode`] as a future: the same steps, each awaiting its logits' readback —
+    /// for a device whose results arrive only after the caller yields (WebGPU in a
+    /// browser). [`Model::decode`] is this, driven where it stands ([`crate::ready`]).
+    pub async fn decode_async(
+        &self,
+        b: &mut B,
+        ctx: &mut BatchContext<B>,
         mut batch: Batch<'_, '_, B>,
     ) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let seqs = &mut batch.seqs;
@@ -145,7 +157,7 @@ impl<B: Backend> Model<B> {
             if parts.is_empty() {
                 break;
             }
-            let logits = match self.run_step(b, &mut ctx.acts, seqs, &parts) {
+            let logits = match self.run_step(b, &mut ctx.acts, seqs, &parts).await {
                 Ok(l) => l,
                 Err(e) => {
                     for (s, &d) in seqs.iter_mut().zip(&done) {
@@ -181,7 +193,19 @@ impl<B: Backend> Model<B> {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Vec<f32>, RuntimeError> {
-        let mut out = self.decode(b, ctx, Batch::one(session, tokens, logits))?;
+        crate::ready::finish(self.decode_one_async(b, ctx, session, tokens, logits))
+    }
+
+    /// [`Model::decode_one`] as a future ([`Model::decode_async`]).
+    pub async fn decode_one_async(
+        &self,
+        b: &mut B,
+        ctx: &mut BatchContext<B>,
+        session: &mut Session<B>,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Vec<f32>, RuntimeError> {
+        let mut out = self.decode_async(b, ctx, Batch::one(session, tokens, logits)).await?;
         Ok(out.pop().expect("one sequence's logits"))
     }
 

@@ -115,8 +115,9 @@ fn gather<B: Backend>(b: &mut B, src: &B::Tensor, rows: &[usize], dst: &mut B::T
 
 impl<B: Backend> Model<B> {
     /// Runs the step `parts` of `seqs` (each part's tokens at its session's `n_past`) and
-    /// returns the logits of the rows that want them, in row order.
-    pub(crate) fn run_step(
+    /// returns the logits of the rows that want them, in row order. Async only for the
+    /// readback of the logits ([`Backend::read_rows_async`]).
+    pub(crate) async fn run_step(
         &self,
         b: &mut B,
         a: &mut Acts<B>,
@@ -177,7 +178,7 @@ impl<B: Backend> Model<B> {
         let narrowed = self.run_layers(b, a, &tokens, probes, &outs, &mut attend);
         drop(cache);
         drop(sessions);
-        let logits = self.logits(b, a, &outs, tokens.len(), narrowed, probes)?;
+        let logits = self.logits(b, a, &outs, tokens.len(), narrowed, probes).await?;
         // Positions count once the step's results are in (a failed step advances nobody).
         for p in parts {
             seqs[p.seq].session.n_past += p.len;
@@ -187,7 +188,7 @@ impl<B: Backend> Model<B> {
 
     /// The logits of step rows `outs` (of `rows`) after [`Model::run_layers`] (which
     /// `narrowed` them or not); probes as there.
-    fn logits(
+    async fn logits(
         &self,
         b: &mut B,
         a: &mut Acts<B>,
@@ -226,7 +227,7 @@ impl<B: Backend> Model<B> {
             }
             b.matmul(output, &a.xn, &mut a.logits);
         }
-        b.read_rows(&a.logits, 0..n_out)
+        b.read_rows_async(&a.logits, 0..n_out).await
     }
 
     /// Embeds `tokens` into `a.x` and runs every layer on those rows; `attend` fills `a.att`

@@ -352,7 +352,7 @@ fn describe(e: &Error) -> String {
 
 /// The date formats templates ask for (Llama 3's "%d %b %Y"), in UTC.
 fn strftime_now(fmt: &str) -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let secs = web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
     let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
     const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     fmt.replace("%d", &format!("{d:02}"))
