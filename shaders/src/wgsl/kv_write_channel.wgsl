@@ -150,7 +150,9 @@ fn clipped_range(t0: u32, a: f32, b: f32) -> vec2<u32> {
         return whole;
     }
     var best = whole;
-    var best_err = bitcast<f32>(0x7f800000u);
+    // +inf built from a run-time value: WGSL makes a constant infinity an error (Chrome's
+    // compiler refuses it; naga does not check).
+    var best_err = bitcast<f32>(0x7f800000u | (t0 & 0u));
     for (var i = 0u; i <= CLIP_QUARTERS; i++) {
         for (var j = 0u; j <= CLIP_QUARTERS; j++) {
             var lo_bits = whole.x;

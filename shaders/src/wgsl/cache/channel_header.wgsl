@@ -19,7 +19,9 @@ fn compact_step(unit: f32, e: u32) -> f32 {
 fn compact_decode(w: u32, unit: f32) -> vec2<f32> {
     let m = bitcast<i32>(w << 23u) >> 23u;
     if (m == -256) {
-        let nan = bitcast<f32>(0x7fc00000u);
+        // A NaN built from the run-time word: WGSL makes a constant NaN an error (Chrome's
+        // compiler refuses it; naga does not check).
+        let nan = bitcast<f32>(0x7fc00000u | (w & 0u));
         return vec2<f32>(nan, nan);
     }
     let step = compact_step(unit, (w >> 9u) & 0x7fu);
