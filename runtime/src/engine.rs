@@ -100,8 +100,12 @@ pub struct Engine<B: Backend> {
 }
 
 impl<B: Backend> Engine<B> {
-    pub fn load(mut backend: B, path: &Path, opts: &EngineOptions) -> Result<Engine<B>, RuntimeError> {
-        let file = Arc::new(GgufFile::open(path)?);
+    pub fn load(backend: B, path: &Path, opts: &EngineOptions) -> Result<Engine<B>, RuntimeError> {
+        Self::from_gguf(backend, Arc::new(GgufFile::open(path)?), opts)
+    }
+
+    /// [`Engine::load`] of a file already read (in a browser: bytes fetched by the page).
+    pub fn from_gguf(mut backend: B, file: Arc<GgufFile>, opts: &EngineOptions) -> Result<Engine<B>, RuntimeError> {
         // The model first: an unsupported architecture is the more useful error.
         let model = Model::load(&mut backend, Arc::clone(&file))?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
@@ -159,6 +163,11 @@ impl<B: Backend> Engine<B> {
     /// Evaluates `tokens` as the whole context, reusing the longest cached prefix, and
     /// returns the last position's logits.
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, usize), RuntimeError> {
+        crate::ready::finish(self.prefill_async(tokens))
+    }
+
+    /// [`Engine::prefill`] as a future ([`Model::decode_async`]).
+    pub async fn prefill_async(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, usize), RuntimeError> {
         if tokens.is_empty() {
             return Err(RuntimeError::Usage("the prompt is empty".into()));
         }
@@ -172,7 +181,7 @@ impl<B: Backend> Engine<B> {
         }
         let common = self.session.truncate(common);
         self.cached.truncate(common);
-        let logits = self.eval(&tokens[common..], Logits::Last)?;
+        let logits = self.eval_async(&tokens[common..], Logits::Last).await?;
         Ok((logits, common))
     }
 
@@ -181,10 +190,20 @@ impl<B: Backend> Engine<B> {
         self.eval(&[token], Logits::Last)
     }
 
+    /// [`Engine::step`] as a future.
+    pub async fn step_async(&mut self, token: u32) -> Result<Vec<f32>, RuntimeError> {
+        self.eval_async(&[token], Logits::Last).await
+    }
+
     /// Runs `tokens` after the cached ones (a batch of this one sequence), which then hold
     /// them too, and returns their logits as `want` says.
     pub fn eval(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, RuntimeError> {
-        match self.model.decode_one(&mut self.backend, &mut self.context, &mut self.session, tokens, want) {
+        crate::ready::finish(self.eval_async(tokens, want))
+    }
+
+    /// [`Engine::eval`] as a future.
+    pub async fn eval_async(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, RuntimeError> {
+        match self.model.decode_one_async(&mut self.backend, &mut self.context, &mut self.session, tokens, want).await {
             Ok(logits) => {
                 self.cached.extend_from_slice(tokens);
                 Ok(logits)

@@ -135,48 +135,51 @@ impl<B: Backend> Model<B> {
         let sessions: Vec<&Session<B>> = parts.iter().map(|p| &*seqs[p.seq].session).collect();
         // Probes report one sequence's positions: observed sequences run alone (plan_step).
         let probes = (parts.len() == 1).then(|| sessions[0].n_past);
-        let mut cache = locked(&sessions[0].cache);
-        let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>, merge: bool| {
-            let spans: Vec<SeqSpan> = parts
-                .iter()
-                .zip(&sessions)
-                .map(|(p, s)| SeqSpan {
-                    seq: s.pages(),
-                    first: p.first,
-                    rows: p.len,
-                    pos0: s.n_past,
-                    spec: &s.attention[il],
-                })
-                .collect();
-            let Acts { q, k, v, att, pairs, .. } = a;
-            let watched = probes.is_some() && [Probe::Q, Probe::K, Probe::V].into_iter().any(|p| b.observes(p, il));
-            if !watched {
-                // Nobody looks at the rotated rows: the backend may rotate them as it stores
-                // (and merge DIFF V2's head pairs as it combines).
-                let pairs = match (merge, pairs) {
-                    (true, Some((gate, combined))) => Some((&*gate, combined)),
-                    _ => None,
-                };
-                let merged = pairs.is_some();
-                b.attention(q, k, v, &mut cache.kv, il, &spans, Some(&self.rope), pairs, att);
-                return merged;
-            }
-            // Watched: Q and K are rotated here, for the observer, and stored as they are. A K
-            // cache that holds keys before RoPE (q4c, q3c, q2c) then holds this step's keys after
-            // it, read without rotation: a session watched at every step (as the tools that
-            // watch Q, K or V run theirs) is consistent, but measures the post-RoPE keys.
-            let pos0 = spans[0].pos0;
-            b.rope(q, c.n_heads, c.head_dim, pos0, &self.rope);
-            b.rope(k, c.n_kv_heads, c.head_dim, pos0, &self.rope);
-            // Keys first: an observer recomputing attention logits needs them for the queries.
-            b.observe(Probe::K, il, pos0, k);
-            b.observe(Probe::V, il, pos0, v);
-            b.observe(Probe::Q, il, pos0, q);
-            b.attention(q, k, v, &mut cache.kv, il, &spans, None, None, att);
-            false
+        // The cache's lock and the sessions' borrows end with the layers, before the
+        // logits' readback is awaited.
+        let narrowed = {
+            let mut cache = locked(&sessions[0].cache);
+            let mut attend = |b: &mut B, il: usize, a: &mut Acts<B>, merge: bool| {
+                let spans: Vec<SeqSpan> = parts
+                    .iter()
+                    .zip(&sessions)
+                    .map(|(p, s)| SeqSpan {
+                        seq: s.pages(),
+                        first: p.first,
+                        rows: p.len,
+                        pos0: s.n_past,
+                        spec: &s.attention[il],
+                    })
+                    .collect();
+                let Acts { q, k, v, att, pairs, .. } = a;
+                let watched = probes.is_some() && [Probe::Q, Probe::K, Probe::V].into_iter().any(|p| b.observes(p, il));
+                if !watched {
+                    // Nobody looks at the rotated rows: the backend may rotate them as it stores
+                    // (and merge DIFF V2's head pairs as it combines).
+                    let pairs = match (merge, pairs) {
+                        (true, Some((gate, combined))) => Some((&*gate, combined)),
+                        _ => None,
+                    };
+                    let merged = pairs.is_some();
+                    b.attention(q, k, v, &mut cache.kv, il, &spans, Some(&self.rope), pairs, att);
+                    return merged;
+                }
+                // Watched: Q and K are rotated here, for the observer, and stored as they are. A K
+                // cache that holds keys before RoPE (q4c, q3c, q2c) then holds this step's keys after
+                // it, read without rotation: a session watched at every step (as the tools that
+                // watch Q, K or V run theirs) is consistent, but measures the post-RoPE keys.
+                let pos0 = spans[0].pos0;
+                b.rope(q, c.n_heads, c.head_dim, pos0, &self.rope);
+                b.rope(k, c.n_kv_heads, c.head_dim, pos0, &self.rope);
+                // Keys first: an observer recomputing attention logits needs them for the queries.
+                b.observe(Probe::K, il, pos0, k);
+                b.observe(Probe::V, il, pos0, v);
+                b.observe(Probe::Q, il, pos0, q);
+                b.attention(q, k, v, &mut cache.kv, il, &spans, None, None, att);
+                false
+            };
+            self.run_layers(b, a, &tokens, probes, &outs, &mut attend)
         };
-        let narrowed = self.run_layers(b, a, &tokens, probes, &outs, &mut attend);
-        drop(cache);
         drop(sessions);
         let logits = self.logits(b, a, &outs, tokens.len(), narrowed, probes).await?;
         // Positions count once the step's results are in (a failed step advances nobody).
