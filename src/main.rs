@@ -48,6 +48,8 @@ enum Command {
     Run(cmd::run::Args),
     /// An OpenAI-compatible HTTP server (chat/completions, completions, models, metrics)
     Serve(cmd::serve::Args),
+    /// A chat page that runs models in the browser on WebGPU (served on loopback)
+    Web(cmd::web::Args),
 }
 
 fn main() -> ExitCode {
@@ -67,7 +69,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => a.model.settle_device(),
         Command::Run(a) => a.model.settle_device(),
         Command::Serve(a) => a.model.settle_device(),
-        Command::AttnBench(_) | Command::Convert(_) | Command::Info(_) | Command::Needle(_) => Ok(()),
+        Command::AttnBench(_) | Command::Convert(_) | Command::Info(_) | Command::Needle(_) | Command::Web(_) => Ok(()),
     };
     let result = settled.and_then(|()| cmd::environment::init()).and_then(|()| match cli.command {
         Command::AttnBench(args) => cmd::attn_bench::run(args),
@@ -80,6 +82,7 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => cmd::perplexity::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Serve(args) => cmd::serve::run(args),
+        Command::Web(args) => cmd::web::run(args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -43,7 +43,8 @@ for t in aarch64-apple-darwin x86_64-pc-windows-msvc; do
   RUSTFLAGS="-D warnings" cargo check --release --locked --target "$t" --workspace --no-default-features \
     --features duet-runtime/gpu
 done
-# In a browser: the runtime (the CLI, its server and the converter stay native).
-note "cargo check --target wasm32-unknown-unknown -p duet-runtime --no-default-features --features gpu (warnings are errors)"
-RUSTFLAGS="-D warnings" cargo check --release --locked --target wasm32-unknown-unknown -p duet-runtime \
-  --no-default-features --features gpu
+# In a browser: the runtime and its wasm-bindgen entry points (the CLI, its server and the
+# converter stay native).
+note "cargo check --target wasm32-unknown-unknown -p duet-runtime -p duet-web --no-default-features --features gpu (warnings are errors)"
+RUSTFLAGS="-D warnings" cargo check --release --locked --target wasm32-unknown-unknown -p duet-runtime -p duet-web \
+  --no-default-features --features duet-runtime/gpu

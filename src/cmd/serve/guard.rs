@@ -15,25 +15,11 @@ use duet_runtime::tools::serve::openai_reply::Usage;
 use serde_json::{Map, Value};
 
 use super::App;
+use crate::cmd::common::{host_name, is_loopback};
 
 pub fn error(e: ApiError) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, [(header::CONTENT_TYPE, "application/json")], e.body()).into_response()
-}
-
-/// Whether `host` (a --host value) is a loopback address.
-pub fn is_loopback(host: &str) -> bool {
-    let h = host.trim_start_matches('[').trim_end_matches(']');
-    h.eq_ignore_ascii_case("localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// The Host header's name, lower case, without a port (`[::1]:8080` → `[::1]`).
-pub fn host_name(value: &str) -> String {
-    let v = value.trim().to_ascii_lowercase();
-    if v.starts_with('[') {
-        return v.split_once(']').map_or(v.clone(), |(a, _)| format!("{a}]"));
-    }
-    v.rsplit_once(':').filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit())).map_or(v.clone(), |(h, _)| h.to_string())
 }
 
 /// Equal without an early exit at the first difference (the key comparison's time says

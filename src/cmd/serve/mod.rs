@@ -23,7 +23,8 @@ use duet_runtime::tools::serve::openai::Kind;
 use duet_runtime::tools::serve::scheduler::Scheduler;
 use serde_json::json;
 
-use guard::{host_name, is_loopback, refused_request, unauthorized};
+use super::common::{host_name, is_loopback};
+use guard::{refused_request, unauthorized};
 
 use super::common::{AnyEngine, ModelArgs, SamplingArgs, file_name, load_engine, require_model};
 

@@ -8,6 +8,7 @@
 //! asset is then a failure) and, where it installed a Vulkan driver, `DUET_REQUIRE_GPU=1`
 //! (a missing adapter is then a failure): CI never passes by skipping.
 
+pub mod devtools;
 pub mod json_schema;
 
 use std::io::Write;

@@ -1,0 +1,100 @@
+// duet's chat page: loads the wasm runtime (/pkg/), lists the models `duet web` serves
+// (/models), fetches the chosen one and generates on the page's WebGPU adapter, a token at a
+// time. A query string runs one prompt at once — `?model=N&prompt=TEXT&max=K` — and
+// `window.duetResult` is then a promise of { tokens, text, adapter, promptTokens }: the
+// test (tests/web_browser.rs) reads it over the DevTools protocol.
+import init, { load } from "/pkg/duet_web.js";
+
+const $ = (id) => document.getElementById(id);
+let duet = null;
+let used = 0;
+
+function status(text, error = false) {
+  $("status").textContent = text;
+  $("status").className = error ? "error" : "";
+  if (error) console.error(text);
+}
+
+function turn(cls, text) {
+  const d = document.createElement("div");
+  d.className = "turn " + cls;
+  d.textContent = text;
+  $("log").append(d);
+  return d;
+}
+
+async function loadModel(i, name) {
+  duet = null;
+  $("prompt").disabled = $("send").disabled = true;
+  status(`Fetching ${name}…`);
+  const resp = await fetch(`/models/${i}`);
+  if (!resp.ok) throw new Error(`fetching ${name}: HTTP ${resp.status}`);
+  const bytes = new Uint8Array(await resp.arrayBuffer());
+  status(`Loading ${name} (${(bytes.length / 1048576).toFixed(1)} MiB) onto the GPU…`);
+  duet = await load(bytes, name, 0);
+  $("adapter").textContent = duet.adapter();
+  for (const n of duet.notes()) turn("model", "note: " + n);
+  used = 0;
+  $("ctx").textContent = `context 0 / ${duet.n_ctx()} tokens`;
+  $("prompt").disabled = $("send").disabled = false;
+  status(`${name} is ready.`);
+}
+
+async function reply(prompt, max) {
+  turn("user", prompt);
+  const out = turn("model", "");
+  const promptTokens = await duet.start(prompt, max);
+  const t0 = performance.now();
+  let text = "";
+  for (;;) {
+    const piece = await duet.next();
+    if (piece === undefined) break;
+    text += piece;
+    out.textContent = text;
+    const n = duet.tokens().length;
+    const s = (performance.now() - t0) / 1000;
+    $("stats").textContent = `${n} tokens, ${(n / s).toFixed(1)} tokens/s`;
+  }
+  const tokens = Array.from(duet.tokens());
+  used = promptTokens + tokens.length;
+  $("ctx").textContent = `context ${used} / ${duet.n_ctx()} tokens`;
+  return { tokens, text, adapter: duet.adapter(), promptTokens };
+}
+
+async function main() {
+  if (!navigator.gpu) {
+    status("This browser has no WebGPU (navigator.gpu is missing): use a recent Chrome or Edge, or enable WebGPU in Firefox or Safari.", true);
+    throw new Error("no WebGPU");
+  }
+  await init();
+  const models = await (await fetch("/models")).json();
+  for (const [i, m] of models.entries()) {
+    const o = document.createElement("option");
+    o.value = i;
+    o.textContent = `${m.name} (${(m.bytes / 1048576).toFixed(1)} MiB)`;
+    $("model").append(o);
+  }
+  const pick = () => [Number($("model").value), models[Number($("model").value)].name];
+  $("load").onclick = () => loadModel(...pick()).catch((e) => status(String(e), true));
+  $("ask").onsubmit = (ev) => {
+    ev.preventDefault();
+    const p = $("prompt").value;
+    if (!duet || !p) return;
+    $("send").disabled = true;
+    reply(p, 256).catch((e) => status(String(e), true)).finally(() => ($("send").disabled = false));
+  };
+  const q = new URLSearchParams(location.search);
+  if (q.has("prompt")) {
+    const i = Number(q.get("model") || 0);
+    $("model").value = i;
+    await loadModel(i, models[i].name);
+    return reply(q.get("prompt"), Number(q.get("max") || 32));
+  }
+  status(models.length ? "Choose a model and press Load." : "duet web serves no model.");
+}
+
+window.duetResult = main().catch((e) => {
+  status(String(e), true);
+  throw e;
+});
+window.duetResult.then((r) => r && console.log(`duet: ${r.tokens.length} tokens on ${r.adapter}: ${JSON.stringify(r.tokens)}`));

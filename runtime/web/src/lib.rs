@@ -1,0 +1,124 @@
+//! duet in a web browser: the runtime's GPU path on the page's WebGPU adapter (wgpu's
+//! `webgpu` backend), built for wasm32-unknown-unknown and bound to JavaScript with
+//! wasm-bindgen. `duet web` serves it with a chat page (runtime/web/page/).
+//!
+//! The page fetches a GGUF file and hands its bytes to [`load`]; [`Duet::start`] evaluates
+//! a prompt and [`Duet::next`] produces one token at a time (greedy), each awaiting its
+//! logits' readback — in a browser a readback completes only once the page's event loop has
+//! run, which is why the model's step is an async fn (`Model::decode_async`). Native builds
+//! of this crate are empty.
+#![cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use duet_quant::gguf::GgufFile;
+use duet_runtime::backend::Backend;
+use duet_runtime::engine::{Engine, EngineOptions, check_logits};
+use duet_runtime::gpu::{GpuBackend, GpuOptions};
+use duet_runtime::sampler::{Sampler, SamplerConfig};
+use duet_runtime::text::TextStream;
+use wasm_bindgen::prelude::*;
+
+/// A loaded model on the page's GPU, and the reply being generated.
+#[wasm_bindgen]
+pub struct Duet {
+    engine: RefCell<Engine<GpuBackend>>,
+    reply: RefCell<Reply>,
+    adapter: String,
+    notes: Vec<String>,
+}
+
+/// One reply's state between calls of [`Duet::next`].
+#[derive(Default)]
+struct Reply {
+    logits: Vec<f32>,
+    history: Vec<u32>,
+    generated: Vec<u32>,
+    stream: TextStream,
+    left: usize,
+    done: bool,
+}
+
+fn js_err(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+/// Loads the GGUF file `bytes` (named `name` in errors) onto the page's WebGPU adapter, with
+/// a context of `n_ctx` tokens (0: the model's training context, at most 4,096).
+#[wasm_bindgen]
+pub async fn load(bytes: Vec<u8>, name: String, n_ctx: u32) -> Result<Duet, JsError> {
+    let file = GgufFile::from_bytes_named(&bytes, name).map_err(js_err)?;
+    drop(bytes);
+    let backend = GpuBackend::new_async(&GpuOptions::default()).await.map_err(js_err)?;
+    let adapter = backend.describe();
+    let opts = EngineOptions { n_ctx: n_ctx as usize, ..EngineOptions::default() };
+    let engine = Engine::from_gguf(backend, Arc::new(file), &opts).map_err(js_err)?;
+    let notes = engine.notes.clone();
+    Ok(Duet { engine: RefCell::new(engine), reply: RefCell::default(), adapter, notes })
+}
+
+#[wasm_bindgen]
+impl Duet {
+    /// The adapter's name, backend and type.
+    pub fn adapter(&self) -> String {
+        self.adapter.clone()
+    }
+
+    /// What loading changed from the defaults, and why (one line each).
+    pub fn notes(&self) -> Vec<String> {
+        self.notes.clone()
+    }
+
+    /// The context's length in tokens.
+    pub fn n_ctx(&self) -> usize {
+        self.engine.borrow().n_ctx()
+    }
+
+    /// Evaluates `prompt` (plain text, BOS first where the model's tokenizer asks for it)
+    /// for a reply of at most `max_new` tokens; returns the prompt's token count. The cache
+    /// keeps the longest prefix shared with the last prompt and reply.
+    pub async fn start(&self, prompt: String, max_new: usize) -> Result<usize, JsError> {
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
+        let tokens = engine.tokenizer.encode(&prompt, engine.tokenizer.add_bos).map_err(js_err)?;
+        let (logits, _) = engine.prefill_async(&tokens).await.map_err(js_err)?;
+        let n = tokens.len();
+        *self.reply.borrow_mut() = Reply { logits, history: tokens, left: max_new, ..Reply::default() };
+        Ok(n)
+    }
+
+    /// The next piece of the reply's text (possibly empty while a character is incomplete),
+    /// or `undefined` once the reply has ended: an end-of-generation token, `max_new` tokens,
+    /// or a full context.
+    pub async fn next(&self) -> Result<Option<String>, JsError> {
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
+        let mut reply = self.reply.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
+        let r = &mut *reply;
+        if r.done {
+            return Ok(None);
+        }
+        if r.left == 0 || engine.session.n_past >= engine.n_ctx() {
+            r.done = true;
+            return r.stream.flush(&engine.tokenizer).map(Some).map_err(js_err);
+        }
+        check_logits(&r.logits, r.generated.len()).map_err(js_err)?;
+        let tok = Sampler::new(SamplerConfig::greedy()).sample(&mut r.logits, &r.history);
+        r.left -= 1;
+        if engine.tokenizer.is_eog(tok) {
+            r.done = true;
+            return r.stream.flush(&engine.tokenizer).map(Some).map_err(js_err);
+        }
+        r.generated.push(tok);
+        r.history.push(tok);
+        let text = r.stream.push(&engine.tokenizer, tok).map_err(js_err)?;
+        if r.left > 0 && engine.session.n_past < engine.n_ctx() {
+            r.logits = engine.step_async(tok).await.map_err(js_err)?;
+        }
+        Ok(Some(text))
+    }
+
+    /// The reply's token ids so far.
+    pub fn tokens(&self) -> Vec<u32> {
+        self.reply.borrow().generated.clone()
+    }
+}

@@ -1,0 +1,170 @@
+//! `duet web` in headless Chromium: the browser build of the runtime (runtime/web, built by
+//! runtime/web/build.sh; tests/run-all.sh builds it and sets `DUET_WEB_PKG`) runs the bundled
+//! DIFF model and SmolLM2-135M on WebGPU — Chromium's SwiftShader adapter, on the CPU — and
+//! its greedy tokens are the CPU backend's (`duet run --device cpu --temp 0`'s).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use duet_runtime::cpu::CpuBackend;
+use duet_runtime::engine::{Engine, EngineOptions};
+use duet_runtime::sampler::{Sampler, SamplerConfig};
+use duet_test_support::devtools::{Browser, base64_decode};
+use duet_test_support::{asset, chromium, program, repo_root};
+use serde_json::{Value, json};
+
+/// WebGPU on SwiftShader in headless Chromium (../shared/docs/resources.md).
+const WEBGPU_FLAGS: [&str; 7] = [
+    "--enable-unsafe-webgpu",
+    "--enable-features=Vulkan",
+    "--use-vulkan=swiftshader",
+    "--use-webgpu-adapter=swiftshader",
+    "--enable-unsafe-swiftshader",
+    "--disable-vulkan-surface",
+    "--window-size=1000,760",
+];
+
+const PROMPT: &str = "The capital of France is";
+const MAX_NEW: usize = 12;
+
+/// `duet web` on a free loopback port; killed on drop.
+struct Server(Child, u16);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(models: &[&Path], pkg: &Path) -> Server {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_duet"));
+    cmd.args(["web", "--port", "0", "--pkg"]).arg(pkg);
+    for m in models {
+        cmd.arg("-m").arg(m);
+    }
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start duet web");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("duet web's first line");
+    let port = line
+        .split("http://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in duet web's first line: {line}"));
+    Server(child, port)
+}
+
+/// The CPU backend's greedy reply to `PROMPT` (what `duet run --device cpu --temp 0` runs).
+fn cpu_tokens(model: &Path) -> Vec<u32> {
+    let mut engine = Engine::load(CpuBackend::new(2), model, &EngineOptions::default()).expect("load on the CPU");
+    let prompt = engine.tokenizer.encode(PROMPT, engine.tokenizer.add_bos).expect("tokenize");
+    let (tokens, _) =
+        engine.generate(&prompt, MAX_NEW, &mut Sampler::new(SamplerConfig::greedy()), &mut |_| true).expect("generate");
+    tokens
+}
+
+/// Messages the page logged as errors: console errors, uncaught exceptions, and the
+/// browser's own error entries (a shader WebGPU refused, a failed load).
+fn errors(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e["method"].as_str()? {
+            "Runtime.consoleAPICalled" if e["params"]["type"] == "error" => Some(e["params"]["args"].to_string()),
+            "Runtime.exceptionThrown" => Some(e["params"]["exceptionDetails"].to_string()),
+            "Log.entryAdded" if e["params"]["entry"]["level"] == "error" => Some(e["params"]["entry"].to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn web_page_generates_the_cpu_backends_tokens() {
+    let test = "web_page_generates_the_cpu_backends_tokens";
+    let Some(chromium) = chromium(test) else { return };
+    let Some(pkg) = program(
+        test,
+        "DUET_WEB_PKG",
+        &repo_root().join("target/web/pkg").to_string_lossy(),
+        "browser build of the runtime (bash runtime/web/build.sh)",
+    ) else {
+        return;
+    };
+    let Some(smollm2) = asset(test, "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    let diff = repo_root().join("models/duet-diff-ref.q8_0.gguf");
+    let models = [diff.as_path(), smollm2.as_path()];
+    let server = start_server(&models, &pkg);
+    let browser = Browser::launch(&chromium, &WEBGPU_FLAGS);
+    let mut page = browser.page();
+    let minute = Duration::from_secs(60);
+    for domain in ["Runtime.enable", "Log.enable", "Page.enable"] {
+        page.call(domain, json!({}), minute);
+    }
+    let shot: PathBuf = repo_root().join("target/web/duet-web.png");
+    for (i, model) in models.iter().enumerate() {
+        let want = cpu_tokens(model);
+        page.events.clear();
+        let url =
+            format!("http://127.0.0.1:{}/?model={i}&max={MAX_NEW}&prompt={}", server.1, PROMPT.replace(' ', "%20"));
+        page.call("Page.navigate", json!({ "url": url }), minute);
+        page.wait_for("Page.loadEventFired", minute);
+        let t0 = std::time::Instant::now();
+        let r = page.call(
+            "Runtime.evaluate",
+            json!({ "expression": "window.duetResult.then(r => JSON.stringify(r))", "awaitPromise": true, "returnByValue": true }),
+            Duration::from_secs(900),
+        );
+        let errs = errors(&page.events);
+        assert!(errs.is_empty(), "{}: the page logged errors:\n{}", model.display(), errs.join("\n"));
+        let value = r["result"]["value"].as_str().unwrap_or_else(|| panic!("{}: no result: {r}", model.display()));
+        let got: Value = serde_json::from_str(value).expect("the page's result is JSON");
+        let adapter = got["adapter"].as_str().unwrap_or_default();
+        let tokens: Vec<u32> =
+            got["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().expect("a token id") as u32).collect();
+        eprintln!(
+            "{test}: {}: {} tokens in {:.1} s on {adapter}: {:?} (text {:?})",
+            model.display(),
+            tokens.len(),
+            t0.elapsed().as_secs_f64(),
+            tokens,
+            got["text"]
+        );
+        assert!(adapter.contains("BrowserWebGpu"), "the page ran on WebGPU: {adapter}");
+        assert_eq!(tokens, want, "{}: the page's greedy tokens against the CPU backend's", model.display());
+        if i + 1 == models.len() {
+            let png = page.call("Page.captureScreenshot", json!({ "format": "png" }), minute);
+            let bytes = base64_decode(png["data"].as_str().expect("screenshot data"));
+            assert!(bytes.starts_with(b"\x89PNG"), "a PNG screenshot");
+            std::fs::create_dir_all(shot.parent().expect("a folder")).expect("target/web");
+            std::fs::write(&shot, bytes).expect("write the screenshot");
+            eprintln!("{test}: screenshot {}", shot.display());
+        }
+    }
+}
+
+/// `duet web`'s refusals: a host other than loopback, a missing browser build, a missing
+/// model — each an error naming the problem, before anything listens.
+#[test]
+fn web_refuses_a_remote_host_a_missing_build_and_a_missing_model() {
+    let diff = repo_root().join("models/duet-diff-ref.q8_0.gguf");
+    let pkg = std::env::temp_dir().join(format!("duet-web-pkg-{}", std::process::id()));
+    std::fs::create_dir_all(&pkg).unwrap();
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_duet")).arg("web").args(args).output().unwrap();
+        assert!(!out.status.success(), "duet web {args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["--host".as_ref(), "0.0.0.0".as_ref(), "-m".as_ref(), diff.as_os_str()]);
+    assert!(e.contains("loopback only") && e.contains("0.0.0.0"), "{e}");
+    let e = run(&["--pkg".as_ref(), pkg.as_os_str(), "-m".as_ref(), diff.as_os_str()]);
+    assert!(e.contains("duet_web.js is missing") && e.contains("runtime/web/build.sh"), "{e}");
+    for f in ["duet_web.js", "duet_web_bg.wasm"] {
+        std::fs::write(pkg.join(f), b"").unwrap();
+    }
+    let e = run(&["--pkg".as_ref(), pkg.as_os_str(), "-m".as_ref(), "no-such-model.gguf".as_ref()]);
+    assert!(e.contains("cannot read the model no-such-model.gguf"), "{e}");
+    assert!(!e.contains("panicked") && !e.contains("RUST_BACKTRACE"), "{e}");
+    let _ = std::fs::remove_dir_all(&pkg);
+}
