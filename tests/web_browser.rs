@@ -1,7 +1,8 @@
 //! `duet web` in headless Chromium: the browser build of the runtime (runtime/web, built by
 //! runtime/web/build.sh; tests/run-all.sh builds it and sets `DUET_WEB_PKG`) runs the bundled
-//! DIFF model and SmolLM2-135M on WebGPU — Chromium's SwiftShader adapter, on the CPU — and
-//! its greedy tokens are the CPU backend's (`duet run --device cpu --temp 0`'s).
+//! DIFF model, tiny DIFF V2, DEX and Llama fixtures and SmolLM2-135M on WebGPU — Chromium's
+//! SwiftShader adapter, on the CPU — and its greedy tokens are the CPU backend's (`duet run
+//! --device cpu --temp 0`'s).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -57,6 +58,15 @@ fn start_server(models: &[&Path], pkg: &Path) -> Server {
     Server(child, port)
 }
 
+/// Removes a temporary folder on drop.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The CPU backend's greedy reply to `PROMPT` (what `duet run --device cpu --temp 0` runs).
 fn cpu_tokens(model: &Path) -> Vec<u32> {
     let mut engine = Engine::load(CpuBackend::new(2), model, &EngineOptions::default()).expect("load on the CPU");
@@ -94,8 +104,31 @@ fn web_page_generates_the_cpu_backends_tokens() {
     };
     let Some(smollm2) = asset(test, "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
     let diff = repo_root().join("models/duet-diff-ref.q8_0.gguf");
-    let models = [diff.as_path(), smollm2.as_path()];
+    // The other attention variants from the committed tiny fixtures: DIFF V2, Llama with
+    // DEX heads, plain Llama (GQA), converted to F16 here.
+    let dir = std::env::temp_dir().join(format!("duet-web-fixtures-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixtures: Vec<PathBuf> = ["diffllama-v2-gqa", "llama-dex", "llama-gqa"]
+        .iter()
+        .map(|name| {
+            let out = dir.join(format!("{name}.f16.gguf"));
+            let src = repo_root().join("tests/fixtures/models").join(name);
+            let o = Command::new(env!("CARGO_BIN_EXE_duet"))
+                .arg("convert")
+                .arg(&src)
+                .args(["--type", "f16", "-q", "-o"])
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "convert {name}: {}", String::from_utf8_lossy(&o.stderr));
+            out
+        })
+        .collect();
+    let mut models = vec![diff.as_path()];
+    models.extend(fixtures.iter().map(PathBuf::as_path));
+    models.push(smollm2.as_path());
     let server = start_server(&models, &pkg);
+    let _cleanup = Cleanup(dir.clone());
     let browser = Browser::launch(&chromium, &WEBGPU_FLAGS);
     let mut page = browser.page();
     let minute = Duration::from_secs(60);
@@ -133,6 +166,7 @@ fn web_page_generates_the_cpu_backends_tokens() {
         );
         assert!(adapter.contains("BrowserWebGpu"), "the page ran on WebGPU: {adapter}");
         assert_eq!(tokens, want, "{}: the page's greedy tokens against the CPU backend's", model.display());
+        assert!(!want.is_empty(), "{}: the comparison needs a reply of at least one token", model.display());
         if i + 1 == models.len() {
             let png = page.call("Page.captureScreenshot", json!({ "format": "png" }), minute);
             let bytes = base64_decode(png["data"].as_str().expect("screenshot data"));
