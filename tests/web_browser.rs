@@ -12,6 +12,7 @@ use std::time::Duration;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::sampler::{Sampler, SamplerConfig};
+use duet_runtime::text::Message;
 use duet_test_support::devtools::{Browser, base64_decode};
 use duet_test_support::{asset, chromium, program, repo_root};
 use serde_json::{Value, json};
@@ -67,10 +68,17 @@ impl Drop for Cleanup {
     }
 }
 
-/// The CPU backend's greedy reply to `PROMPT` (what `duet run --device cpu --temp 0` runs).
-fn cpu_tokens(model: &Path) -> Vec<u32> {
+/// The CPU backend's greedy reply to `PROMPT` (what `duet run --device cpu --temp 0` runs),
+/// or with `chat` to a user's message of it rendered by the model's chat template (as `duet
+/// chat` renders it).
+fn cpu_tokens(model: &Path, chat: bool) -> Vec<u32> {
     let mut engine = Engine::load(CpuBackend::new(2), model, &EngineOptions::default()).expect("load on the CPU");
-    let prompt = engine.tokenizer.encode(PROMPT, engine.tokenizer.add_bos).expect("tokenize");
+    let prompt = if chat {
+        let text = engine.template.render(&[Message::new("user", PROMPT)], true).expect("render");
+        engine.tokenizer.encode_rendered(&text).expect("tokenize")
+    } else {
+        engine.tokenizer.encode(PROMPT, engine.tokenizer.add_bos).expect("tokenize")
+    };
     let (tokens, _) =
         engine.generate(&prompt, MAX_NEW, &mut Sampler::new(SamplerConfig::greedy()), &mut |_| true).expect("generate");
     tokens
@@ -136,11 +144,18 @@ fn web_page_generates_the_cpu_backends_tokens() {
         page.call(domain, json!({}), minute);
     }
     let shot: PathBuf = repo_root().join("target/web/duet-web.png");
-    for (i, model) in models.iter().enumerate() {
-        let want = cpu_tokens(model);
+    // Each model continuing the prompt, then SmolLM2 answering it as a chat message.
+    let runs: Vec<(usize, bool)> = (0..models.len()).map(|i| (i, false)).chain([(models.len() - 1, true)]).collect();
+    for (n, &(i, chat)) in runs.iter().enumerate() {
+        let model = models[i];
+        let want = cpu_tokens(model, chat);
         page.events.clear();
-        let url =
-            format!("http://127.0.0.1:{}/?model={i}&max={MAX_NEW}&prompt={}", server.1, PROMPT.replace(' ', "%20"));
+        let url = format!(
+            "http://127.0.0.1:{}/?model={i}&max={MAX_NEW}&chat={}&prompt={}",
+            server.1,
+            u8::from(chat),
+            PROMPT.replace(' ', "%20")
+        );
         page.call("Page.navigate", json!({ "url": url }), minute);
         page.wait_for("Page.loadEventFired", minute);
         let t0 = std::time::Instant::now();
@@ -157,8 +172,9 @@ fn web_page_generates_the_cpu_backends_tokens() {
         let tokens: Vec<u32> =
             got["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().expect("a token id") as u32).collect();
         eprintln!(
-            "{test}: {}: {} tokens in {:.1} s on {adapter}: {:?} (text {:?})",
+            "{test}: {}{}: {} tokens in {:.1} s on {adapter}: {:?} (text {:?})",
             model.display(),
+            if chat { " (chat)" } else { "" },
             tokens.len(),
             t0.elapsed().as_secs_f64(),
             tokens,
@@ -167,7 +183,7 @@ fn web_page_generates_the_cpu_backends_tokens() {
         assert!(adapter.contains("BrowserWebGpu"), "the page ran on WebGPU: {adapter}");
         assert_eq!(tokens, want, "{}: the page's greedy tokens against the CPU backend's", model.display());
         assert!(!want.is_empty(), "{}: the comparison needs a reply of at least one token", model.display());
-        if i + 1 == models.len() {
+        if n + 1 == runs.len() {
             let png = page.call("Page.captureScreenshot", json!({ "format": "png" }), minute);
             let bytes = base64_decode(png["data"].as_str().expect("screenshot data"));
             assert!(bytes.starts_with(b"\x89PNG"), "a PNG screenshot");

@@ -17,6 +17,9 @@
 //! take no lock that other threads need (a parked thread keeps it): minijinja's rendering
 //! takes none; a panic's own allocations (its message, a backtrace) are let through.
 
+// In a browser the work runs inline (run_with_budget): the thread's machinery is unused there.
+#![cfg_attr(target_arch = "wasm32", allow(dead_code, unused_imports))]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -156,7 +159,26 @@ pub enum Overrun {
 /// Runs `work` on a thread of its own, holding at most `bytes` at once (where
 /// [`BudgetAlloc`] is installed) and for at most `time`. On an overrun the thread is left
 /// behind (stopped, or finishing its work unobserved) and this returns at once.
+///
+/// In a browser (wasm32) there are no threads and no budgeting allocator: the work runs
+/// where it is called, bounded by its own limits (a template's fuel and output cap) and by
+/// the tab's memory, whose exhaustion ends the page, not the machine.
 pub fn run_with_budget<T: Send + 'static>(
+    bytes: usize,
+    time: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Overrun> {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (bytes, time);
+        return Ok(work());
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    run_on_budgeted_thread(bytes, time, work)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn run_on_budgeted_thread<T: Send + 'static>(
     bytes: usize,
     time: Duration,
     work: impl FnOnce() -> T + Send + 'static,

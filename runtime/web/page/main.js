@@ -1,13 +1,16 @@
 // duet's chat page: loads the wasm runtime (/pkg/), lists the models `duet web` serves
 // (/models), fetches the chosen one and generates on the page's WebGPU adapter, a token at a
-// time. A query string runs one prompt at once — `?model=N&prompt=TEXT&max=K` — and
-// `window.duetResult` is then a promise of { tokens, text, adapter, promptTokens }: the
-// test (tests/web_browser.rs) reads it over the DevTools protocol.
+// time, continuing plain text or, with "Chat template", a conversation rendered by the
+// model's template. A query string runs one prompt at once — `?model=N&prompt=TEXT&max=K`,
+// `&chat=1` for a chat turn — and `window.duetResult` is then a promise of { tokens, text,
+// adapter, promptTokens }: the test (tests/web_browser.rs) reads it over DevTools.
 import init, { load } from "/pkg/duet_web.js";
 
 const $ = (id) => document.getElementById(id);
 let duet = null;
 let used = 0;
+// The conversation so far (chat mode): { role, content } in order.
+let history = [];
 
 function status(text, error = false) {
   $("status").textContent = text;
@@ -35,15 +38,24 @@ async function loadModel(i, name) {
   $("adapter").textContent = duet.adapter();
   for (const n of duet.notes()) turn("model", "note: " + n);
   used = 0;
+  history = [];
+  $("chat").disabled = !duet.can_chat();
+  $("chat").checked = duet.can_chat();
   $("ctx").textContent = `context 0 / ${duet.n_ctx()} tokens`;
   $("prompt").disabled = $("send").disabled = false;
   status(`${name} is ready.`);
 }
 
-async function reply(prompt, max) {
+async function reply(prompt, max, chat) {
   turn("user", prompt);
   const out = turn("model", "");
-  const promptTokens = await duet.start(prompt, max);
+  let promptTokens;
+  if (chat) {
+    history.push({ role: "user", content: prompt });
+    promptTokens = await duet.start_chat(history.map((m) => m.role), history.map((m) => m.content), max);
+  } else {
+    promptTokens = await duet.start(prompt, max);
+  }
   const t0 = performance.now();
   let text = "";
   for (;;) {
@@ -55,6 +67,7 @@ async function reply(prompt, max) {
     const s = (performance.now() - t0) / 1000;
     $("stats").textContent = `${n} tokens, ${(n / s).toFixed(1)} tokens/s`;
   }
+  if (chat) history.push({ role: "assistant", content: text });
   const tokens = Array.from(duet.tokens());
   used = promptTokens + tokens.length;
   $("ctx").textContent = `context ${used} / ${duet.n_ctx()} tokens`;
@@ -81,14 +94,15 @@ async function main() {
     const p = $("prompt").value;
     if (!duet || !p) return;
     $("send").disabled = true;
-    reply(p, 256).catch((e) => status(String(e), true)).finally(() => ($("send").disabled = false));
+    $("prompt").value = "";
+    reply(p, 256, $("chat").checked).catch((e) => status(String(e), true)).finally(() => ($("send").disabled = false));
   };
   const q = new URLSearchParams(location.search);
   if (q.has("prompt")) {
     const i = Number(q.get("model") || 0);
     $("model").value = i;
     await loadModel(i, models[i].name);
-    return reply(q.get("prompt"), Number(q.get("max") || 32));
+    return reply(q.get("prompt"), Number(q.get("max") || 32), q.get("chat") === "1");
   }
   status(models.length ? "Choose a model and press Load." : "duet web serves no model.");
 }

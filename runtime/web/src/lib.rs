@@ -17,7 +17,7 @@ use duet_runtime::backend::Backend;
 use duet_runtime::engine::{Engine, EngineOptions, check_logits};
 use duet_runtime::gpu::{GpuBackend, GpuOptions};
 use duet_runtime::sampler::{Sampler, SamplerConfig};
-use duet_runtime::text::TextStream;
+use duet_runtime::text::{Message, TextStream};
 use wasm_bindgen::prelude::*;
 
 /// A loaded model on the page's GPU, and the reply being generated.
@@ -81,12 +81,47 @@ impl Duet {
     pub async fn start(&self, prompt: String, max_new: usize) -> Result<usize, JsError> {
         let mut engine = self.engine.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
         let tokens = engine.tokenizer.encode(&prompt, engine.tokenizer.add_bos).map_err(js_err)?;
+        self.begin(&mut engine, tokens, max_new).await
+    }
+
+    /// [`Duet::start`] for a conversation: the messages (`roles[i]` says `contents[i]`)
+    /// rendered with the model's chat template and the assistant's turn opened, as `duet
+    /// chat` renders them.
+    pub async fn start_chat(
+        &self,
+        roles: Vec<String>,
+        contents: Vec<String>,
+        max_new: usize,
+    ) -> Result<usize, JsError> {
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
+        if roles.len() != contents.len() {
+            return Err(js_err("start_chat takes a role for each message"));
+        }
+        let messages: Vec<Message> = roles.iter().zip(&contents).map(|(r, c)| Message::new(r, c)).collect();
+        let text = engine.template.render(&messages, true).map_err(js_err)?;
+        let tokens = engine.tokenizer.encode_rendered(&text).map_err(js_err)?;
+        self.begin(&mut engine, tokens, max_new).await
+    }
+
+    /// Whether the model's chat template parsed ([`Duet::start_chat`] needs it; a model
+    /// without one gets ChatML or plain `User:`/`Assistant:` lines, as `duet chat` does).
+    pub fn can_chat(&self) -> bool {
+        self.engine.borrow().template.broken.is_none()
+    }
+}
+
+impl Duet {
+    /// Evaluates a reply's prompt (keeping the cached prefix); its token count.
+    async fn begin(&self, engine: &mut Engine<GpuBackend>, tokens: Vec<u32>, max_new: usize) -> Result<usize, JsError> {
         let (logits, _) = engine.prefill_async(&tokens).await.map_err(js_err)?;
         let n = tokens.len();
         *self.reply.borrow_mut() = Reply { logits, history: tokens, left: max_new, ..Reply::default() };
         Ok(n)
     }
+}
 
+#[wasm_bindgen]
+impl Duet {
     /// The next piece of the reply's text (possibly empty while a character is incomplete),
     /// or `undefined` once the reply has ended: an end-of-generation token, `max_new` tokens,
     /// or a full context.
