@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::engine::{Engine, EngineOptions};
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::sampler::{Sampler, SamplerConfig};
 use duet_runtime::text::Message;
 use duet_test_support::devtools::{Browser, base64_decode};
@@ -71,8 +72,11 @@ impl Drop for Cleanup {
 /// The CPU backend's greedy reply to `PROMPT` (what `duet run --device cpu --temp 0` runs),
 /// or with `chat` to a user's message of it rendered by the model's chat template (as `duet
 /// chat` renders it).
-fn cpu_tokens(model: &Path, chat: bool) -> Vec<u32> {
-    let mut engine = Engine::load(CpuBackend::new(2), model, &EngineOptions::default()).expect("load on the CPU");
+fn cpu_tokens(model: &Path, chat: bool, cache: &str) -> Vec<u32> {
+    let (k, v) = cache.split_once('/').expect("K/V");
+    let (k_type, v_type) = (CacheFormat::parse(k).expect("a K type"), CacheFormat::parse(v).expect("a V type"));
+    let opts = EngineOptions { k_type, v_type, ..EngineOptions::default() };
+    let mut engine = Engine::load(CpuBackend::new(2), model, &opts).expect("load on the CPU");
     let prompt = if chat {
         let text = engine.template.render(&[Message::new("user", PROMPT)], true).expect("render");
         engine.tokenizer.encode_rendered(&text).expect("tokenize")
@@ -144,14 +148,17 @@ fn web_page_generates_the_cpu_backends_tokens() {
         page.call(domain, json!({}), minute);
     }
     let shot: PathBuf = repo_root().join("target/web/duet-web.png");
-    // Each model continuing the prompt, then SmolLM2 answering it as a chat message.
-    let runs: Vec<(usize, bool)> = (0..models.len()).map(|i| (i, false)).chain([(models.len() - 1, true)]).collect();
-    for (n, &(i, chat)) in runs.iter().enumerate() {
+    // Each model continuing the prompt with the f16 cache, the DIFF model with the 4- and
+    // 3-bit caches too, then SmolLM2 answering it as a chat message.
+    let mut runs: Vec<(usize, bool, &str)> = (0..models.len()).map(|i| (i, false, "f16/f16")).collect();
+    runs.splice(1..1, [(0, false, "q4c/q4r"), (0, false, "q3c/q3r")]);
+    runs.push((models.len() - 1, true, "f16/f16"));
+    for (n, &(i, chat, cache)) in runs.iter().enumerate() {
         let model = models[i];
-        let want = cpu_tokens(model, chat);
+        let want = cpu_tokens(model, chat, cache);
         page.events.clear();
         let url = format!(
-            "http://127.0.0.1:{}/?model={i}&max={MAX_NEW}&chat={}&prompt={}",
+            "http://127.0.0.1:{}/?model={i}&max={MAX_NEW}&chat={}&cache={cache}&prompt={}",
             server.1,
             u8::from(chat),
             PROMPT.replace(' ', "%20")
@@ -172,7 +179,7 @@ fn web_page_generates_the_cpu_backends_tokens() {
         let tokens: Vec<u32> =
             got["tokens"].as_array().expect("tokens").iter().map(|t| t.as_u64().expect("a token id") as u32).collect();
         eprintln!(
-            "{test}: {}{}: {} tokens in {:.1} s on {adapter}: {:?} (text {:?})",
+            "{test}: {}{} ({cache}): {} tokens in {:.1} s on {adapter}: {:?} (text {:?})",
             model.display(),
             if chat { " (chat)" } else { "" },
             tokens.len(),

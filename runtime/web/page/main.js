@@ -2,7 +2,7 @@
 // (/models), fetches the chosen one and generates on the page's WebGPU adapter, a token at a
 // time, continuing plain text or, with "Chat template", a conversation rendered by the
 // model's template. A query string runs one prompt at once — `?model=N&prompt=TEXT&max=K`,
-// `&chat=1` for a chat turn — and `window.duetResult` is then a promise of { tokens, text,
+// `&chat=1` for a chat turn, `&cache=K/V` for the K/V cache — and `window.duetResult` is then a promise of { tokens, text,
 // adapter, promptTokens }: the test (tests/web_browser.rs) reads it over DevTools.
 import init, { load } from "/pkg/duet_web.js";
 
@@ -34,7 +34,8 @@ async function loadModel(i, name) {
   if (!resp.ok) throw new Error(`fetching ${name}: HTTP ${resp.status}`);
   const bytes = new Uint8Array(await resp.arrayBuffer());
   status(`Loading ${name} (${(bytes.length / 1048576).toFixed(1)} MiB) onto the GPU…`);
-  duet = await load(bytes, name, 0);
+  const [ck, cv] = $("cache").value.split("/");
+  duet = await load(bytes, name, 0, ck, cv);
   $("adapter").textContent = duet.adapter();
   for (const n of duet.notes()) turn("model", "note: " + n);
   used = 0;
@@ -101,6 +102,7 @@ async function main() {
   if (q.has("prompt")) {
     const i = Number(q.get("model") || 0);
     $("model").value = i;
+    if (q.has("cache")) $("cache").value = q.get("cache");
     await loadModel(i, models[i].name);
     return reply(q.get("prompt"), Number(q.get("max") || 32), q.get("chat") === "1");
   }

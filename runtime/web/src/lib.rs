@@ -16,6 +16,7 @@ use duet_quant::gguf::GgufFile;
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::{Engine, EngineOptions, check_logits};
 use duet_runtime::gpu::{GpuBackend, GpuOptions};
+use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::sampler::{Sampler, SamplerConfig};
 use duet_runtime::text::{Message, TextStream};
 use wasm_bindgen::prelude::*;
@@ -45,14 +46,20 @@ fn js_err(e: impl std::fmt::Display) -> JsError {
 }
 
 /// Loads the GGUF file `bytes` (named `name` in errors) onto the page's WebGPU adapter, with
-/// a context of `n_ctx` tokens (0: the model's training context, at most 4,096).
+/// a context of `n_ctx` tokens (0: the model's training context, at most 4,096) and its K and
+/// V caches in the formats named `cache_k` and `cache_v` (`duet run`'s `--ctk`/`--ctv`
+/// names: f16, q8c, q4c, q4r, q3c, q3r, …).
 #[wasm_bindgen]
-pub async fn load(bytes: Vec<u8>, name: String, n_ctx: u32) -> Result<Duet, JsError> {
+pub async fn load(bytes: Vec<u8>, name: String, n_ctx: u32, cache_k: String, cache_v: String) -> Result<Duet, JsError> {
+    let cache = |n: &str| {
+        CacheFormat::parse(n).ok_or_else(|| js_err(format!("unknown K/V cache type '{n}': use {}", CacheFormat::NAMES)))
+    };
+    let (k_type, v_type) = (cache(&cache_k)?, cache(&cache_v)?);
     let file = GgufFile::from_bytes_named(&bytes, name).map_err(js_err)?;
     drop(bytes);
     let backend = GpuBackend::new_async(&GpuOptions::default()).await.map_err(js_err)?;
     let adapter = backend.describe();
-    let opts = EngineOptions { n_ctx: n_ctx as usize, ..EngineOptions::default() };
+    let opts = EngineOptions { n_ctx: n_ctx as usize, k_type, v_type, ..EngineOptions::default() };
     let engine = Engine::from_gguf(backend, Arc::new(file), &opts).map_err(js_err)?;
     let notes = engine.notes.clone();
     Ok(Duet { engine: RefCell::new(engine), reply: RefCell::default(), adapter, notes })
