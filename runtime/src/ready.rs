@@ -11,7 +11,9 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 
 /// `f`'s output, polling it until ready. Native backends' futures are ready at the first
-/// poll; should one not be, this yields the thread between polls instead of blocking.
+/// poll; should one not be, this yields the thread between polls instead of blocking. In a
+/// browser a pending future can only complete once the page's event loop runs, which this
+/// would never let happen: there it is a programming error, said as such.
 pub fn finish<F: Future>(f: F) -> F::Output {
     let mut f = std::pin::pin!(f);
     let mut cx = Context::from_waker(Waker::noop());
@@ -19,6 +21,9 @@ pub fn finish<F: Future>(f: F) -> F::Output {
         if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
             return out;
         }
+        #[cfg(target_arch = "wasm32")]
+        panic!("a synchronous duet call waited for the browser's GPU: in a browser use its async form");
+        #[cfg(not(target_arch = "wasm32"))]
         std::thread::yield_now();
     }
 }

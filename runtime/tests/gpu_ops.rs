@@ -1033,6 +1033,12 @@ fn rotated_and_channel_cache_write_edge_rows() {
     rows[2] = rng.normals(kv_dim).iter().map(|v| v * 3e4).collect();
     rows[3] = rng.normals(kv_dim).iter().map(|v| v * 1e-3).collect();
     rows[4] = rng.normals(kv_dim).iter().map(|v| v * 1e4).collect();
+    // Subnormal values beside normal ones (a GPU may flush them): the GPU still writes the
+    // CPU's bytes.
+    rows[6] = rng.normals(kv_dim).iter().map(|v| v * 1e-3).collect();
+    for (c, v) in [(3, -1e-40), (4, 1e-40), (70, -3e-39), (71, f32::from_bits(1))] {
+        rows[6][c] = v;
+    }
     for (r, row) in rows.iter_mut().enumerate() {
         row[5] = 2.5;
         row[9] = if r == 17 { 900.0 } else { 0.125 * (r % 3) as f32 };

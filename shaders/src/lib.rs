@@ -442,7 +442,7 @@ pub fn source(v: &Variant) -> String {
     }
     s.push_str(include_str!("wgsl/cache/channel_header.wgsl"));
     // q3r's Lloyd–Max levels (kv_write_signed_max, absmax_read): four i8 to a word, for the
-    // same reason; the scale 199/8192 written out exactly.
+    // same reason; the scale 13/512 written out exactly.
     let levels = duet_quant::kv::lloyd_max::LEVELS;
     for (j, four) in levels.chunks(4).enumerate() {
         let word = four.iter().enumerate().fold(0u32, |w, (b, &l)| w | (l as u8 as u32) << (8 * b));

@@ -33,9 +33,20 @@ pub const SCALE: f32 = 13.0 / 512.0;
 /// The fraction of the block's largest magnitude where the outer level sits.
 pub const OUTER: f32 = 35.0 * SCALE;
 
-/// The code of `t = x / d`: its nearest level, ties away from zero; ±0 and NaN give 4.
+/// The code of value `x` in a block of scale `d`: [`code`] of `x / d`, but 4 (as for zero)
+/// where `d` is 0 or `x` is subnormal.
+pub fn code_of(x: f32, d: f32) -> u8 {
+    if d == 0.0 || x.abs() < f32::MIN_POSITIVE { 4 } else { code(x / d) }
+}
+
+/// The code of `t = x / d`: its nearest level, ties away from zero; ±0, a subnormal `t` and
+/// NaN give 4. (Subnormals count as zero because a GPU may flush them — its division falls
+/// back to the hardware's there — and zero's code is the same everywhere.)
 pub fn code(t: f32) -> u8 {
     let m = t.abs();
+    if m < f32::MIN_POSITIVE {
+        return 4;
+    }
     let i = BOUNDS.iter().filter(|&&b| m >= b).count() as u8;
     if t < 0.0 { 3 - i } else { 4 + i }
 }
@@ -62,6 +73,9 @@ mod tests {
         assert_eq!((code(8.0), code(-8.0), code(28.5), code(-17.0)), (5, 2, 7, 1));
         assert_eq!((code(0.0), code(-0.0), code(f32::NAN)), (4, 4, 4));
         assert_eq!((code(f32::INFINITY), code(f32::NEG_INFINITY)), (7, 0));
+        // Subnormals as zero, whether the value or the quotient.
+        assert_eq!((code(-1e-40), code(1e-40), code_of(-1e-40, 1e-3), code_of(-1e-30, 0.0)), (4, 4, 4, 4));
+        assert_eq!((code_of(-1.0, 0.25), code_of(-1e-37, 1e4)), (3, 4));
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl SignedMaxFormat {
         out[..2].copy_from_slice(&d_bits.to_le_bytes());
         let d = f16_bits_to_f32(d_bits);
         for (xs, dst) in x.chunks_exact(N).zip(out[2..].chunks_exact_mut(packed_bytes(self.bits()))) {
-            let u: [u8; N] = std::array::from_fn(|j| if d == 0.0 { 4 } else { lloyd_max::code(xs[j] / d) });
+            let u: [u8; N] = std::array::from_fn(|j| lloyd_max::code_of(xs[j], d));
             pack32(self.bits(), &u, dst);
         }
     }

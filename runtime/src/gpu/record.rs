@@ -281,6 +281,10 @@ impl Recorder {
         }
         let mapped = Mapped(state).await;
         if let Some(e) = ctx.take_error() {
+            // Left mapped, the buffer would fail every later readback with "already mapped".
+            if mapped.is_ok() {
+                rb.unmap();
+            }
             return Err(e);
         }
         if let Err(e) = mapped {

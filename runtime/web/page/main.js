@@ -8,7 +8,8 @@ import init, { load } from "/pkg/duet_web.js";
 
 const $ = (id) => document.getElementById(id);
 let duet = null;
-let used = 0;
+// Loading or replying: the buttons wait until it is done.
+let busy = false;
 // The conversation so far (chat mode): { role, content } in order.
 let history = [];
 
@@ -26,7 +27,14 @@ function turn(cls, text) {
   return d;
 }
 
+function setBusy(b) {
+  busy = b;
+  $("load").disabled = $("send").disabled = b;
+}
+
 async function loadModel(i, name) {
+  // The old model's GPU buffers and file go before the next one loads.
+  if (duet) duet.free();
   duet = null;
   $("prompt").disabled = $("send").disabled = true;
   status(`Fetching ${name}…`);
@@ -38,7 +46,6 @@ async function loadModel(i, name) {
   duet = await load(bytes, name, 0, ck, cv);
   $("adapter").textContent = duet.adapter();
   for (const n of duet.notes()) turn("model", "note: " + n);
-  used = 0;
   history = [];
   $("chat").disabled = !duet.can_chat();
   $("chat").checked = duet.can_chat();
@@ -48,31 +55,29 @@ async function loadModel(i, name) {
 }
 
 async function reply(prompt, max, chat) {
+  const d = duet;
   turn("user", prompt);
   const out = turn("model", "");
-  let promptTokens;
-  if (chat) {
-    history.push({ role: "user", content: prompt });
-    promptTokens = await duet.start_chat(history.map((m) => m.role), history.map((m) => m.content), max);
-  } else {
-    promptTokens = await duet.start(prompt, max);
-  }
+  // The conversation with this turn; kept only once the reply is complete.
+  const turns = [...history, { role: "user", content: prompt }];
+  const promptTokens = chat
+    ? await d.start_chat(turns.map((m) => m.role), turns.map((m) => m.content), max)
+    : await d.start(prompt, max);
   const t0 = performance.now();
   let text = "";
   for (;;) {
-    const piece = await duet.next();
+    const piece = await d.next();
     if (piece === undefined) break;
     text += piece;
     out.textContent = text;
-    const n = duet.tokens().length;
+    const n = d.tokens().length;
     const s = (performance.now() - t0) / 1000;
     $("stats").textContent = `${n} tokens, ${(n / s).toFixed(1)} tokens/s`;
   }
-  if (chat) history.push({ role: "assistant", content: text });
-  const tokens = Array.from(duet.tokens());
-  used = promptTokens + tokens.length;
-  $("ctx").textContent = `context ${used} / ${duet.n_ctx()} tokens`;
-  return { tokens, text, adapter: duet.adapter(), promptTokens };
+  if (chat) history = [...turns, { role: "assistant", content: text }];
+  const tokens = Array.from(d.tokens());
+  $("ctx").textContent = `context ${promptTokens + tokens.length} / ${d.n_ctx()} tokens`;
+  return { tokens, text, adapter: d.adapter(), promptTokens };
 }
 
 async function main() {
@@ -89,22 +94,35 @@ async function main() {
     $("model").append(o);
   }
   const pick = () => [Number($("model").value), models[Number($("model").value)].name];
-  $("load").onclick = () => loadModel(...pick()).catch((e) => status(String(e), true));
+  $("load").onclick = () => {
+    if (busy) return;
+    setBusy(true);
+    loadModel(...pick())
+      .catch((e) => status(String(e), true))
+      .finally(() => setBusy(false));
+  };
   $("ask").onsubmit = (ev) => {
     ev.preventDefault();
     const p = $("prompt").value;
-    if (!duet || !p) return;
-    $("send").disabled = true;
+    if (busy || !duet || !p) return;
+    setBusy(true);
     $("prompt").value = "";
-    reply(p, 256, $("chat").checked).catch((e) => status(String(e), true)).finally(() => ($("send").disabled = false));
+    reply(p, 256, $("chat").checked)
+      .catch((e) => status(String(e), true))
+      .finally(() => setBusy(false));
   };
   const q = new URLSearchParams(location.search);
   if (q.has("prompt")) {
     const i = Number(q.get("model") || 0);
     $("model").value = i;
     if (q.has("cache")) $("cache").value = q.get("cache");
-    await loadModel(i, models[i].name);
-    return reply(q.get("prompt"), Number(q.get("max") || 32), q.get("chat") === "1");
+    setBusy(true);
+    try {
+      await loadModel(i, models[i].name);
+      return await reply(q.get("prompt"), Number(q.get("max") || 32), q.get("chat") === "1");
+    } finally {
+      setBusy(false);
+    }
   }
   status(models.length ? "Choose a model and press Load." : "duet web serves no model.");
 }

@@ -45,6 +45,11 @@ fn js_err(e: impl std::fmt::Display) -> JsError {
     JsError::new(&e.to_string())
 }
 
+/// A call made while a reply's step holds the model (the page awaits each call in turn).
+fn busy() -> JsError {
+    js_err("a reply is being generated")
+}
+
 /// Loads the GGUF file `bytes` (named `name` in errors) onto the page's WebGPU adapter, with
 /// a context of `n_ctx` tokens (0: the model's training context, at most 4,096) and its K and
 /// V caches in the formats named `cache_k` and `cache_v` (`duet run`'s `--ctk`/`--ctv`
@@ -78,15 +83,15 @@ impl Duet {
     }
 
     /// The context's length in tokens.
-    pub fn n_ctx(&self) -> usize {
-        self.engine.borrow().n_ctx()
+    pub fn n_ctx(&self) -> Result<usize, JsError> {
+        Ok(self.engine.try_borrow().map_err(|_| busy())?.n_ctx())
     }
 
     /// Evaluates `prompt` (plain text, BOS first where the model's tokenizer asks for it)
     /// for a reply of at most `max_new` tokens; returns the prompt's token count. The cache
     /// keeps the longest prefix shared with the last prompt and reply.
     pub async fn start(&self, prompt: String, max_new: usize) -> Result<usize, JsError> {
-        let mut engine = self.engine.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy())?;
         let tokens = engine.tokenizer.encode(&prompt, engine.tokenizer.add_bos).map_err(js_err)?;
         self.begin(&mut engine, tokens, max_new).await
     }
@@ -100,7 +105,7 @@ impl Duet {
         contents: Vec<String>,
         max_new: usize,
     ) -> Result<usize, JsError> {
-        let mut engine = self.engine.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy())?;
         if roles.len() != contents.len() {
             return Err(js_err("start_chat takes a role for each message"));
         }
@@ -112,8 +117,8 @@ impl Duet {
 
     /// Whether the model's chat template parsed ([`Duet::start_chat`] needs it; a model
     /// without one gets ChatML or plain `User:`/`Assistant:` lines, as `duet chat` does).
-    pub fn can_chat(&self) -> bool {
-        self.engine.borrow().template.broken.is_none()
+    pub fn can_chat(&self) -> Result<bool, JsError> {
+        Ok(self.engine.try_borrow().map_err(|_| busy())?.template.broken.is_none())
     }
 }
 
@@ -133,8 +138,8 @@ impl Duet {
     /// or `undefined` once the reply has ended: an end-of-generation token, `max_new` tokens,
     /// or a full context.
     pub async fn next(&self) -> Result<Option<String>, JsError> {
-        let mut engine = self.engine.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
-        let mut reply = self.reply.try_borrow_mut().map_err(|_| js_err("a reply is being generated"))?;
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy())?;
+        let mut reply = self.reply.try_borrow_mut().map_err(|_| busy())?;
         let r = &mut *reply;
         if r.done {
             return Ok(None);
@@ -154,13 +159,20 @@ impl Duet {
         r.history.push(tok);
         let text = r.stream.push(&engine.tokenizer, tok).map_err(js_err)?;
         if r.left > 0 && engine.session.n_past < engine.n_ctx() {
-            r.logits = engine.step_async(tok).await.map_err(js_err)?;
+            match engine.step_async(tok).await {
+                Ok(l) => r.logits = l,
+                Err(e) => {
+                    // The logits are those of the token before: the reply cannot go on.
+                    r.done = true;
+                    return Err(js_err(e));
+                }
+            }
         }
         Ok(Some(text))
     }
 
     /// The reply's token ids so far.
-    pub fn tokens(&self) -> Vec<u32> {
-        self.reply.borrow().generated.clone()
+    pub fn tokens(&self) -> Result<Vec<u32>, JsError> {
+        Ok(self.reply.try_borrow().map_err(|_| busy())?.generated.clone())
     }
 }

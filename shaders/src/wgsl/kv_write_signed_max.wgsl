@@ -27,7 +27,8 @@ fn block_scale(m: f32) -> u32 {
 fn block_code(v: f32, m: f32, scale: u32) -> u32 {
     let d = half_to_f32(scale);
     if (QBITS == 3u) {
-        if (d == 0.0) {
+        // As duet_quant::kv::lloyd_max::code_of: a zero scale or a subnormal value is zero.
+        if (d == 0.0 || abs(v) < 1.17549435e-38) {
             return 4u;
         }
         return lloyd_max_code(div_signed(v, d));

@@ -7,9 +7,13 @@ fn lloyd_max_level(u: u32) -> i32 {
     return extractBits(bitcast<i32>(w), 8u * (u & 3u), 8u);
 }
 
-// The code of t = x / d: its nearest level, ties away from zero, ±0 (and NaN) code 4.
+// The code of t = x / d: its nearest level, ties away from zero, ±0, a subnormal t (which a
+// GPU may flush) and NaN code 4.
 fn lloyd_max_code(t: f32) -> u32 {
     let a = abs(t);
+    if (a < 1.17549435e-38) {
+        return 4u;
+    }
     let i = select(0u, 1u, a >= 8.0) + select(0u, 1u, a >= 17.0) + select(0u, 1u, a >= 28.5);
     return select(4u + i, 3u - i, t < 0.0);
 }
