@@ -4,11 +4,15 @@
 //! SwiftShader adapter, on the CPU — and its greedy tokens are the CPU backend's (`duet run
 //! --device cpu --temp 0`'s), or first differ at a near-tie ([`NEAR_TIE`]).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::{convert, temp_dir};
+use duet_convert::Preset;
 use duet_runtime::cpu::CpuBackend;
 use duet_runtime::engine::{Engine, EngineOptions};
 use duet_runtime::kv_cache::CacheFormat;
@@ -59,15 +63,6 @@ fn start_server(models: &[&Path], pkg: &Path) -> Server {
         .unwrap_or_else(|| panic!("no port in duet web's first line: {line}"));
     server.1 = port;
     server
-}
-
-/// Removes a temporary folder on drop.
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The CPU backend's greedy reply to `PROMPT` (what `duet run --device cpu --temp 0` runs),
@@ -154,24 +149,16 @@ fn web_page_generates_the_cpu_backends_tokens() {
     };
     let Some(smollm2) = asset(test, "DUET_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
     let diff = repo_root().join("models/duet-diff-ref.q8_0.gguf");
-    // The other attention variants from the committed tiny fixtures: DIFF V2, Llama with
-    // DEX heads, plain Llama (GQA), converted to F16 here.
-    let dir = std::env::temp_dir().join(format!("duet-web-fixtures-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let _cleanup = Cleanup(dir.clone());
-    let fixtures: Vec<PathBuf> = ["diffllama-v2-gqa", "llama-dex", "llama-gqa"]
+    // The other attention variants from the committed tiny fixtures: DIFF V2, Llama with its
+    // DEX matrices kept (not folded into attn_output), plain Llama (GQA), converted to F16
+    // and moved into a folder removed on drop.
+    let dir = temp_dir("fixtures");
+    let fixtures: Vec<PathBuf> = [("diffllama-v2-gqa", false), ("llama-dex", true), ("llama-gqa", false)]
         .iter()
-        .map(|name| {
-            let out = dir.join(format!("{name}.f16.gguf"));
-            let src = repo_root().join("tests/fixtures/models").join(name);
-            let o = Command::new(env!("CARGO_BIN_EXE_duet"))
-                .arg("convert")
-                .arg(&src)
-                .args(["--type", "f16", "-q", "-o"])
-                .arg(&out)
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "convert {name}: {}", String::from_utf8_lossy(&o.stderr));
+        .map(|&(name, keep_dex)| {
+            let converted = convert(name, Preset::F16, keep_dex);
+            let out = dir.0.join(format!("{name}.f16.gguf"));
+            std::fs::rename(&converted, &out).expect("move the converted fixture");
             out
         })
         .collect();
@@ -244,9 +231,8 @@ fn web_page_generates_the_cpu_backends_tokens() {
 #[test]
 fn web_refuses_a_remote_host_a_missing_build_and_a_missing_model() {
     let diff = repo_root().join("models/duet-diff-ref.q8_0.gguf");
-    let pkg = std::env::temp_dir().join(format!("duet-web-pkg-{}", std::process::id()));
-    std::fs::create_dir_all(&pkg).unwrap();
-    let _cleanup = Cleanup(pkg.clone());
+    let pkg_dir = temp_dir("pkg");
+    let pkg = &pkg_dir.0;
     let run = |args: &[&std::ffi::OsStr]| {
         let out = Command::new(env!("CARGO_BIN_EXE_duet")).arg("web").args(args).output().unwrap();
         assert!(!out.status.success(), "duet web {args:?} should fail");

@@ -51,11 +51,6 @@ pub fn code(t: f32) -> u8 {
     if t < 0.0 { 3 - i } else { 4 + i }
 }
 
-/// The 16-byte table a byte shuffle looks the levels up in (codes 8–15 unused: zero).
-pub fn shuffle_table() -> [i8; 16] {
-    std::array::from_fn(|u| if u < 8 { LEVELS[u] } else { 0 })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +77,5 @@ mod tests {
     fn the_scale_is_exact() {
         assert_eq!(SCALE as f64, 13.0 / 512.0);
         assert_eq!(OUTER * 512.0, 455.0, "35·13/512 is exact");
-        assert_eq!(shuffle_table()[..8], LEVELS);
     }
 }

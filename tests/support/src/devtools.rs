@@ -23,7 +23,9 @@ impl Browser {
     /// Starts `chromium` headless on about:blank with `args` added, off the network but for
     /// loopback (no background networking, updates or sync).
     pub fn launch(chromium: &Path, args: &[&str]) -> Browser {
-        let profile = std::env::temp_dir().join(format!("duet-devtools-{}-{:?}", std::process::id(), Instant::now()));
+        static LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let profile = std::env::temp_dir().join(format!("duet-devtools-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&profile);
         let child = Command::new(chromium)
             .args(["--headless=new", "--no-sandbox", "--no-first-run", "--disable-background-networking"])
