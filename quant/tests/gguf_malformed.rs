@@ -229,6 +229,46 @@ fn truncation_at_every_length_is_a_typed_error() {
     }
 }
 
+/// A header read from a stream's first bytes ([`GgufFile::from_header`]): `None` for every
+/// prefix too short to hold it, then from the header's end on the whole file's metadata and
+/// tensor infos, and no data.
+#[test]
+fn a_streamed_header_parses_once_it_is_complete() {
+    let dir = fresh_dir("malformed_streamed_header");
+    let path = dir.join("sample.gguf");
+    let (w, data) = sample_writer(&path, 64, 3);
+    w.write_tensors_from(&data).unwrap();
+    let fixtures = common::fixtures_dir();
+    for file in [std::fs::read(&path).unwrap(), std::fs::read(fixtures.join("kv_types.gguf")).unwrap(), valid()] {
+        let full = parse(&file).unwrap();
+        let size = file.len() as u64;
+        let header_end = if full.tensors().is_empty() { file.len() } else { full.data_offset() as usize };
+        let mut first = None;
+        for len in 0..=file.len() {
+            match GgufFile::from_header(&file[..len], size, "stream").unwrap() {
+                None => assert!(first.is_none(), "prefix {len} is short after a shorter one parsed"),
+                Some(h) => {
+                    first.get_or_insert(len);
+                    assert!(!h.has_data() && h.bytes().is_empty() && h.file_size() == size);
+                    assert_eq!(h.tensors(), full.tensors());
+                    // Debug forms: a NaN value is not equal to itself.
+                    let dbg = |f: &GgufFile| format!("{:?}", f.metadata().collect::<Vec<_>>());
+                    assert_eq!(dbg(&h), dbg(&full), "prefix {len}");
+                }
+            }
+        }
+        // The header ends within the data offset's padding (llama.cpp need not write it).
+        let first = first.expect("the whole file parses");
+        assert!(first <= header_end && first + full.alignment() as usize > header_end, "{first} vs {header_end}");
+        assert!(full.has_data());
+    }
+    // Not GGUF: refused from the first bytes, not after reading the whole stream.
+    let e = GgufFile::from_header(b"<!DOCTYPE html>", 1 << 30, "page.html").unwrap_err();
+    assert!(matches!(e.kind(), GgufErrorKind::BadMagic { .. }), "{e}");
+    // A declared size the stream overran.
+    assert!(GgufFile::from_header(&valid(), 10, "short").is_err());
+}
+
 #[test]
 fn bad_magic_and_versions() {
     let mut f = valid();

@@ -28,6 +28,11 @@ const MIN_TENSOR_INFO_BYTES: usize = 8 + 4 + 4 + 8;
 pub struct GgufFile {
     label: String,
     storage: Storage,
+    /// The file's length: `storage`'s, or with the header read alone
+    /// ([`GgufFile::from_header`]) the length of the file it came from.
+    size: u64,
+    /// Whether `storage` holds the whole file (false: the header read alone).
+    has_data: bool,
     version: u32,
     alignment: u32,
     data_offset: u64,
@@ -170,19 +175,53 @@ impl GgufFile {
         Self::parse(label.into(), Storage::copy_of(bytes.as_ref()))
     }
 
-    fn parse(label: String, storage: Storage) -> Result<GgufFile, GgufError> {
-        match parse_header(storage.bytes()) {
-            Ok(h) => Ok(GgufFile {
+    /// Parses the header of a GGUF file of `file_size` bytes from its first bytes, `prefix`,
+    /// for a file read as a stream (a browser's fetch): `Ok(None)` while `prefix` is too
+    /// short to hold the whole header (read more and call again). The result keeps no tensor
+    /// data ([`GgufFile::has_data`] is false; tensor `t`'s bytes are the stream's from
+    /// `t.file_offset()`), and every check made of a whole file is made against `file_size`.
+    pub fn from_header(prefix: &[u8], file_size: u64, label: impl Into<String>) -> Result<Option<GgufFile>, GgufError> {
+        let label = label.into();
+        let short = (prefix.len() as u64) < file_size;
+        if !short && prefix.len() as u64 != file_size {
+            return Err(GgufError::new(
                 label,
-                storage,
-                version: h.version,
-                alignment: h.alignment,
-                data_offset: h.data_offset,
-                metadata: h.metadata,
-                key_order: h.key_order,
-                tensors: h.tensors,
-                name_order: h.name_order,
-            }),
+                None,
+                GgufErrorKind::Truncated { what: "stream", offset: file_size, needed: 0, file_size },
+            ));
+        }
+        match parse_header(prefix, file_size) {
+            Ok(h) => Ok(Some(Self::with_header(label, Storage::copy_of(&[]), file_size, false, h))),
+            // Past the prefix, not past the file: more bytes may complete the header.
+            Err(Located { kind: GgufErrorKind::Truncated { .. } | GgufErrorKind::CountTooLarge { .. }, .. })
+                if short =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(GgufError::new(label, e.context, e.kind)),
+        }
+    }
+
+    fn with_header(label: String, storage: Storage, size: u64, has_data: bool, h: Header) -> GgufFile {
+        GgufFile {
+            label,
+            storage,
+            size,
+            has_data,
+            version: h.version,
+            alignment: h.alignment,
+            data_offset: h.data_offset,
+            metadata: h.metadata,
+            key_order: h.key_order,
+            tensors: h.tensors,
+            name_order: h.name_order,
+        }
+    }
+
+    fn parse(label: String, storage: Storage) -> Result<GgufFile, GgufError> {
+        let size = storage.bytes().len() as u64;
+        match parse_header(storage.bytes(), size) {
+            Ok(h) => Ok(Self::with_header(label, storage, size, true, h)),
             Err(e) => Err(GgufError::new(label, e.context, e.kind)),
         }
     }
@@ -207,10 +246,16 @@ impl GgufFile {
     }
 
     pub fn file_size(&self) -> u64 {
-        self.bytes().len() as u64
+        self.size
     }
 
-    /// The whole file.
+    /// Whether the tensors' data is here ([`GgufFile::tensor_data`]); false for a header
+    /// read alone ([`GgufFile::from_header`]).
+    pub fn has_data(&self) -> bool {
+        self.has_data
+    }
+
+    /// The whole file (nothing for a header read alone).
     pub fn bytes(&self) -> &[u8] {
         self.storage.bytes()
     }
@@ -237,12 +282,15 @@ impl GgufFile {
     /// The bytes of a tensor, borrowed from the map.
     ///
     /// # Panics
-    /// If `info` came from a different, smaller file: that is a caller bug, like an
-    /// out-of-range slice index. Infos from this file were bounds-checked when it was parsed.
+    /// If `info` came from a different, smaller file, or this one is a header read alone
+    /// ([`GgufFile::has_data`]): a caller bug, like an out-of-range slice index. Infos from
+    /// this file were bounds-checked when it was parsed.
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
         let range =
             usize::try_from(info.n_bytes).ok().and_then(|n| info.start.checked_add(n)).map(|end| info.start..end);
-        range.and_then(|r| self.bytes().get(r)).expect("TensorInfo passed to tensor_data belongs to another GgufFile")
+        range
+            .and_then(|r| self.bytes().get(r))
+            .expect("tensor_data: the TensorInfo belongs to another GgufFile, or this one is a header read alone")
     }
 
     /// The bytes of the tensor called `name`.
@@ -355,9 +403,10 @@ struct Header {
     name_order: Vec<usize>,
 }
 
-fn parse_header(bytes: &[u8]) -> Result<Header, Located> {
+/// Parses the header at the start of `bytes`, the whole file or (streamed) its first bytes
+/// of a file of `file_size` bytes.
+fn parse_header(bytes: &[u8], file_size: u64) -> Result<Header, Located> {
     use GgufErrorKind::*;
-    let file_size = bytes.len() as u64;
     let mut c = Cursor { buf: bytes, pos: 0 };
 
     let magic: [u8; 4] = c.array("magic")?;
