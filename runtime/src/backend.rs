@@ -16,8 +16,7 @@ use crate::kv_pages::SeqPages;
 use crate::model_config::ModelConfig;
 pub use crate::observe::{KernelTime, Observer, Probe};
 
-/// A tensor of the model file as the backend receives it at load time. `data` lies inside
-/// `file`'s memory map, so a backend may keep referring to it instead of copying.
+/// A tensor of the model file as the backend receives it at load time.
 #[derive(Clone, Copy, Debug)]
 pub struct WeightView<'a> {
     /// For messages only: a backend stores and multiplies a weight by its `role`.
@@ -28,7 +27,9 @@ pub struct WeightView<'a> {
     pub cols: usize,
     pub rows: usize,
     pub data: &'a [u8],
-    pub file: &'a Arc<GgufFile>,
+    /// The file whose bytes `data` lies inside (its memory map: a backend may keep referring
+    /// to it instead of copying), or None for bytes that go once loaded (a streamed file).
+    pub file: Option<&'a Arc<GgufFile>>,
 }
 
 /// How the model uses a weight, decided when the model is loaded.

@@ -13,6 +13,7 @@ use web_time::Instant;
 use crate::backend::Backend;
 use crate::error::RuntimeError;
 use crate::kv_cache::CacheFormat;
+use crate::model::source::TensorSource;
 use crate::model::{BatchContext, LogitGranularity, Logits, Model, Session};
 use crate::sampler::Sampler;
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
@@ -104,10 +105,21 @@ impl<B: Backend> Engine<B> {
         Self::from_gguf(backend, Arc::new(GgufFile::open(path)?), opts)
     }
 
-    /// [`Engine::load`] of a file already read (in a browser: bytes fetched by the page).
-    pub fn from_gguf(mut backend: B, file: Arc<GgufFile>, opts: &EngineOptions) -> Result<Engine<B>, RuntimeError> {
+    /// [`Engine::load`] of a file already open (or read into memory).
+    pub fn from_gguf(backend: B, file: Arc<GgufFile>, opts: &EngineOptions) -> Result<Engine<B>, RuntimeError> {
+        crate::ready::finish(Self::from_source(backend, &mut Arc::clone(&file), opts))
+    }
+
+    /// [`Engine::load`] of the file `src` gives: one at hand, or one streamed tensor by tensor
+    /// (in a browser, the page's fetch: [`crate::model::source::Streamed`]).
+    pub async fn from_source<S: TensorSource>(
+        mut backend: B,
+        src: &mut S,
+        opts: &EngineOptions,
+    ) -> Result<Engine<B>, RuntimeError> {
         // The model first: an unsupported architecture is the more useful error.
-        let model = Model::load(&mut backend, Arc::clone(&file))?;
+        let model = Model::load_from(&mut backend, src).await?;
+        let file = Arc::clone(&model.file);
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let has_chatml =
             tokenizer.token_to_id("<|im_start|>").is_some() && tokenizer.token_to_id("<|im_end|>").is_some();

@@ -13,6 +13,15 @@ pub const ROPE_FREQS: &str = "rope_freqs.weight";
 /// u8 per (layer, head): 1 where DEX applies (files converted with `--keep-dex`).
 pub const DEX_HEAD_MASK: &str = "duet.dex.head_mask";
 
+/// The layer N of a tensor named `blk.N.…`.
+pub fn layer_of(name: &str) -> Option<usize> {
+    let (n, _) = name.strip_prefix("blk.")?.split_once('.')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
+}
+
 /// The tensors of layer N (`blk.N.*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerTensor {
@@ -114,6 +123,11 @@ mod tests {
     #[test]
     fn names_are_llama_cpp_s() {
         assert_eq!(LayerTensor::AttnQ.name(3), "blk.3.attn_q.weight");
+        assert_eq!(layer_of("blk.3.attn_q.weight"), Some(3));
+        assert_eq!(layer_of("blk.12.ffn_up.bias"), Some(12));
+        for other in ["token_embd.weight", "blk..x", "blk.+1.x", "blk.3", "blk.x1.y"] {
+            assert_eq!(layer_of(other), None, "{other}");
+        }
         assert_eq!(LayerTensor::FfnDownBias.name(0), "blk.0.ffn_down.bias");
         assert_eq!(key(crate::model_config::Arch::DiffLlamaV2, keys::BLOCK_COUNT), "diffllama_v2.block_count");
     }

@@ -80,7 +80,7 @@ fn view<'a>(file: &'a Arc<GgufFile>, name: &'a str) -> WeightView<'a> {
     let d = info.dims();
     let (cols, rows) = (d[0] as usize, if d.len() > 1 { d[1] as usize } else { 1 });
     let role = if rows == 1 { WeightRole::Vector } else { WeightRole::Matrix };
-    WeightView { name, role, ty: info.ggml_type(), cols, rows, data: file.tensor_data(info), file }
+    WeightView { name, role, ty: info.ggml_type(), cols, rows, data: file.tensor_data(info), file: Some(file) }
 }
 
 fn dex_view<'a>(file: &'a Arc<GgufFile>, name: &'a str) -> WeightView<'a> {

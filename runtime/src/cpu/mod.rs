@@ -171,8 +171,6 @@ impl Backend for CpuBackend {
                 w.name, w.ty
             )));
         }
-        let base = w.file.bytes().as_ptr() as usize;
-        let start = (w.data.as_ptr() as usize).checked_sub(base).expect("weight data lies inside its file");
         // Vectors (norms, biases, λ) are tiny and read often: keep them as f32.
         let f32_values = if w.rows == 1 {
             let mut v = vec![0f32; w.cols];
@@ -186,7 +184,14 @@ impl Backend for CpuBackend {
             ty: w.ty,
             rows: w.rows,
             cols: w.cols,
-            storage: Storage::Mapped { file: Arc::clone(w.file), start, len: w.data.len() },
+            storage: match w.file {
+                Some(file) => {
+                    let base = file.bytes().as_ptr() as usize;
+                    let start = (w.data.as_ptr() as usize).checked_sub(base).expect("weight data lies inside its file");
+                    Storage::Mapped { file: Arc::clone(file), start, len: w.data.len() }
+                }
+                None => Storage::Owned(w.data.to_vec()),
+            },
             f32_values,
             packed: OnceLock::new(),
         };

@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use duet_quant::gguf::GgufFile;
+use duet_quant::gguf::{GgufFile, TensorInfo};
 
+use super::source::TensorSource;
 use super::{Arch, Layer, Model, ModelConfig};
 use crate::backend::{AttentionKind, AttentionSpec, Backend, RopeSpec, WeightRole, WeightView};
 use crate::error::RuntimeError;
@@ -14,55 +15,59 @@ pub fn lambda_init(layer: usize) -> f32 {
     (0.8 - 0.6 * (-0.3 * layer as f64).exp()) as f32
 }
 
-struct Loader<'a, B: Backend> {
-    file: &'a Arc<GgufFile>,
+struct Loader<'a, B: Backend, S: TensorSource> {
+    file: Arc<GgufFile>,
+    src: &'a mut S,
     b: &'a mut B,
 }
 
-impl<'a, B: Backend> Loader<'a, B> {
-    /// A tensor that must exist with GGUF dims `[cols, rows]` (or `[cols]` when rows == 1).
-    fn get(&mut self, name: &str, role: WeightRole, cols: usize, rows: usize) -> Result<B::Weight, RuntimeError> {
-        self.opt(name, role, cols, rows)?
-            .ok_or_else(|| RuntimeError::BadModel(format!("{}: the model has no tensor '{name}'", self.file.label())))
+impl<B: Backend, S: TensorSource> Loader<'_, B, S> {
+    fn missing(&self, name: &str) -> RuntimeError {
+        RuntimeError::BadModel(format!("{}: the model has no tensor '{name}'", self.file.label()))
     }
 
-    fn opt(
+    /// A tensor that must exist with GGUF dims `[cols, rows]` (or `[cols]` when rows == 1).
+    async fn get(&mut self, name: &str, role: WeightRole, cols: usize, rows: usize) -> Result<B::Weight, RuntimeError> {
+        self.opt(name, role, cols, rows).await?.ok_or_else(|| self.missing(name))
+    }
+
+    async fn opt(
         &mut self,
         name: &str,
         role: WeightRole,
         cols: usize,
         rows: usize,
     ) -> Result<Option<B::Weight>, RuntimeError> {
-        match self.view(name, role, cols, rows)? {
-            Some(view) => self.b.load_weight(&view).map(Some),
-            None => Ok(None),
-        }
+        let Some(info) = self.info(name, cols, rows)? else { return Ok(None) };
+        self.src.fetch(&[&info]).await?;
+        let view = Self::view(&self.file, self.src, &info, name, role, cols, rows)?;
+        let w = self.b.load_weight(&view);
+        self.src.release(&info);
+        w.map(Some)
     }
 
     /// Matrices that must exist, (name, cols, rows) each, multiplied by the same input:
     /// loaded together ([`Backend::load_weight_group`]).
-    fn group(&mut self, tensors: &[(&str, usize, usize)]) -> Result<Vec<B::Weight>, RuntimeError> {
-        let mut views = Vec::with_capacity(tensors.len());
+    async fn group(&mut self, tensors: &[(&str, usize, usize)]) -> Result<Vec<B::Weight>, RuntimeError> {
+        let mut infos = Vec::with_capacity(tensors.len());
         for &(name, cols, rows) in tensors {
-            views.push(self.view(name, WeightRole::Matrix, cols, rows)?.ok_or_else(|| {
-                RuntimeError::BadModel(format!("{}: the model has no tensor '{name}'", self.file.label()))
-            })?);
+            infos.push(self.info(name, cols, rows)?.ok_or_else(|| self.missing(name))?);
         }
-        self.b.load_weight_group(&views)
+        self.src.fetch(&infos.iter().collect::<Vec<_>>()).await?;
+        let mut views = Vec::with_capacity(tensors.len());
+        for (info, &(name, cols, rows)) in infos.iter().zip(tensors) {
+            views.push(Self::view(&self.file, self.src, info, name, WeightRole::Matrix, cols, rows)?);
+        }
+        let ws = self.b.load_weight_group(&views);
+        for info in &infos {
+            self.src.release(info);
+        }
+        ws
     }
 
     /// The tensor `name` if the file has it, checked to have GGUF dims `[cols, rows]` (or
     /// `[cols]` when rows == 1).
-    fn view<'n>(
-        &self,
-        name: &'n str,
-        role: WeightRole,
-        cols: usize,
-        rows: usize,
-    ) -> Result<Option<WeightView<'n>>, RuntimeError>
-    where
-        'a: 'n,
-    {
+    fn info(&self, name: &str, cols: usize, rows: usize) -> Result<Option<TensorInfo>, RuntimeError> {
         let Some(info) = self.file.tensor(name) else { return Ok(None) };
         let dims = info.dims();
         let ok = match dims {
@@ -77,20 +82,33 @@ impl<'a, B: Backend> Loader<'a, B> {
                 self.file.label()
             )));
         }
-        Ok(Some(WeightView {
+        Ok(Some(info.clone()))
+    }
+
+    /// A fetched tensor as the backend receives it.
+    fn view<'v>(
+        file: &'v Arc<GgufFile>,
+        src: &'v S,
+        info: &TensorInfo,
+        name: &'v str,
+        role: WeightRole,
+        cols: usize,
+        rows: usize,
+    ) -> Result<WeightView<'v>, RuntimeError> {
+        Ok(WeightView {
             name,
             role,
             ty: info.ggml_type(),
             cols,
             rows,
-            data: self.file.tensor_data(info),
-            file: self.file,
-        }))
+            data: src.data(info)?,
+            file: src.in_file().then_some(file),
+        })
     }
 
     /// A small tensor's values as f32 (λ vectors, rope factors), read on the host.
-    fn values(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, RuntimeError> {
-        let Some(info) = self.file.tensor(name) else { return Ok(None) };
+    async fn values(&mut self, name: &str, len: usize) -> Result<Option<Vec<f32>>, RuntimeError> {
+        let Some(info) = self.file.tensor(name).cloned() else { return Ok(None) };
         if info.n_elements() != len as u64 {
             return Err(RuntimeError::BadModel(format!(
                 "{}: tensor '{name}' has {} values, expected {len}",
@@ -98,22 +116,45 @@ impl<'a, B: Backend> Loader<'a, B> {
                 info.n_elements()
             )));
         }
+        self.src.fetch(&[&info]).await?;
         let mut v = vec![0f32; len];
-        duet_quant::dequantize(info.ggml_type(), self.file.tensor_data(info), &mut v)
-            .map_err(|e| RuntimeError::BadModel(format!("{}: tensor '{name}': {e}", self.file.label())))?;
-        Ok(Some(v))
+        let r = duet_quant::dequantize(info.ggml_type(), self.src.data(&info)?, &mut v)
+            .map_err(|e| RuntimeError::BadModel(format!("{}: tensor '{name}': {e}", self.file.label())));
+        self.src.release(&info);
+        r.map(|()| Some(v))
     }
 }
 
+/// The order in which the file stores its layers (by each layer's first tensor): a streamed
+/// file is then read about one layer ahead of the model, however its converter ordered them
+/// (llama.cpp's conversions of HF checkpoints store `blk.10` before `blk.2`). Layers without
+/// a tensor come last (their first missing tensor is then the error).
+fn layers_in_file_order(file: &GgufFile, n_layers: usize) -> Vec<usize> {
+    let mut first = vec![usize::MAX; n_layers];
+    for (i, t) in file.tensors().iter().enumerate() {
+        if let Some(il) = names::layer_of(t.name()).filter(|&il| il < n_layers) {
+            first[il] = first[il].min(i);
+        }
+    }
+    let mut order: Vec<usize> = (0..n_layers).collect();
+    order.sort_by_key(|&il| (first[il], il));
+    order
+}
+
+/// Loads a model from a file at hand (see [`load_from`]).
 pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, RuntimeError> {
+    crate::ready::finish(load_from(b, &mut Arc::clone(&file)))
+}
+
+/// Loads a model from `src`, asking for its tensors in about the order the file stores them
+/// (the token table, the layers in file order, the output and the rest), so that a streamed
+/// file is held one layer at a time.
+pub async fn load_from<B: Backend, S: TensorSource>(b: &mut B, src: &mut S) -> Result<Model<B>, RuntimeError> {
+    let file = Arc::clone(src.file());
     let c = ModelConfig::from_gguf(&file)?;
-    let mut ld = Loader { file: &file, b };
+    let mut ld = Loader { file: Arc::clone(&file), src, b };
     let (d, hd, ff) = (c.n_embd, c.head_dim, c.n_ff);
     let (qd, kvd, od) = (c.q_dim(), c.kv_dim(), c.attn_out_dim());
-
-    let freq_factors = ld.values(names::ROPE_FREQS, c.rope.n_rot / 2)?;
-    let rope =
-        RopeSpec { n_rot: c.rope.n_rot, freq_base: c.rope.freq_base, freq_scale: c.rope.freq_scale, freq_factors };
 
     let dex_mask: Option<Vec<u8>> = match file.get(names::DEX_HEAD_MASK) {
         Some(duet_quant::gguf::Value::Array(duet_quant::gguf::Array::U8(m))) if m.len() == c.n_layers * c.n_heads => {
@@ -128,12 +169,9 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
         None => None,
     };
 
-    let token_embd = ld.get(names::TOKEN_EMBD, WeightRole::Embedding, d, c.n_vocab)?;
-    let output_norm = ld.get(names::OUTPUT_NORM, WeightRole::Vector, d, 1)?;
-    let output = ld.opt(names::OUTPUT, WeightRole::Matrix, d, c.n_vocab)?;
-
-    let mut layers = Vec::with_capacity(c.n_layers);
-    for il in 0..c.n_layers {
+    let token_embd = ld.get(names::TOKEN_EMBD, WeightRole::Embedding, d, c.n_vocab).await?;
+    let mut layers: Vec<Option<Layer<B>>> = (0..c.n_layers).map(|_| None).collect();
+    for il in layers_in_file_order(&file, c.n_layers) {
         let kind = match c.arch {
             Arch::Llama => AttentionKind::Standard,
             // V2 attends like a Llama with n_heads query heads; its pairs meet afterwards.
@@ -142,7 +180,7 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
                 let mut vecs = Vec::with_capacity(4);
                 for which in [T::AttnLambdaQ1, T::AttnLambdaK1, T::AttnLambdaQ2, T::AttnLambdaK2] {
                     let name = which.name(il);
-                    vecs.push(ld.values(&name, hd)?.ok_or_else(|| {
+                    vecs.push(ld.values(&name, hd).await?.ok_or_else(|| {
                         RuntimeError::BadModel(format!("{}: diffllama layer {il} has no '{name}'", file.label()))
                     })?);
                 }
@@ -153,7 +191,7 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
                 AttentionKind::Differential {
                     lambda,
                     lambda_init: li,
-                    sub_norm: ld.values(&T::AttnSubNorm.name(il), 2 * hd)?,
+                    sub_norm: ld.values(&T::AttnSubNorm.name(il), 2 * hd).await?,
                 }
             }
         };
@@ -172,8 +210,8 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
                 if heads.is_empty() {
                     None
                 } else {
-                    let w_d = ld.get(&T::AttnDex.name(il), WeightRole::HeadMatrix, hd, hd)?;
-                    let lambda = ld.values(&T::AttnDexLambda.name(il), 1)?.ok_or_else(|| {
+                    let w_d = ld.get(&T::AttnDex.name(il), WeightRole::HeadMatrix, hd, hd).await?;
+                    let lambda = ld.values(&T::AttnDexLambda.name(il), 1).await?.ok_or_else(|| {
                         RuntimeError::BadModel(format!(
                             "{}: DEX layer {il} has no {}",
                             file.label(),
@@ -192,33 +230,39 @@ pub fn load<B: Backend>(b: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, Runt
         if c.arch == Arch::DiffLlamaV2 {
             qkv.push((lam.as_str(), d, c.n_heads / 2));
         }
-        let mut qkv = ld.group(&qkv)?.into_iter();
+        let mut qkv = ld.group(&qkv).await?.into_iter();
         let (wq, wk, wv) = (qkv.next().expect("q"), qkv.next().expect("k"), qkv.next().expect("v"));
         let lambda_proj = qkv.next();
         let (gate, up) = (T::FfnGate.name(il), T::FfnUp.name(il));
-        let mut ffn = ld.group(&[(gate.as_str(), d, ff), (up.as_str(), d, ff)])?.into_iter();
+        let mut ffn = ld.group(&[(gate.as_str(), d, ff), (up.as_str(), d, ff)]).await?.into_iter();
         let (w_gate, w_up) = (ffn.next().expect("gate"), ffn.next().expect("up"));
-        layers.push(Layer {
-            attn_norm: ld.get(&T::AttnNorm.name(il), WeightRole::Vector, d, 1)?,
+        layers[il] = Some(Layer {
+            attn_norm: ld.get(&T::AttnNorm.name(il), WeightRole::Vector, d, 1).await?,
             wq,
             wk,
             wv,
-            wo: ld.get(&T::AttnOutput.name(il), WeightRole::Matrix, od, d)?,
-            bq: ld.opt(&T::AttnQBias.name(il), WeightRole::Vector, qd, 1)?,
-            bk: ld.opt(&T::AttnKBias.name(il), WeightRole::Vector, kvd, 1)?,
-            bv: ld.opt(&T::AttnVBias.name(il), WeightRole::Vector, kvd, 1)?,
-            bo: ld.opt(&T::AttnOutputBias.name(il), WeightRole::Vector, d, 1)?,
+            wo: ld.get(&T::AttnOutput.name(il), WeightRole::Matrix, od, d).await?,
+            bq: ld.opt(&T::AttnQBias.name(il), WeightRole::Vector, qd, 1).await?,
+            bk: ld.opt(&T::AttnKBias.name(il), WeightRole::Vector, kvd, 1).await?,
+            bv: ld.opt(&T::AttnVBias.name(il), WeightRole::Vector, kvd, 1).await?,
+            bo: ld.opt(&T::AttnOutputBias.name(il), WeightRole::Vector, d, 1).await?,
             attention,
             lambda_proj,
             dex,
-            ffn_norm: ld.get(&T::FfnNorm.name(il), WeightRole::Vector, d, 1)?,
+            ffn_norm: ld.get(&T::FfnNorm.name(il), WeightRole::Vector, d, 1).await?,
             w_gate,
             w_up,
-            w_down: ld.get(&T::FfnDown.name(il), WeightRole::Matrix, ff, d)?,
-            b_gate: ld.opt(&T::FfnGateBias.name(il), WeightRole::Vector, ff, 1)?,
-            b_up: ld.opt(&T::FfnUpBias.name(il), WeightRole::Vector, ff, 1)?,
-            b_down: ld.opt(&T::FfnDownBias.name(il), WeightRole::Vector, d, 1)?,
+            w_down: ld.get(&T::FfnDown.name(il), WeightRole::Matrix, ff, d).await?,
+            b_gate: ld.opt(&T::FfnGateBias.name(il), WeightRole::Vector, ff, 1).await?,
+            b_up: ld.opt(&T::FfnUpBias.name(il), WeightRole::Vector, ff, 1).await?,
+            b_down: ld.opt(&T::FfnDownBias.name(il), WeightRole::Vector, d, 1).await?,
         });
     }
+    let output_norm = ld.get(names::OUTPUT_NORM, WeightRole::Vector, d, 1).await?;
+    let output = ld.opt(names::OUTPUT, WeightRole::Matrix, d, c.n_vocab).await?;
+    let freq_factors = ld.values(names::ROPE_FREQS, c.rope.n_rot / 2).await?;
+    let rope =
+        RopeSpec { n_rot: c.rope.n_rot, freq_base: c.rope.freq_base, freq_scale: c.rope.freq_scale, freq_factors };
+    let layers = layers.into_iter().map(|l| l.expect("every layer is loaded")).collect();
     Ok(Model { config: c, file: Arc::clone(&file), token_embd, output_norm, output, layers, rope })
 }

@@ -5,6 +5,7 @@
 
 mod batch;
 mod load;
+pub mod source;
 mod step;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -132,6 +133,12 @@ impl<B: Backend> Model<B> {
     /// Loads a model from an open GGUF file onto `backend`.
     pub fn load(backend: &mut B, file: Arc<GgufFile>) -> Result<Model<B>, RuntimeError> {
         load::load(backend, file)
+    }
+
+    /// Loads a model from `src`: a file at hand or a stream ([`source::Streamed`]), which is
+    /// then held about one layer at a time.
+    pub async fn load_from<S: source::TensorSource>(backend: &mut B, src: &mut S) -> Result<Model<B>, RuntimeError> {
+        load::load_from(backend, src).await
     }
 
     /// Quantizes the attention logits of every layer in `session`'s forward passes (`None`:
