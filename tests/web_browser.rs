@@ -2,7 +2,9 @@
 //! runtime/web/build.sh; tests/run-all.sh builds it and sets `DUET_WEB_PKG`) runs the bundled
 //! DIFF model, tiny DIFF V2, DEX and Llama fixtures and SmolLM2-135M on WebGPU — Chromium's
 //! SwiftShader adapter, on the CPU — and its greedy tokens are the CPU backend's (`duet run
-//! --device cpu --temp 0`'s), or first differ at a near-tie ([`NEAR_TIE`]).
+//! --device cpu --temp 0`'s), or first differ at a near-tie ([`NEAR_TIE`]); bad input (a file
+//! that is not GGUF, a model too large for the adapter, a prompt longer than the context) is
+//! a message in the page.
 
 mod common;
 
@@ -165,13 +167,19 @@ fn web_page_generates_the_cpu_backends_tokens() {
     let mut models = vec![diff.as_path()];
     models.extend(fixtures.iter().map(PathBuf::as_path));
     models.push(smollm2.as_path());
-    let server = start_server(&models, &pkg);
+    // Served too, last: a file that is not GGUF (bad input, below).
+    let junk = dir.0.join("notes.gguf");
+    std::fs::write(&junk, "These are notes, not a model.\n".repeat(1000)).expect("write the junk file");
+    let mut served = models.clone();
+    served.push(junk.as_path());
+    let server = start_server(&served, &pkg);
     let browser = Browser::launch(&chromium, &WEBGPU_FLAGS);
     let mut page = browser.page();
     let minute = Duration::from_secs(60);
     for domain in ["Runtime.enable", "Log.enable", "Page.enable"] {
         page.call(domain, json!({}), minute);
     }
+    bad_input_is_a_message_in_the_page(&mut page, server.1, models.len());
     let shot: PathBuf = repo_root().join("target/web/duet-web.png");
     // Each model continuing the prompt with the f16 cache, the DIFF model with the 4- and
     // 3-bit caches too, then SmolLM2 answering it as a chat message.
@@ -213,6 +221,18 @@ fn web_page_generates_the_cpu_backends_tokens() {
             got["text"]
         );
         assert!(adapter.contains("BrowserWebGpu"), "the page ran on WebGPU: {adapter}");
+        // The file streams into the GPU a layer at a time: the runtime's memory (which never
+        // shrinks: its peak) stays below the file's size where the file is big enough to tell.
+        let wasm_bytes = got["wasmBytes"].as_u64().expect("the runtime's memory size");
+        let file_bytes = std::fs::metadata(model).expect("the model's size").len();
+        eprintln!("{test}: the runtime's memory reached {wasm_bytes} bytes for a file of {file_bytes}");
+        if file_bytes > 64 << 20 {
+            assert!(
+                wasm_bytes < file_bytes,
+                "{}: the runtime held {wasm_bytes} bytes for a file of {file_bytes}",
+                model.display()
+            );
+        }
         assert!(!cpu.tokens.is_empty(), "{}: the comparison needs a reply of at least one token", model.display());
         check_tokens(&mut cpu, &tokens, &format!("{} ({cache}{})", model.display(), if chat { ", chat" } else { "" }));
         if n + 1 == runs.len() {
@@ -223,6 +243,61 @@ fn web_page_generates_the_cpu_backends_tokens() {
             std::fs::write(&shot, bytes).expect("write the screenshot");
             eprintln!("{test}: screenshot {}", shot.display());
         }
+    }
+}
+
+/// Bad input in the page — a file that is not GGUF (served as model `junk`), a model larger
+/// than the adapter binds (`maxBinding` caps it below one row of the DIFF model's logits, as
+/// an adapter with 16 KiB buffers would), a prompt longer than the context — each a message
+/// in the page's status line and no other error; after each the same tab still generates.
+fn bad_input_is_a_message_in_the_page(page: &mut duet_test_support::devtools::DevTools, port: u16, junk: usize) {
+    let minute = Duration::from_secs(60);
+    let long_prompt = "the capital of France is Paris, ".repeat(8);
+    let cases = [
+        (format!("model={junk}&max=4&prompt=Hello"), "notes.gguf: not a GGUF file"),
+        ("model=0&max=4&maxBinding=16384&prompt=Hello".to_owned(), "the model does not fit this device"),
+        (format!("model=0&max=4&ctx=16&prompt={}", long_prompt.replace(' ', "%20")), "and the context holds 16"),
+    ];
+    for (query, want) in cases {
+        page.events.clear();
+        page.call("Page.navigate", json!({ "url": format!("http://127.0.0.1:{port}/?{query}") }), minute);
+        page.wait_for("Page.loadEventFired", minute);
+        let r = page.call(
+            "Runtime.evaluate",
+            json!({ "expression": "window.duetResult.then(() => 'no error', e => String(e))", "awaitPromise": true, "returnByValue": true }),
+            Duration::from_secs(300),
+        );
+        let thrown = r["result"]["value"].as_str().unwrap_or_default().to_owned();
+        let shown = page.call(
+            "Runtime.evaluate",
+            json!({ "expression": "document.getElementById('status').textContent", "returnByValue": true }),
+            minute,
+        )["result"]["value"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        eprintln!("bad input ?{query}: the page says: {shown}");
+        assert!(
+            thrown.contains(want) && shown.contains(want),
+            "?{query}: want '{want}', the page says '{shown}' ({thrown})"
+        );
+        for e in errors(&page.events) {
+            assert!(e.contains(want) && !e.contains("panicked"), "?{query}: an error besides the message: {e}");
+        }
+        // The tab lives on: the same page loads the DIFF model and generates.
+        page.events.clear();
+        let again = page.call(
+            "Runtime.evaluate",
+            json!({ "expression": "window.duetRun(0, 'The capital of France is', 3, false, { ctx: 0, maxBinding: 0 }).then(r => r.tokens.length)", "awaitPromise": true, "returnByValue": true }),
+            Duration::from_secs(300),
+        );
+        assert_eq!(
+            again["result"]["value"].as_u64(),
+            Some(3),
+            "?{query}: after the error the tab generates no more: {again}"
+        );
+        let errs = errors(&page.events);
+        assert!(errs.is_empty(), "?{query}: the run after the error logged errors:\n{}", errs.join("\n"));
     }
 }
 

@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::error::RuntimeError;
 use crate::kv_cache::CacheFormat;
 use crate::model::source::TensorSource;
-use crate::model::{BatchContext, LogitGranularity, Logits, Model, Session};
+use crate::model::{BatchContext, LogitGranularity, Logits, Model, ModelConfig, Session};
 use crate::sampler::Sampler;
 use crate::text::{ChatTemplate, TextStream, Tokenizer};
 
@@ -117,6 +117,12 @@ impl<B: Backend> Engine<B> {
         src: &mut S,
         opts: &EngineOptions,
     ) -> Result<Engine<B>, RuntimeError> {
+        // Before the weights (a stream's download): whether the backend binds the model's
+        // activations, from the header alone.
+        let config = ModelConfig::from_gguf(src.file())?;
+        let n_ctx = if opts.n_ctx == 0 { config.n_ctx_train.min(4096) } else { opts.n_ctx };
+        let batch = opts.batch.min(n_ctx);
+        crate::model::check_context(&config, &backend, batch.max(1))?;
         // The model first: an unsupported architecture is the more useful error.
         let model = Model::load_from(&mut backend, src).await?;
         let file = Arc::clone(&model.file);
@@ -130,7 +136,6 @@ impl<B: Backend> Engine<B> {
             &text_of(tokenizer.bos),
             &text_of(tokenizer.eos),
         )?;
-        let n_ctx = if opts.n_ctx == 0 { model.config.n_ctx_train.min(4096) } else { opts.n_ctx };
         let mut spec = model.cache_spec(n_ctx, opts.k_type, opts.v_type);
         let mut notes = spec.resolve();
         if let Some(why) = &template.broken {
@@ -144,7 +149,6 @@ impl<B: Backend> Engine<B> {
                 "a context of {n_ctx} tokens is longer than the model's training context of {n_train}: expect its output to degrade past {n_train} tokens"
             ));
         }
-        let batch = opts.batch.min(n_ctx);
         backend.check_session(&model.config, &spec, batch)?;
         let context = model.new_context(&mut backend, batch)?;
         let mut session = model.new_session(&mut backend, n_ctx, spec.k_type, spec.v_type)?;

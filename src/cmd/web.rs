@@ -136,12 +136,40 @@ async fn pkg_file(State(site): State<Arc<Site>>, UrlPath(name): UrlPath<String>)
     }
 }
 
+/// The file at `path`, streamed in 1 MiB reads (a model is never read whole into memory),
+/// with its length announced so that the page can show its progress.
 async fn file(path: &Path, ty: &'static str) -> Response {
-    let p = path.to_path_buf();
-    let read =
-        tokio::task::spawn_blocking(move || std::fs::read(p)).await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
-    match read {
-        Ok(bytes) => ([(header::CONTENT_TYPE, ty), (header::CACHE_CONTROL, "no-store")], bytes).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot read {}: {e}", path.display())).into_response(),
-    }
+    use tokio::io::AsyncReadExt;
+    let opened = match tokio::fs::File::open(path).await {
+        Ok(f) => f.metadata().await.map(|m| (f, m.len())),
+        Err(e) => Err(e),
+    };
+    let (f, len) = match opened {
+        Ok(x) => x,
+        Err(e) => {
+            return (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot read {}: {e}", path.display())).into_response();
+        }
+    };
+    // After an error the stream ends (the body is then cut short: the page reports it).
+    let chunks = futures_util::stream::unfold(Some(f), |f| async move {
+        let mut f = f?;
+        let mut buf = vec![0u8; 1 << 20];
+        match f.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(axum::body::Bytes::from(buf)), Some(f)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, ty.to_owned()),
+            (header::CACHE_CONTROL, "no-store".into()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        axum::body::Body::from_stream(chunks),
+    )
+        .into_response()
 }

@@ -182,7 +182,9 @@ pub fn describe(info: &wgpu::AdapterInfo) -> String {
         wgpu::DeviceType::Cpu => "software adapter on the CPU",
         wgpu::DeviceType::Other => "other adapter",
     };
-    format!("{} ({:?}, {ty})", info.name, info.backend)
+    // A browser does not tell pages its adapter's name (WebGPU's adapter info may be empty).
+    let name = if info.name.is_empty() { "(unnamed)" } else { info.name.as_str() };
+    format!("{name} ({:?}, {ty})", info.backend)
 }
 
 /// The limits the kernels need (everything else stays at the downlevel defaults).

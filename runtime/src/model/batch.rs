@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::backend::Backend;
 use crate::error::RuntimeError;
 use crate::model::step::{Acts, Part};
-use crate::model::{Logits, Model, Session};
+use crate::model::{Logits, Model, ModelConfig, Session};
 use crate::observe::Probe;
 
 /// One sequence's share of a [`Batch`].
@@ -67,6 +67,29 @@ impl<B: Backend> BatchContext<B> {
     }
 }
 
+/// Refuses a context for steps of `cap` rows where `b` cannot bind the model's activations
+/// or one row of its logits: before anything is allocated (and, loading, before the weights).
+pub fn check_context<B: Backend>(c: &ModelConfig, b: &B, cap: usize) -> Result<(), RuntimeError> {
+    let Some(limit) = b.max_tensor_bytes() else { return Ok(()) };
+    let widest = [c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff].into_iter().max().unwrap_or(0);
+    if (c.n_vocab * 4) as u64 > limit {
+        return Err(RuntimeError::Device(format!(
+            "one row of logits ({} values, {} bytes) is more than the device binds at once ({limit} bytes): the model does not fit this device",
+            c.n_vocab,
+            c.n_vocab * 4
+        )));
+    }
+    if (cap * widest * 4) as u64 > limit {
+        return Err(RuntimeError::Device(format!(
+            "a batch of {cap} tokens needs activations of {} bytes, more than {} binds at once ({limit} bytes): lower --batch-size to {} or less",
+            cap * widest * 4,
+            b.describe(),
+            limit as usize / (widest * 4)
+        )));
+    }
+    Ok(())
+}
+
 impl<B: Backend> Model<B> {
     /// A context for steps of up to `cap` rows in all (a prompt's batch size, or `cap`
     /// sequences decoding), refused before anything is allocated where the backend cannot
@@ -74,24 +97,7 @@ impl<B: Backend> Model<B> {
     pub fn new_context(&self, b: &mut B, cap: usize) -> Result<BatchContext<B>, RuntimeError> {
         let c = &self.config;
         let cap = cap.max(1);
-        if let Some(limit) = b.max_tensor_bytes() {
-            let widest = [c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff].into_iter().max().unwrap_or(0);
-            if (c.n_vocab * 4) as u64 > limit {
-                return Err(RuntimeError::Device(format!(
-                    "one row of logits ({} values) exceeds the largest buffer {} binds ({limit} bytes)",
-                    c.n_vocab,
-                    b.describe()
-                )));
-            }
-            if (cap * widest * 4) as u64 > limit {
-                return Err(RuntimeError::Device(format!(
-                    "a batch of {cap} tokens needs activations of {} bytes, more than {} binds at once ({limit} bytes): lower --batch-size to {} or less",
-                    cap * widest * 4,
-                    b.describe(),
-                    limit as usize / (widest * 4)
-                )));
-            }
-        }
+        check_context(c, b, cap)?;
         Ok(BatchContext { acts: Acts::new(b, c, cap), cap })
     }
 

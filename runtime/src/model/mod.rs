@@ -4,6 +4,7 @@
 //! once against [`Backend`].
 
 mod batch;
+pub(crate) use batch::check_context;
 mod load;
 pub mod source;
 mod step;

@@ -1,13 +1,20 @@
 // duet's chat page: loads the wasm runtime (/pkg/), lists the models `duet web` serves
 // (/models), fetches the chosen one and generates on the page's WebGPU adapter, a token at a
 // time, continuing plain text or, with "Chat template", a conversation rendered by the
-// model's template. A query string runs one prompt at once — `?model=N&prompt=TEXT&max=K`,
-// `&chat=1` for a chat turn, `&cache=K/V` for the K/V cache — and `window.duetResult` is then a promise of { tokens, text,
-// adapter, promptTokens }: the test (tests/web_browser.rs) reads it over DevTools.
+// model's template. A model (served, or a local file) is streamed into the runtime as it
+// downloads: the tab holds about one layer of the file at a time, never the whole file.
+// A query string runs one prompt at once — `?model=N&prompt=TEXT&max=K`, `&chat=1` for a
+// chat turn, `&cache=K/V` for the K/V cache, `&ctx=N` for the context's length,
+// `&maxBinding=BYTES` to bind no more at once than a smaller adapter would — and
+// `window.duetResult` is then a promise of { tokens, text, adapter, promptTokens, wasmBytes }, and
+// `window.duetRun(model, prompt, max, chat, settings)` runs another in the same tab: the test
+// (tests/web_browser.rs) uses both over DevTools.
 import init, { load } from "/pkg/duet_web.js";
 
 const $ = (id) => document.getElementById(id);
 let duet = null;
+// The runtime's exports (its memory's size goes into a result: what the tab holds).
+let wasm = null;
 // Loading or replying: the buttons wait until it is done.
 let busy = false;
 // The conversation so far (chat mode): { role, content } in order.
@@ -29,21 +36,37 @@ function turn(cls, text) {
 
 function setBusy(b) {
   busy = b;
-  $("load").disabled = $("send").disabled = b;
+  $("load").disabled = $("send").disabled = $("file").disabled = b;
 }
 
-async function loadModel(i, name) {
-  // The old model's GPU buffers and file go before the next one loads.
+const MiB = 1048576;
+// Page settings for tests (the query string); 0: the model's context, the adapter's limits.
+let nCtx = 0;
+let maxBinding = 0;
+
+// Loads a model from `reader` (a ReadableStream's reader of `size` bytes) into the runtime,
+// which takes it tensor by tensor as it arrives.
+async function loadFrom(reader, size, name) {
+  // The old model's GPU buffers go before the next one loads.
   if (duet) duet.free();
   duet = null;
   $("prompt").disabled = $("send").disabled = true;
-  status(`Fetching ${name}…`);
-  const resp = await fetch(`/models/${i}`);
-  if (!resp.ok) throw new Error(`fetching ${name}: HTTP ${resp.status}`);
-  const bytes = new Uint8Array(await resp.arrayBuffer());
-  status(`Loading ${name} (${(bytes.length / 1048576).toFixed(1)} MiB) onto the GPU…`);
+  let got = 0;
+  const read = async () => {
+    const { done, value } = await reader.read();
+    if (done) return undefined;
+    got += value.length;
+    status(`Loading ${name}: ${(got / MiB).toFixed(1)} of ${(size / MiB).toFixed(1)} MiB onto the GPU…`);
+    return value;
+  };
+  status(`Loading ${name}…`);
   const [ck, cv] = $("cache").value.split("/");
-  duet = await load(bytes, name, 0, ck, cv);
+  try {
+    duet = await load(read, size, name, nCtx, ck, cv, maxBinding);
+  } finally {
+    // Whatever is left of a failed load's download is not wanted.
+    reader.cancel().catch(() => {});
+  }
   $("adapter").textContent = duet.adapter();
   for (const n of duet.notes()) turn("model", "note: " + n);
   history = [];
@@ -52,6 +75,13 @@ async function loadModel(i, name) {
   $("ctx").textContent = `context 0 / ${duet.n_ctx()} tokens`;
   $("prompt").disabled = $("send").disabled = false;
   status(`${name} is ready.`);
+}
+
+async function loadModel(i, name, bytes) {
+  const resp = await fetch(`/models/${i}`);
+  if (!resp.ok) throw new Error(`fetching ${name}: HTTP ${resp.status}`);
+  const size = Number(resp.headers.get("Content-Length") || bytes);
+  await loadFrom(resp.body.getReader(), size, name);
 }
 
 async function reply(prompt, max, chat) {
@@ -77,7 +107,7 @@ async function reply(prompt, max, chat) {
   if (chat) history = [...turns, { role: "assistant", content: text }];
   const tokens = Array.from(d.tokens());
   $("ctx").textContent = `context ${promptTokens + tokens.length} / ${d.n_ctx()} tokens`;
-  return { tokens, text, adapter: d.adapter(), promptTokens };
+  return { tokens, text, adapter: d.adapter(), promptTokens, wasmBytes: wasm.memory.buffer.byteLength };
 }
 
 async function main() {
@@ -85,7 +115,7 @@ async function main() {
     status("This browser has no WebGPU (navigator.gpu is missing): use a recent Chrome or Edge, or enable WebGPU in Firefox or Safari.", true);
     throw new Error("no WebGPU");
   }
-  await init();
+  wasm = await init();
   const models = await (await fetch("/models")).json();
   for (const [i, m] of models.entries()) {
     const o = document.createElement("option");
@@ -93,7 +123,10 @@ async function main() {
     o.textContent = `${m.name} (${(m.bytes / 1048576).toFixed(1)} MiB)`;
     $("model").append(o);
   }
-  const pick = () => [Number($("model").value), models[Number($("model").value)].name];
+  const pick = () => {
+    const i = Number($("model").value);
+    return [i, models[i].name, models[i].bytes];
+  };
   $("load").onclick = () => {
     if (busy) return;
     setBusy(true);
@@ -111,24 +144,47 @@ async function main() {
       .catch((e) => status(String(e), true))
       .finally(() => setBusy(false));
   };
-  const q = new URLSearchParams(location.search);
-  if (q.has("prompt")) {
-    const i = Number(q.get("model") || 0);
+  $("file").onchange = () => {
+    const f = $("file").files[0];
+    if (busy || !f) return;
+    setBusy(true);
+    loadFrom(f.stream().getReader(), f.size, f.name)
+      .catch((e) => status(String(e), true))
+      .finally(() => setBusy(false));
+  };
+  // One prompt on model i, as the query string asks (and the test, again, in this tab);
+  // `settings` may change the context's length (ctx) and the binding cap (maxBinding).
+  window.duetRun = async (i, prompt, max, chat, settings = {}) => {
+    nCtx = settings.ctx ?? nCtx;
+    maxBinding = settings.maxBinding ?? maxBinding;
     $("model").value = i;
-    if (q.has("cache")) $("cache").value = q.get("cache");
     setBusy(true);
     try {
-      await loadModel(i, models[i].name);
-      return await reply(q.get("prompt"), Number(q.get("max") || 32), q.get("chat") === "1");
+      await loadModel(i, models[i].name, models[i].bytes);
+      return await reply(prompt, max, chat);
+    } catch (e) {
+      status(String(e), true);
+      throw e;
     } finally {
       setBusy(false);
     }
+  };
+  const q = new URLSearchParams(location.search);
+  nCtx = Number(q.get("ctx") || 0);
+  maxBinding = Number(q.get("maxBinding") || 0);
+  if (q.has("cache")) $("cache").value = q.get("cache");
+  if (q.has("prompt")) {
+    return await window.duetRun(Number(q.get("model") || 0), q.get("prompt"), Number(q.get("max") || 32), q.get("chat") === "1");
   }
   status(models.length ? "Choose a model and press Load." : "duet web serves no model.");
 }
 
 window.duetResult = main().catch((e) => {
-  status(String(e), true);
+  // (duetRun has shown its own errors.)
+  if ($("status").className !== "error") status(String(e), true);
   throw e;
 });
-window.duetResult.then((r) => r && console.log(`duet: ${r.tokens.length} tokens on ${r.adapter}: ${JSON.stringify(r.tokens)}`));
+window.duetResult.then(
+  (r) => r && console.log(`duet: ${r.tokens.length} tokens on ${r.adapter}: ${JSON.stringify(r.tokens)}`),
+  () => {},
+);

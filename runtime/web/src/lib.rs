@@ -2,7 +2,9 @@
 //! `webgpu` backend), built for wasm32-unknown-unknown and bound to JavaScript with
 //! wasm-bindgen. `duet web` serves it with a chat page (runtime/web/page/).
 //!
-//! The page fetches a GGUF file and hands its bytes to [`load`]; [`Duet::start`] evaluates
+//! The page hands [`load`] a reader of a GGUF file's stream (a fetch's body, or a local
+//! file's), which loads the model tensor by tensor as the bytes arrive, holding about one
+//! layer of the file at a time (`duet_runtime::model::source::Streamed`); [`Duet::start`] evaluates
 //! a prompt and [`Duet::next`] produces one token at a time (greedy), each awaiting its
 //! logits' readback — in a browser a readback completes only once the page's event loop has
 //! run, which is why the model's step is an async fn (`Model::decode_async`). Native builds
@@ -10,16 +12,31 @@
 #![cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 
 use std::cell::RefCell;
-use std::sync::Arc;
 
-use duet_quant::gguf::GgufFile;
+use duet_runtime::RuntimeError;
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::{Engine, EngineOptions, check_logits};
 use duet_runtime::gpu::{GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheFormat;
+use duet_runtime::model::source::{ChunkReader, Streamed};
 use duet_runtime::sampler::{Sampler, SamplerConfig};
 use duet_runtime::text::{Message, TextStream};
+use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::JsFuture;
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = console, js_name = error)]
+    fn console_error(s: &str);
+}
+
+/// A panic (a bug: bad input is an error, never a panic) is written to the console with its
+/// message instead of wasm's bare "unreachable".
+#[wasm_bindgen(start)]
+fn start() {
+    std::panic::set_hook(Box::new(|info| console_error(&format!("duet panicked: {info}"))));
+}
 
 /// A loaded model on the page's GPU, and the reply being generated.
 #[wasm_bindgen]
@@ -50,22 +67,68 @@ fn busy() -> JsError {
     js_err("a reply is being generated")
 }
 
-/// Loads the GGUF file `bytes` (named `name` in errors) onto the page's WebGPU adapter, with
-/// a context of `n_ctx` tokens (0: the model's training context, at most 4,096) and its K and
-/// V caches in the formats named `cache_k` and `cache_v` (`duet run`'s `--ctk`/`--ctv`
-/// names: f16, q8c, q4c, q4r, q3c, q3r, …).
+/// The page's reader of a file's bytes: `read()` resolves to the next chunk (a Uint8Array),
+/// or to `undefined` at the end.
+struct JsReader {
+    read: js_sys::Function,
+    label: String,
+}
+
+impl JsReader {
+    fn err(&self, e: JsValue) -> RuntimeError {
+        let why = e.as_string().or_else(|| e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message())));
+        RuntimeError::BadModel(format!(
+            "{}: reading it failed: {}",
+            self.label,
+            why.unwrap_or_else(|| format!("{e:?}"))
+        ))
+    }
+}
+
+impl ChunkReader for JsReader {
+    async fn next_chunk(&mut self) -> Result<Option<Vec<u8>>, RuntimeError> {
+        let promise = self.read.call0(&JsValue::NULL).map_err(|e| self.err(e))?;
+        let v = JsFuture::from(js_sys::Promise::resolve(&promise)).await.map_err(|e| self.err(e))?;
+        if v.is_undefined() || v.is_null() {
+            return Ok(None);
+        }
+        let chunk =
+            v.dyn_into::<js_sys::Uint8Array>().map_err(|_| self.err(JsValue::from_str("a chunk is not bytes")))?;
+        Ok(Some(chunk.to_vec()))
+    }
+}
+
+/// Loads the GGUF file of `size` bytes that `read` streams (named `name` in messages) onto
+/// the page's WebGPU adapter, tensor by tensor as its bytes arrive, with a context of `n_ctx`
+/// tokens (0: the model's training context, at most 4,096) and its K and V caches in the
+/// formats named `cache_k` and `cache_v` (`duet run`'s `--ctk`/`--ctv` names: f16, q8c,
+/// q4c, q4r, q3c, q3r, …). `max_binding` (0: the adapter's) caps the bytes bound at once, as
+/// a smaller adapter would.
 #[wasm_bindgen]
-pub async fn load(bytes: Vec<u8>, name: String, n_ctx: u32, cache_k: String, cache_v: String) -> Result<Duet, JsError> {
+pub async fn load(
+    read: js_sys::Function,
+    size: f64,
+    name: String,
+    n_ctx: u32,
+    cache_k: String,
+    cache_v: String,
+    max_binding: f64,
+) -> Result<Duet, JsError> {
     let cache = |n: &str| {
         CacheFormat::parse(n).ok_or_else(|| js_err(format!("unknown K/V cache type '{n}': use {}", CacheFormat::NAMES)))
     };
     let (k_type, v_type) = (cache(&cache_k)?, cache(&cache_v)?);
-    let file = GgufFile::from_bytes_named(&bytes, name).map_err(js_err)?;
-    drop(bytes);
-    let backend = GpuBackend::new_async(&GpuOptions::default()).await.map_err(js_err)?;
+    if !(size.is_finite() && size >= 0.0) {
+        return Err(js_err(format!("{name}: its size ({size}) is not a byte count")));
+    }
+    let reader = JsReader { read, label: name.clone() };
+    // The header first: a file that is not GGUF is refused before the GPU is set up.
+    let mut src = Streamed::open(reader, size as u64, &name).await.map_err(js_err)?;
+    let gpu = GpuOptions { max_binding: (max_binding > 0.0).then_some(max_binding as u64), ..GpuOptions::default() };
+    let backend = GpuBackend::new_async(&gpu).await.map_err(js_err)?;
     let adapter = backend.describe();
     let opts = EngineOptions { n_ctx: n_ctx as usize, k_type, v_type, ..EngineOptions::default() };
-    let engine = Engine::from_gguf(backend, Arc::new(file), &opts).map_err(js_err)?;
+    let engine = Engine::from_source(backend, &mut src, &opts).await.map_err(js_err)?;
     let notes = engine.notes.clone();
     Ok(Duet { engine: RefCell::new(engine), reply: RefCell::default(), adapter, notes })
 }
@@ -125,6 +188,14 @@ impl Duet {
 impl Duet {
     /// Evaluates a reply's prompt (keeping the cached prefix); its token count.
     async fn begin(&self, engine: &mut Engine<GpuBackend>, tokens: Vec<u32>, max_new: usize) -> Result<usize, JsError> {
+        // A reply needs a position after the prompt.
+        if tokens.len() >= engine.n_ctx() {
+            return Err(js_err(format!(
+                "the prompt is {} tokens, and the context holds {}: shorten it (or start a new conversation)",
+                tokens.len(),
+                engine.n_ctx()
+            )));
+        }
         let (logits, _) = engine.prefill_async(&tokens).await.map_err(js_err)?;
         let n = tokens.len();
         *self.reply.borrow_mut() = Reply { logits, history: tokens, left: max_new, ..Reply::default() };
