@@ -170,8 +170,13 @@ fn web_page_generates_the_cpu_backends_tokens() {
     // Served too, last: a file that is not GGUF (bad input, below).
     let junk = dir.0.join("notes.gguf");
     std::fs::write(&junk, "These are notes, not a model.\n".repeat(1000)).expect("write the junk file");
+    // And the DIFF model with a chat template that doubles a string 64 times.
+    let doubling = dir.0.join("doubling-template.gguf");
+    let template =
+        "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}";
+    common::with_metadata(&diff, &doubling, &[("tokenizer.chat_template", duet_quant::gguf::Value::from(template))]);
     let mut served = models.clone();
-    served.push(junk.as_path());
+    served.extend([junk.as_path(), doubling.as_path()]);
     let server = start_server(&served, &pkg);
     let browser = Browser::launch(&chromium, &WEBGPU_FLAGS);
     let mut page = browser.page();
@@ -248,17 +253,52 @@ fn web_page_generates_the_cpu_backends_tokens() {
 
 /// Bad input in the page — a file that is not GGUF (served as model `junk`), a model larger
 /// than the adapter binds (`maxBinding` caps it below one row of the DIFF model's logits, as
-/// an adapter with 16 KiB buffers would), a prompt longer than the context — each a message
-/// in the page's status line and no other error; after each the same tab still generates.
+/// an adapter with 16 KiB buffers would), a prompt longer than the context, a negative
+/// temperature — each a message in the page's status line and no other error, after which
+/// the same tab loads a model and generates; and a model whose chat template doubles a
+/// string 64 times (served as model `junk + 1`): its memory budget stops the runtime, the
+/// page says so (the panic's message in the console), and a reload generates again.
 fn bad_input_is_a_message_in_the_page(page: &mut duet_test_support::devtools::DevTools, port: u16, junk: usize) {
     let minute = Duration::from_secs(60);
     let long_prompt = "the capital of France is Paris, ".repeat(8);
+    let doubling = junk + 1;
+    // (query, the page's message, another console error it may log, whether the tab goes on)
     let cases = [
-        (format!("model={junk}&max=4&prompt=Hello"), "notes.gguf: not a GGUF file"),
-        ("model=0&max=4&maxBinding=16384&prompt=Hello".to_owned(), "the model does not fit this device"),
-        (format!("model=0&max=4&ctx=16&prompt={}", long_prompt.replace(' ', "%20")), "and the context holds 16"),
+        (format!("model={junk}&max=4&prompt=Hello"), "notes.gguf: not a GGUF file", None, true),
+        ("model=0&max=4&maxBinding=16384&prompt=Hello".to_owned(), "the model does not fit this device", None, true),
+        (
+            format!("model=0&max=4&ctx=16&prompt={}", long_prompt.replace(' ', "%20")),
+            "and the context holds 16",
+            None,
+            true,
+        ),
+        ("model=0&max=4&temp=-1&prompt=Hello".to_owned(), "the temperature must be 0 (greedy) or more", None, true),
+        (
+            format!("model={doubling}&max=4&chat=1&prompt=Hello"),
+            "The runtime stopped",
+            Some("work bounded to 268435456 bytes (a model's chat template) would have held more"),
+            false,
+        ),
     ];
-    for (query, want) in cases {
+    let run_again = |page: &mut duet_test_support::devtools::DevTools, query: &str, reload: bool| {
+        page.events.clear();
+        let expression = if reload {
+            page.call("Page.navigate", json!({ "url": format!("http://127.0.0.1:{port}/?model=0&max=3&prompt=The%20capital%20of%20France%20is") }), minute);
+            page.wait_for("Page.loadEventFired", minute);
+            "window.duetResult.then(r => r.tokens.length)"
+        } else {
+            "window.duetRun(0, 'The capital of France is', 3, false, { ctx: 0, maxBinding: 0 }).then(r => r.tokens.length)"
+        };
+        let again = page.call(
+            "Runtime.evaluate",
+            json!({ "expression": expression, "awaitPromise": true, "returnByValue": true }),
+            Duration::from_secs(300),
+        );
+        assert_eq!(again["result"]["value"].as_u64(), Some(3), "?{query}: after the error no more tokens: {again}");
+        let errs = errors(&page.events);
+        assert!(errs.is_empty(), "?{query}: the run after the error logged errors:\n{}", errs.join("\n"));
+    };
+    for (query, want, also, goes_on) in cases {
         page.events.clear();
         page.call("Page.navigate", json!({ "url": format!("http://127.0.0.1:{port}/?{query}") }), minute);
         page.wait_for("Page.loadEventFired", minute);
@@ -276,28 +316,29 @@ fn bad_input_is_a_message_in_the_page(page: &mut duet_test_support::devtools::De
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        eprintln!("bad input ?{query}: the page says: {shown}");
+        eprintln!("bad input ?{query}: the page says: {shown} (the call: {thrown})");
         assert!(
-            thrown.contains(want) && shown.contains(want),
+            thrown != "no error" && shown.contains(want),
             "?{query}: want '{want}', the page says '{shown}' ({thrown})"
         );
-        for e in errors(&page.events) {
-            assert!(e.contains(want) && !e.contains("panicked"), "?{query}: an error besides the message: {e}");
+        if goes_on {
+            assert!(thrown.contains(want), "?{query}: the call's error is '{thrown}'");
         }
-        // The tab lives on: the same page loads the DIFF model and generates.
-        page.events.clear();
-        let again = page.call(
-            "Runtime.evaluate",
-            json!({ "expression": "window.duetRun(0, 'The capital of France is', 3, false, { ctx: 0, maxBinding: 0 }).then(r => r.tokens.length)", "awaitPromise": true, "returnByValue": true }),
-            Duration::from_secs(300),
-        );
-        assert_eq!(
-            again["result"]["value"].as_u64(),
-            Some(3),
-            "?{query}: after the error the tab generates no more: {again}"
-        );
         let errs = errors(&page.events);
-        assert!(errs.is_empty(), "?{query}: the run after the error logged errors:\n{}", errs.join("\n"));
+        for e in &errs {
+            let expected = e.contains(want) || also.is_some_and(|a| e.contains(a));
+            assert!(expected, "?{query}: an error besides the message: {e}");
+            assert!(also.is_some() || !e.contains("panicked"), "?{query}: a panic: {e}");
+        }
+        if let Some(a) = also {
+            assert!(
+                errs.iter().any(|e| e.contains(a)),
+                "?{query}: the console does not say '{a}':\n{}",
+                errs.join("\n")
+            );
+        }
+        // The tab lives on (after a stop of the runtime, once reloaded).
+        run_again(page, &query, !goes_on);
     }
 }
 

@@ -96,19 +96,35 @@ fn charge(delta: isize) {
     // A panicking thread is ending its work anyway; stopping it while it formats its
     // message (a backtrace takes megabytes) would park it holding stderr's lock.
     if delta > 0 && (now > limit || too_deep) && !std::thread::panicking() {
-        // Stop before allocating: raise the flag (no allocation), then sleep without end
-        // (nanosleep allocates nothing); this thread's memory stays held, within the budget.
-        if let Ok(flag) = OVERRUN.try_with(Cell::get)
-            && !flag.is_null()
-        {
-            // SAFETY: run_with_budget keeps the flag's Arc alive inside this thread's closure.
-            unsafe { (*flag).store(if too_deep { PAST_DEPTH } else { PAST_MEMORY }, Ordering::Release) };
-        }
-        loop {
-            std::thread::sleep(Duration::from_secs(1 << 20));
-        }
+        stop(limit, too_deep);
     }
     let _ = HELD.try_with(|h| h.set((now, limit)));
+}
+
+/// Stops the thread that would pass its budget of `limit` bytes (or its stack depth), before
+/// the allocation: raises its flag (no allocation), then sleeps without end (nanosleep
+/// allocates nothing); the thread's memory stays held, within the budget.
+#[cfg(not(target_arch = "wasm32"))]
+fn stop(_limit: isize, too_deep: bool) -> ! {
+    if let Ok(flag) = OVERRUN.try_with(Cell::get)
+        && !flag.is_null()
+    {
+        // SAFETY: run_with_budget keeps the flag's Arc alive inside this thread's closure.
+        unsafe { (*flag).store(if too_deep { PAST_DEPTH } else { PAST_MEMORY }, Ordering::Release) };
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(1 << 20));
+    }
+}
+
+/// In a browser there is no thread to park: the work ran inline, and the wasm instance stops
+/// here (a panic aborts there) — at the budget rather than at the tab's memory limit; the
+/// page reports the trap, and a reload brings the runtime back.
+#[cfg(target_arch = "wasm32")]
+fn stop(limit: isize, _too_deep: bool) -> ! {
+    // The panic's own allocations are not charged.
+    let _ = HELD.try_with(|h| h.set((0, 0)));
+    panic!("work bounded to {limit} bytes (a model's chat template) would have held more: the runtime stops");
 }
 
 // SAFETY: every call forwards to System with the same arguments; the bookkeeping touches
@@ -160,9 +176,10 @@ pub enum Overrun {
 /// [`BudgetAlloc`] is installed) and for at most `time`. On an overrun the thread is left
 /// behind (stopped, or finishing its work unobserved) and this returns at once.
 ///
-/// In a browser (wasm32) there are no threads and no budgeting allocator: the work runs
-/// where it is called, bounded by its own limits (a template's fuel and output cap) and by
-/// the tab's memory, whose exhaustion ends the page, not the machine.
+/// In a browser (wasm32) there are no threads: the work runs where it is called, bounded by
+/// its own limits (a template's fuel and output cap) and, where [`BudgetAlloc`] is installed
+/// (duet-web installs it), by `bytes`: past them the wasm instance stops (a panic, which
+/// aborts there) instead of growing the tab's memory to its limit. `time` is not enforced.
 pub fn run_with_budget<T: Send + 'static>(
     bytes: usize,
     time: Duration,
@@ -170,8 +187,12 @@ pub fn run_with_budget<T: Send + 'static>(
 ) -> Result<T, Overrun> {
     #[cfg(target_arch = "wasm32")]
     {
-        let _ = (bytes, time);
-        return Ok(work());
+        let _ = time;
+        HELD.with(|h| h.set((0, bytes.min(isize::MAX as usize) as isize)));
+        let out = work();
+        // The result's memory is the caller's from here.
+        HELD.with(|h| h.set((0, 0)));
+        return Ok(out);
     }
     #[cfg(not(target_arch = "wasm32"))]
     run_on_budgeted_thread(bytes, time, work)

@@ -4,7 +4,8 @@
 // model's template. A model (served, or a local file) is streamed into the runtime as it
 // downloads: the tab holds about one layer of the file at a time, never the whole file.
 // A query string runs one prompt at once — `?model=N&prompt=TEXT&max=K`, `&chat=1` for a
-// chat turn, `&cache=K/V` for the K/V cache, `&ctx=N` for the context's length,
+// chat turn, `&cache=K/V` for the K/V cache, `&ctx=N` for the context's length, `&temp=T`
+// for the temperature (0, greedy, unless given),
 // `&maxBinding=BYTES` to bind no more at once than a smaller adapter would — and
 // `window.duetResult` is then a promise of { tokens, text, adapter, promptTokens, wasmBytes }, and
 // `window.duetRun(model, prompt, max, chat, settings)` runs another in the same tab: the test
@@ -34,9 +35,25 @@ function turn(cls, text) {
   return d;
 }
 
+// Set once the runtime has trapped (a bug, or a model's chat template past its memory
+// budget): its state is gone, and only a reload brings it back.
+let stopped = false;
+
 function setBusy(b) {
   busy = b;
-  $("load").disabled = $("send").disabled = $("file").disabled = b;
+  $("load").disabled = $("send").disabled = $("file").disabled = b || stopped;
+}
+
+// Shows an error; a trap of the runtime (WebAssembly.RuntimeError) stops the page's runtime.
+function failed(e) {
+  if (e instanceof WebAssembly.RuntimeError) {
+    stopped = true;
+    duet = null;
+    status(`The runtime stopped (${e.message}; the console says why): reload the page to go on.`, true);
+    setBusy(busy);
+  } else {
+    status(String(e), true);
+  }
 }
 
 const MiB = 1048576;
@@ -68,6 +85,10 @@ async function loadFrom(reader, size, name) {
     reader.cancel().catch(() => {});
   }
   $("adapter").textContent = duet.adapter();
+  // The model's recommended sampling (llama.cpp's defaults where it gives none).
+  const [temp, , topP] = duet.sampling();
+  $("temp").value = +temp.toFixed(3);
+  $("topp").value = +topP.toFixed(3);
   for (const n of duet.notes()) turn("model", "note: " + n);
   history = [];
   $("chat").disabled = !duet.can_chat();
@@ -86,12 +107,16 @@ async function loadModel(i, name, bytes) {
 
 async function reply(prompt, max, chat) {
   const d = duet;
+  // Top-k and min-p stay the model's; a new seed each reply.
+  const [, topK, , minP] = d.sampling();
+  d.set_sampling(Number($("temp").value), topK, Number($("topp").value), minP, (Math.random() * 2 ** 32) >>> 0);
   turn("user", prompt);
   const out = turn("model", "");
   // The conversation with this turn; kept only once the reply is complete.
   const turns = [...history, { role: "user", content: prompt }];
+  // (The template renders in a synchronous call: a trap there is this call's exception.)
   const promptTokens = chat
-    ? await d.start_chat(turns.map((m) => m.role), turns.map((m) => m.content), max)
+    ? await d.start_tokens(d.chat_tokens(turns.map((m) => m.role), turns.map((m) => m.content)), max)
     : await d.start(prompt, max);
   const t0 = performance.now();
   let text = "";
@@ -131,7 +156,7 @@ async function main() {
     if (busy) return;
     setBusy(true);
     loadModel(...pick())
-      .catch((e) => status(String(e), true))
+      .catch(failed)
       .finally(() => setBusy(false));
   };
   $("ask").onsubmit = (ev) => {
@@ -141,7 +166,7 @@ async function main() {
     setBusy(true);
     $("prompt").value = "";
     reply(p, 256, $("chat").checked)
-      .catch((e) => status(String(e), true))
+      .catch(failed)
       .finally(() => setBusy(false));
   };
   $("file").onchange = () => {
@@ -149,21 +174,24 @@ async function main() {
     if (busy || !f) return;
     setBusy(true);
     loadFrom(f.stream().getReader(), f.size, f.name)
-      .catch((e) => status(String(e), true))
+      .catch(failed)
       .finally(() => setBusy(false));
   };
   // One prompt on model i, as the query string asks (and the test, again, in this tab);
-  // `settings` may change the context's length (ctx) and the binding cap (maxBinding).
+  // `settings` may change the context's length (ctx), the binding cap (maxBinding) and
+  // the temperature (temp; 0, greedy, unless given).
   window.duetRun = async (i, prompt, max, chat, settings = {}) => {
+    if (stopped) throw new Error("the runtime stopped: reload the page");
     nCtx = settings.ctx ?? nCtx;
     maxBinding = settings.maxBinding ?? maxBinding;
     $("model").value = i;
     setBusy(true);
     try {
       await loadModel(i, models[i].name, models[i].bytes);
+      $("temp").value = settings.temp ?? 0;
       return await reply(prompt, max, chat);
     } catch (e) {
-      status(String(e), true);
+      failed(e);
       throw e;
     } finally {
       setBusy(false);
@@ -174,10 +202,17 @@ async function main() {
   maxBinding = Number(q.get("maxBinding") || 0);
   if (q.has("cache")) $("cache").value = q.get("cache");
   if (q.has("prompt")) {
-    return await window.duetRun(Number(q.get("model") || 0), q.get("prompt"), Number(q.get("max") || 32), q.get("chat") === "1");
+    const temp = Number(q.get("temp") || 0);
+    return await window.duetRun(Number(q.get("model") || 0), q.get("prompt"), Number(q.get("max") || 32), q.get("chat") === "1", { temp });
   }
   status(models.length ? "Choose a model and press Load." : "duet web serves no model.");
 }
+
+// A trap inside an async call of the runtime surfaces here, not at the call (whose promise
+// then never settles): the page stops waiting and says so.
+window.addEventListener("error", (ev) => {
+  if (ev.error instanceof WebAssembly.RuntimeError) failed(ev.error);
+});
 
 window.duetResult = main().catch((e) => {
   // (duetRun has shown its own errors.)

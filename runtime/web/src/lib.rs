@@ -5,7 +5,8 @@
 //! The page hands [`load`] a reader of a GGUF file's stream (a fetch's body, or a local
 //! file's), which loads the model tensor by tensor as the bytes arrive, holding about one
 //! layer of the file at a time (`duet_runtime::model::source::Streamed`); [`Duet::start`] evaluates
-//! a prompt and [`Duet::next`] produces one token at a time (greedy), each awaiting its
+//! a prompt and [`Duet::next`] produces one token at a time (sampled as
+//! [`Duet::set_sampling`] says; greedy at temperature 0), each awaiting its
 //! logits' readback — in a browser a readback completes only once the page's event loop has
 //! run, which is why the model's step is an async fn (`Model::decode_async`). Native builds
 //! of this crate are empty.
@@ -13,13 +14,18 @@
 
 use std::cell::RefCell;
 
+/// Counts the bytes a model's chat template holds while it renders, so that a template that
+/// doubles a string stops the runtime at its budget (`mem_budget::run_with_budget`).
+#[global_allocator]
+static ALLOC: duet_runtime::mem_budget::BudgetAlloc = duet_runtime::mem_budget::BudgetAlloc;
+
 use duet_runtime::RuntimeError;
 use duet_runtime::backend::Backend;
 use duet_runtime::engine::{Engine, EngineOptions, check_logits};
 use duet_runtime::gpu::{GpuBackend, GpuOptions};
 use duet_runtime::kv_cache::CacheFormat;
 use duet_runtime::model::source::{ChunkReader, Streamed};
-use duet_runtime::sampler::{Sampler, SamplerConfig};
+use duet_runtime::sampler::{Sampler, SamplerConfig, SamplingHints};
 use duet_runtime::text::{Message, TextStream};
 use wasm_bindgen::JsCast;
 use wasm_bindgen::prelude::*;
@@ -43,6 +49,9 @@ fn start() {
 pub struct Duet {
     engine: RefCell<Engine<GpuBackend>>,
     reply: RefCell<Reply>,
+    /// How replies are sampled: llama.cpp's defaults with the model's recommendations
+    /// (`general.sampling.*`), as `duet chat` starts; [`Duet::set_sampling`] changes it.
+    sampling: RefCell<SamplerConfig>,
     adapter: String,
     notes: Vec<String>,
 }
@@ -50,6 +59,7 @@ pub struct Duet {
 /// One reply's state between calls of [`Duet::next`].
 #[derive(Default)]
 struct Reply {
+    sampler: Option<Sampler>,
     logits: Vec<f32>,
     history: Vec<u32>,
     generated: Vec<u32>,
@@ -130,7 +140,14 @@ pub async fn load(
     let opts = EngineOptions { n_ctx: n_ctx as usize, k_type, v_type, ..EngineOptions::default() };
     let engine = Engine::from_source(backend, &mut src, &opts).await.map_err(js_err)?;
     let notes = engine.notes.clone();
-    Ok(Duet { engine: RefCell::new(engine), reply: RefCell::default(), adapter, notes })
+    let sampling = SamplingHints::from_gguf(&engine.model.file).map_err(js_err)?.apply(SamplerConfig::default());
+    Ok(Duet {
+        engine: RefCell::new(engine),
+        reply: RefCell::default(),
+        sampling: RefCell::new(sampling),
+        adapter,
+        notes,
+    })
 }
 
 #[wasm_bindgen]
@@ -143,6 +160,29 @@ impl Duet {
     /// What loading changed from the defaults, and why (one line each).
     pub fn notes(&self) -> Vec<String> {
         self.notes.clone()
+    }
+
+    /// The next replies' sampling: `temperature` (0: greedy), `top_k` (0: off), `top_p` (1:
+    /// off), `min_p` (0: off), and the random numbers' `seed`.
+    pub fn set_sampling(&self, temperature: f32, top_k: u32, top_p: f32, min_p: f32, seed: u32) -> Result<(), JsError> {
+        if !(temperature >= 0.0 && temperature.is_finite()) {
+            return Err(js_err(format!("the temperature must be 0 (greedy) or more, not {temperature}")));
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(js_err(format!("top-p must be above 0 and at most 1, not {top_p}")));
+        }
+        if !(0.0..=1.0).contains(&min_p) {
+            return Err(js_err(format!("min-p must be between 0 and 1, not {min_p}")));
+        }
+        let mut s = self.sampling.try_borrow_mut().map_err(|_| busy())?;
+        *s = SamplerConfig { temperature, top_k: top_k as usize, top_p, min_p, seed: seed.into(), ..*s };
+        Ok(())
+    }
+
+    /// The sampling's temperature, top-k, top-p and min-p (the page shows the model's).
+    pub fn sampling(&self) -> Result<Vec<f32>, JsError> {
+        let s = self.sampling.try_borrow().map_err(|_| busy())?;
+        Ok(vec![s.temperature, s.top_k as f32, s.top_p, s.min_p])
     }
 
     /// The context's length in tokens.
@@ -159,26 +199,28 @@ impl Duet {
         self.begin(&mut engine, tokens, max_new).await
     }
 
-    /// [`Duet::start`] for a conversation: the messages (`roles[i]` says `contents[i]`)
-    /// rendered with the model's chat template and the assistant's turn opened, as `duet
-    /// chat` renders them.
-    pub async fn start_chat(
-        &self,
-        roles: Vec<String>,
-        contents: Vec<String>,
-        max_new: usize,
-    ) -> Result<usize, JsError> {
-        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy())?;
+    /// The tokens of a conversation (`roles[i]` says `contents[i]`) rendered with the model's
+    /// chat template and the assistant's turn opened, as `duet chat` renders them; then
+    /// [`Duet::start_tokens`]. Synchronous, so that a template stopped at its memory budget
+    /// (a trap of the runtime) is an exception of this call that the page catches.
+    pub fn chat_tokens(&self, roles: Vec<String>, contents: Vec<String>) -> Result<Vec<u32>, JsError> {
+        let engine = self.engine.try_borrow().map_err(|_| busy())?;
         if roles.len() != contents.len() {
-            return Err(js_err("start_chat takes a role for each message"));
+            return Err(js_err("chat_tokens takes a role for each message"));
         }
         let messages: Vec<Message> = roles.iter().zip(&contents).map(|(r, c)| Message::new(r, c)).collect();
         let text = engine.template.render(&messages, true).map_err(js_err)?;
-        let tokens = engine.tokenizer.encode_rendered(&text).map_err(js_err)?;
+        engine.tokenizer.encode_rendered(&text).map_err(js_err)
+    }
+
+    /// [`Duet::start`] for tokens already made ([`Duet::chat_tokens`]).
+    pub async fn start_tokens(&self, tokens: Vec<u32>, max_new: usize) -> Result<usize, JsError> {
+        // (The model refuses an id outside its vocabulary.)
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| busy())?;
         self.begin(&mut engine, tokens, max_new).await
     }
 
-    /// Whether the model's chat template parsed ([`Duet::start_chat`] needs it; a model
+    /// Whether the model's chat template parsed ([`Duet::chat_tokens`] needs it; a model
     /// without one gets ChatML or plain `User:`/`Assistant:` lines, as `duet chat` does).
     pub fn can_chat(&self) -> Result<bool, JsError> {
         Ok(self.engine.try_borrow().map_err(|_| busy())?.template.broken.is_none())
@@ -198,7 +240,9 @@ impl Duet {
         }
         let (logits, _) = engine.prefill_async(&tokens).await.map_err(js_err)?;
         let n = tokens.len();
-        *self.reply.borrow_mut() = Reply { logits, history: tokens, left: max_new, ..Reply::default() };
+        let sampler = Sampler::new(self.sampling.try_borrow().map_err(|_| busy())?.clone());
+        *self.reply.borrow_mut() =
+            Reply { sampler: Some(sampler), logits, history: tokens, left: max_new, ..Reply::default() };
         Ok(n)
     }
 }
@@ -220,7 +264,10 @@ impl Duet {
             return r.stream.flush(&engine.tokenizer).map(Some).map_err(js_err);
         }
         check_logits(&r.logits, r.generated.len()).map_err(js_err)?;
-        let tok = Sampler::new(SamplerConfig::greedy()).sample(&mut r.logits, &r.history);
+        let tok = match &mut r.sampler {
+            Some(sampler) => sampler.sample(&mut r.logits, &r.history),
+            None => return Err(js_err("no reply was started")),
+        };
         r.left -= 1;
         if engine.tokenizer.is_eog(tok) {
             r.done = true;
