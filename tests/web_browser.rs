@@ -185,6 +185,7 @@ fn web_page_generates_the_cpu_backends_tokens() {
         page.call(domain, json!({}), minute);
     }
     bad_input_is_a_message_in_the_page(&mut page, server.1, models.len());
+    let local = a_local_file_answers_in_the_page(&mut page, server.1, &diff);
     let shot: PathBuf = repo_root().join("target/web/duet-web.png");
     // Each model continuing the prompt with the f16 cache, the DIFF model with the 4- and
     // 3-bit caches too, then SmolLM2 answering it as a chat message.
@@ -226,6 +227,14 @@ fn web_page_generates_the_cpu_backends_tokens() {
             got["text"]
         );
         assert!(adapter.contains("BrowserWebGpu"), "the page ran on WebGPU: {adapter}");
+        if n == 0 {
+            // The same model picked from the disk, asked through the page's form.
+            assert_eq!(
+                Some(local.as_str()),
+                got["text"].as_str(),
+                "the local file's reply differs from the served one's"
+            );
+        }
         // The file streams into the GPU a layer at a time: the runtime's memory (which never
         // shrinks: its peak) stays below the file's size where the file is big enough to tell.
         let wasm_bytes = got["wasmBytes"].as_u64().expect("the runtime's memory size");
@@ -249,6 +258,65 @@ fn web_page_generates_the_cpu_backends_tokens() {
             eprintln!("{test}: screenshot {}", shot.display());
         }
     }
+}
+
+/// Evaluates `expression` in the page once `ready` (a JavaScript condition) holds, polled
+/// every 100 ms for at most `timeout`.
+fn when(page: &mut duet_test_support::devtools::DevTools, ready: &str, expression: &str, timeout: Duration) -> Value {
+    let poll = format!(
+        "new Promise(done => {{ const t = setInterval(() => {{ if ({ready}) {{ clearInterval(t); done({expression}); }} }}, 100); }})"
+    );
+    let r = page.call(
+        "Runtime.evaluate",
+        json!({ "expression": poll, "awaitPromise": true, "returnByValue": true }),
+        timeout,
+    );
+    r["result"]["value"].clone()
+}
+
+/// The page's own controls, as a visitor uses them: `model` chosen with "or a file" (set
+/// through DevTools, as a file dialog would), then the prompt typed and sent as plain text
+/// at temperature 0 (up to the page's 256 tokens); returns the reply's text. No error
+/// logged.
+fn a_local_file_answers_in_the_page(
+    page: &mut duet_test_support::devtools::DevTools,
+    port: u16,
+    model: &Path,
+) -> String {
+    let minute = Duration::from_secs(60);
+    page.events.clear();
+    page.call("Page.navigate", json!({ "url": format!("http://127.0.0.1:{port}/") }), minute);
+    page.wait_for("Page.loadEventFired", minute);
+    when(page, "document.getElementById('status').textContent.startsWith('Choose')", "true", minute);
+    let root = page.call("DOM.getDocument", json!({}), minute)["root"]["nodeId"].clone();
+    let input =
+        page.call("DOM.querySelector", json!({ "nodeId": root, "selector": "#file" }), minute)["nodeId"].clone();
+    let path = model.canonicalize().expect("the model's path");
+    page.call("DOM.setFileInputFiles", json!({ "nodeId": input, "files": [path.to_string_lossy()] }), minute);
+    let status = when(
+        page,
+        "document.getElementById('status').textContent.endsWith(' is ready.') || document.getElementById('status').className === 'error'",
+        "document.getElementById('status').textContent",
+        Duration::from_secs(300),
+    );
+    let name = model.file_name().expect("a file name").to_string_lossy().into_owned();
+    assert_eq!(status.as_str(), Some(format!("{name} is ready.").as_str()), "loading the local file");
+    page.call(
+        "Runtime.evaluate",
+        json!({ "expression": "document.getElementById('chat').checked = false; document.getElementById('temp').value = 0; document.getElementById('prompt').value = 'The capital of France is'; document.getElementById('send').click()" }),
+        minute,
+    );
+    let reply = when(
+        page,
+        "!document.getElementById('send').disabled && document.querySelectorAll('.turn.model').length > 0",
+        "[...document.querySelectorAll('.turn.model')].pop().textContent",
+        Duration::from_secs(300),
+    );
+    let errs = errors(&page.events);
+    assert!(errs.is_empty(), "the local file's run logged errors:\n{}", errs.join("\n"));
+    let reply = reply.as_str().expect("the reply's text").to_owned();
+    eprintln!("a local file ({name}) in the page's form: {reply:?}");
+    reply
 }
 
 /// Bad input in the page — a file that is not GGUF (served as model `junk`), a model larger

@@ -266,7 +266,14 @@ fn a_streamed_header_parses_once_it_is_complete() {
     let e = GgufFile::from_header(b"<!DOCTYPE html>", 1 << 30, "page.html").unwrap_err();
     assert!(matches!(e.kind(), GgufErrorKind::BadMagic { .. }), "{e}");
     // A declared size the stream overran.
-    assert!(GgufFile::from_header(&valid(), 10, "short").is_err());
+    let e = GgufFile::from_header(&valid(), 10, "short").unwrap_err();
+    assert!(matches!(e.kind(), GgufErrorKind::LongerThanAnnounced { announced: 10 }), "{e}");
+    // A count no file of the announced size holds is refused from the prefix that has it,
+    // not after the whole stream is read.
+    let absurd = with_counts(valid(), Some(1 << 60), None);
+    let e = GgufFile::from_header(&absurd, 1 << 40, "absurd.gguf").unwrap_err();
+    assert!(matches!(e.kind(), GgufErrorKind::CountTooLarge { count, .. } if *count == 1 << 60), "{e}");
+    assert!(e.to_string().contains(&format!("{} bytes left", (1u64 << 40) - 24)), "{e}");
 }
 
 #[test]

@@ -21,20 +21,21 @@ fn bundled() -> PathBuf {
     repo_root().join("models/duet-diff-ref.q8_0.gguf")
 }
 
-/// `bytes` in chunks of 1 byte to 96 KiB (as a network delivers them), ending after `limit`
-/// bytes; counts the chunks read.
+/// `bytes` in chunks of 1 byte to 96 KiB (as a network delivers them; or all of `fixed`
+/// bytes), ending after `limit` bytes; counts the chunks read.
 struct Chunks {
     bytes: Vec<u8>,
     pos: usize,
     limit: usize,
     rng: Rng,
+    fixed: Option<usize>,
     reads: usize,
 }
 
 impl Chunks {
     fn new(bytes: Vec<u8>, seed: u64) -> Chunks {
         let limit = bytes.len();
-        Chunks { bytes, pos: 0, limit, rng: Rng::new(seed), reads: 0 }
+        Chunks { bytes, pos: 0, limit, rng: Rng::new(seed), fixed: None, reads: 0 }
     }
 }
 
@@ -44,7 +45,11 @@ impl ChunkReader for Chunks {
         if self.pos >= self.limit {
             return Ok(None);
         }
-        let n = if self.rng.below(8) == 0 { 1 + self.rng.below(16) } else { 1 + self.rng.below(96 << 10) };
+        let n = match self.fixed {
+            Some(n) => n,
+            None if self.rng.below(8) == 0 => 1 + self.rng.below(16),
+            None => 1 + self.rng.below(96 << 10),
+        };
         let end = (self.pos + n).min(self.limit);
         let chunk = self.bytes[self.pos..end].to_vec();
         self.pos = end;
@@ -62,8 +67,8 @@ fn logits<S: TensorSource>(src: &mut S, tokens: &[u32]) -> Vec<f32> {
 }
 
 /// The most bytes a load may hold: the largest layer's tensors, or the largest tensor
-/// outside the layers (the token table), whichever is more.
-fn one_layer_bound(file: &GgufFile) -> u64 {
+/// outside the layers (the token table), whichever is more; and the largest layer's alone.
+fn one_part_bounds(file: &GgufFile) -> (u64, u64) {
     let mut per_layer = std::collections::HashMap::<usize, u64>::new();
     let mut outside = 0u64;
     for t in file.tensors() {
@@ -72,11 +77,12 @@ fn one_layer_bound(file: &GgufFile) -> u64 {
             None => outside = outside.max(t.n_bytes()),
         }
     }
-    per_layer.values().copied().max().unwrap_or(0).max(outside)
+    let layer = per_layer.values().copied().max().unwrap_or(0);
+    (layer.max(outside), layer)
 }
 
-/// `src` rewritten with its layers stored last to first, each layer's tensors reversed too
-/// (the token table first, the rest after the layers, as before).
+/// `src` rewritten with the final norm first, then its layers last to first (each layer's
+/// tensors reversed too), the token table last.
 fn reversed_layers(src: &GgufFile, dst: &std::path::Path) {
     let mut w = GgufWriter::new(dst);
     for (k, v) in src.metadata() {
@@ -86,9 +92,9 @@ fn reversed_layers(src: &GgufFile, dst: &std::path::Path) {
     }
     let mut order: Vec<_> = src.tensors().iter().collect();
     order.sort_by_key(|t| match (t.name(), layer_of(t.name())) {
-        ("token_embd.weight", _) => (0, 0, 0),
+        ("token_embd.weight", _) => (3, 0, 0),
         (_, Some(il)) => (1, usize::MAX - il, usize::MAX - t.file_offset() as usize),
-        (_, None) => (2, 0, t.file_offset() as usize),
+        (_, None) => (0, 0, t.file_offset() as usize),
     });
     for t in &order {
         w.add_tensor(t.name(), t.dims(), t.ggml_type()).unwrap();
@@ -112,18 +118,24 @@ fn a_streamed_model_equals_the_mapped_one_holding_one_layer_at_a_time() {
     let reversed = dir.join("reversed.gguf");
     reversed_layers(&mapped, &reversed);
 
-    for (what, file) in [("file order", path.clone()), ("layers stored last to first", reversed.clone())] {
+    let orders = [
+        ("file order", path.clone()),
+        ("the norm first, layers last to first, the token table last", reversed.clone()),
+    ];
+    for (what, file) in orders {
         let bytes = std::fs::read(&file).unwrap();
         let size = bytes.len() as u64;
         for seed in [1, 2] {
             let mut s = finish(Streamed::open(Chunks::new(bytes.clone(), seed), size, "stream.gguf")).unwrap();
-            let bound = one_layer_bound(s.file());
+            let (bound, layer) = one_part_bounds(s.file());
             let got = logits(&mut s, &tokens);
             assert!(got == want, "{what}, seed {seed}: the streamed model's logits differ from the mapped one's");
-            let peak = s.peak_bytes();
-            println!("{what}, seed {seed}: held at most {peak} of {size} bytes (one-layer bound {bound})");
-            assert!(peak <= bound, "{what}: held {peak} bytes, more than one layer's {bound}");
-            assert!(peak * 4 < size, "{what}: held {peak} of {size} bytes");
+            let (peak, ahead) = (s.peak_bytes(), s.peak_ahead_bytes());
+            println!(
+                "{what}, seed {seed}: held at most {peak} of {size} bytes (bound {bound}), {ahead} read ahead of the model (a layer: {layer})"
+            );
+            assert!(peak <= bound, "{what}: held {peak} bytes, more than one part's {bound}");
+            assert!(ahead <= layer, "{what}: {ahead} bytes were read ahead of the model, more than a layer's {layer}");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -135,7 +147,7 @@ fn a_stream_that_is_not_gguf_or_ends_early_is_refused_with_its_name() {
     let html = b"<!DOCTYPE html><html><body>Not Found</body></html>".repeat(4000);
     let size = html.len() as u64;
     let mut r = Chunks::new(html, 3);
-    r.limit = usize::MAX;
+    r.fixed = Some(4096);
     let e = finish(Streamed::open(&mut r, size, "page.gguf")).err().expect("not GGUF");
     assert!(e.to_string().contains("page.gguf") && e.to_string().contains("not a GGUF file"), "{e}");
     assert_eq!(r.reads, 1);

@@ -69,6 +69,9 @@ pub enum GgufErrorKind {
     #[error("truncated: {what} ({needed} bytes at offset {offset}) runs past the end of the file ({file_size} bytes)")]
     Truncated { what: &'static str, offset: u64, needed: u64, file_size: u64 },
 
+    #[error("the stream holds more than the {announced} bytes announced for it")]
+    LongerThanAnnounced { announced: u64 },
+
     #[error("not a GGUF file: magic is {found:02x?}, expected \"GGUF\"")]
     BadMagic { found: [u8; 4] },
 

@@ -54,8 +54,9 @@ pub struct TensorInfo {
     offset: u64,
     n_bytes: u64,
     n_elements: u64,
-    /// Absolute position of the data in the file; `start + n_bytes <= file size`.
-    start: usize,
+    /// Absolute position of the data in the file; `start + n_bytes <= file size` (a u64:
+    /// a header read alone may describe a file larger than this machine's address space).
+    start: u64,
 }
 
 impl TensorInfo {
@@ -83,7 +84,7 @@ impl TensorInfo {
 
     /// Offset of the data from the start of the file.
     pub fn file_offset(&self) -> u64 {
-        self.start as u64
+        self.start
     }
 
     pub fn n_bytes(&self) -> u64 {
@@ -182,23 +183,14 @@ impl GgufFile {
     /// `t.file_offset()`), and every check made of a whole file is made against `file_size`.
     pub fn from_header(prefix: &[u8], file_size: u64, label: impl Into<String>) -> Result<Option<GgufFile>, GgufError> {
         let label = label.into();
-        let short = (prefix.len() as u64) < file_size;
-        if !short && prefix.len() as u64 != file_size {
-            return Err(GgufError::new(
-                label,
-                None,
-                GgufErrorKind::Truncated { what: "stream", offset: file_size, needed: 0, file_size },
-            ));
+        let got = prefix.len() as u64;
+        if got > file_size {
+            return Err(GgufError::new(label, None, GgufErrorKind::LongerThanAnnounced { announced: file_size }));
         }
         match parse_header(prefix, file_size) {
             Ok(h) => Ok(Some(Self::with_header(label, Storage::copy_of(&[]), file_size, false, h))),
-            // Past the prefix, not past the file: more bytes may complete the header.
-            Err(Located { kind: GgufErrorKind::Truncated { .. } | GgufErrorKind::CountTooLarge { .. }, .. })
-                if short =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(GgufError::new(label, e.context, e.kind)),
+            Err(e) if got < file_size && e.may_end_within(file_size) => Ok(None),
+            Err(e) => Err(GgufError::new(label, e.context, e.kind.with_file_size(got, file_size))),
         }
     }
 
@@ -286,8 +278,12 @@ impl GgufFile {
     /// ([`GgufFile::has_data`]): a caller bug, like an out-of-range slice index. Infos from
     /// this file were bounds-checked when it was parsed.
     pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
-        let range =
-            usize::try_from(info.n_bytes).ok().and_then(|n| info.start.checked_add(n)).map(|end| info.start..end);
+        // end ≥ start, so a start past usize is an end past it too.
+        let range = info
+            .start
+            .checked_add(info.n_bytes)
+            .and_then(|end| usize::try_from(end).ok())
+            .map(|end| (info.start as usize)..end);
         range
             .and_then(|r| self.bytes().get(r))
             .expect("tensor_data: the TensorInfo belongs to another GgufFile, or this one is a header read alone")
@@ -376,6 +372,34 @@ fn sorted_index<'a>(n: usize, name_of: impl Fn(usize) -> &'a str) -> (Vec<usize>
 struct Located {
     context: Option<String>,
     kind: GgufErrorKind,
+}
+
+impl Located {
+    /// Whether a header that failed for want of bytes in a prefix could still parse from a
+    /// longer one of a file of `file_size` bytes: what it needed ends inside the file. (A
+    /// count is checked at one byte an element, the least any takes.)
+    fn may_end_within(&self, file_size: u64) -> bool {
+        match self.kind {
+            GgufErrorKind::Truncated { offset, needed, .. } => offset.saturating_add(needed) <= file_size,
+            GgufErrorKind::CountTooLarge { count, offset, .. } => count <= file_size.saturating_sub(offset),
+            _ => false,
+        }
+    }
+}
+
+impl GgufErrorKind {
+    /// A truncation found in a prefix of `got` bytes, said of the whole file's `file_size`.
+    fn with_file_size(self, got: u64, file_size: u64) -> GgufErrorKind {
+        match self {
+            GgufErrorKind::Truncated { what, offset, needed, file_size: f } if f == got => {
+                GgufErrorKind::Truncated { what, offset, needed, file_size }
+            }
+            GgufErrorKind::CountTooLarge { what, count, offset, .. } if got < file_size => {
+                GgufErrorKind::CountTooLarge { what, count, offset, remaining: file_size.saturating_sub(offset) }
+            }
+            k => k,
+        }
+    }
 }
 
 impl From<GgufErrorKind> for Located {
@@ -499,7 +523,6 @@ fn parse_header(bytes: &[u8], file_size: u64) -> Result<Header, Located> {
         // Inside the file, as checked above, so it fits a usize.
         let start = data_offset
             .checked_add(t.offset)
-            .and_then(|s| usize::try_from(s).ok())
             .ok_or_else(|| at(|| format!("tensor '{}'", t.name))(overflow("data start")))?;
         tensors.push(TensorInfo {
             name: t.name.to_owned(),

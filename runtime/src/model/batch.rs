@@ -71,20 +71,21 @@ impl<B: Backend> BatchContext<B> {
 /// or one row of its logits: before anything is allocated (and, loading, before the weights).
 pub fn check_context<B: Backend>(c: &ModelConfig, b: &B, cap: usize) -> Result<(), RuntimeError> {
     let Some(limit) = b.max_tensor_bytes() else { return Ok(()) };
-    let widest = [c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff].into_iter().max().unwrap_or(0);
-    if (c.n_vocab * 4) as u64 > limit {
+    // In u64: the sizes come from a file's header (and usize may be 32 bits).
+    let widest = [c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff].into_iter().max().unwrap_or(0) as u64;
+    let logits_row = c.n_vocab as u64 * 4;
+    if logits_row > limit {
         return Err(RuntimeError::Device(format!(
-            "one row of logits ({} values, {} bytes) is more than the device binds at once ({limit} bytes): the model does not fit this device",
-            c.n_vocab,
-            c.n_vocab * 4
+            "one row of logits ({} values, {logits_row} bytes) is more than the device binds at once ({limit} bytes): the model does not fit this device",
+            c.n_vocab
         )));
     }
-    if (cap * widest * 4) as u64 > limit {
+    let acts = (cap as u64).saturating_mul(widest).saturating_mul(4);
+    if acts > limit {
         return Err(RuntimeError::Device(format!(
-            "a batch of {cap} tokens needs activations of {} bytes, more than {} binds at once ({limit} bytes): lower --batch-size to {} or less",
-            cap * widest * 4,
+            "a batch of {cap} tokens needs activations of {acts} bytes, more than {} binds at once ({limit} bytes): lower --batch-size to {} or less",
             b.describe(),
-            limit as usize / (widest * 4)
+            limit / (widest * 4)
         )));
     }
     Ok(())

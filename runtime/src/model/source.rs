@@ -77,6 +77,8 @@ pub struct Streamed<R> {
     held: BTreeMap<u64, Bytes>,
     held_bytes: u64,
     peak_bytes: u64,
+    /// The most bytes held when a fetch began: tensors read before the model asked for them.
+    peak_ahead: u64,
 }
 
 /// A tensor's bytes, 8-byte aligned (the GGUF aligns data; what reads it may rely on that).
@@ -86,40 +88,54 @@ struct Bytes {
 }
 
 impl Bytes {
+    /// `len` zero bytes, or None where this machine cannot hold them.
+    fn new(len: u64) -> Option<Bytes> {
+        let len = usize::try_from(len).ok()?;
+        let mut words = Vec::new();
+        words.try_reserve_exact(len.div_ceil(8)).ok()?;
+        words.resize(len.div_ceil(8), 0);
+        Some(Bytes { words, len })
+    }
+
     fn get(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.len]
     }
 }
 
 /// The first header parse is tried at this many bytes (magic, version and counts: a stream
-/// that is not GGUF is refused at its first chunk), each next one at twice as many: a header
-/// (its vocabulary) takes a few MiB, parsed about twenty times at most.
+/// that is not GGUF is refused once it has this many), each next one at twice as many: a
+/// header (its vocabulary) takes a few MiB, parsed about twenty times at most.
 const FIRST_HEADER_TRY: usize = 24;
+
+/// The longest header read from a stream (vocabularies of 256k tokens take ~10 MiB).
+const MAX_HEADER: usize = 256 << 20;
 
 impl<R: ChunkReader> Streamed<R> {
     /// Reads the header of the GGUF file of `size` bytes that `reader` streams, `label`
     /// naming it in errors. A stream that is not GGUF is refused from its first bytes.
     pub async fn open(mut reader: R, size: u64, label: &str) -> Result<Streamed<R>, RuntimeError> {
         let mut prefix = Vec::new();
-        let mut next_try = FIRST_HEADER_TRY.min(size as usize);
+        let mut next_try = FIRST_HEADER_TRY;
         let file = loop {
             let chunk = reader.next_chunk().await?;
             let ended = chunk.is_none();
             if let Some(c) = chunk {
                 prefix.extend_from_slice(&c);
             }
-            if prefix.len() as u64 > size {
-                return Err(RuntimeError::BadModel(format!(
-                    "{label}: the stream is longer than the {size} bytes it announced"
-                )));
-            }
             if ended && (prefix.len() as u64) < size {
                 return Err(ended_early(label, prefix.len() as u64, size, None));
             }
-            if ended || prefix.len() >= next_try || prefix.len() as u64 == size {
+            let past_cap = prefix.len() > MAX_HEADER;
+            if ended || past_cap || prefix.len() >= next_try || prefix.len() as u64 == size {
                 // None only while the prefix is shorter than the file.
                 if let Some(f) = GgufFile::from_header(&prefix, size, label)? {
                     break f;
+                }
+                if past_cap {
+                    return Err(RuntimeError::BadModel(format!(
+                        "{label}: its header does not end within its first {} MiB, more than duet reads from a stream",
+                        MAX_HEADER >> 20
+                    )));
                 }
                 next_try = prefix.len().saturating_mul(2);
             }
@@ -134,6 +150,7 @@ impl<R: ChunkReader> Streamed<R> {
             held: BTreeMap::new(),
             held_bytes: 0,
             peak_bytes: 0,
+            peak_ahead: 0,
         })
     }
 
@@ -142,8 +159,14 @@ impl<R: ChunkReader> Streamed<R> {
         self.peak_bytes
     }
 
+    /// The most bytes held when a fetch began so far: tensors read before the model asked
+    /// for them (loading in the file's order, at most the rest of one part: a layer).
+    pub fn peak_ahead_bytes(&self) -> u64 {
+        self.peak_ahead
+    }
+
     /// Files `chunk`, the stream's bytes from `pos`, into the tensors it overlaps.
-    fn take(&mut self, mut chunk: &[u8]) {
+    fn take(&mut self, mut chunk: &[u8]) -> Result<(), RuntimeError> {
         let file = Arc::clone(&self.file);
         let tensors = file.tensors();
         // Tensors lie in header order, each after the one before (the GGUF offset rule).
@@ -152,7 +175,7 @@ impl<R: ChunkReader> Streamed<R> {
             let Some(t) = tensors.get(i) else {
                 // Past the last tensor: padding, or bytes the header does not describe.
                 self.pos += chunk.len() as u64;
-                return;
+                return Ok(());
             };
             let (start, end) = (t.file_offset(), t.file_offset() + t.n_bytes());
             if start == end {
@@ -160,29 +183,40 @@ impl<R: ChunkReader> Streamed<R> {
                 continue;
             }
             if self.pos < start {
-                let skip = (start - self.pos).min(chunk.len() as u64);
-                self.pos += skip;
-                chunk = &chunk[skip as usize..];
+                // (At most the chunk's length: a usize.)
+                let skip = (start - self.pos).min(chunk.len() as u64) as usize;
+                self.pos += skip as u64;
+                chunk = &chunk[skip..];
                 continue;
             }
+            if !self.held.contains_key(&start) {
+                let bytes = Bytes::new(t.n_bytes()).ok_or_else(|| {
+                    RuntimeError::OutOfMemory(format!(
+                        "{}: tensor '{}' ({} bytes) does not fit this device's memory",
+                        file.label(),
+                        t.name(),
+                        t.n_bytes()
+                    ))
+                })?;
+                self.held.insert(start, bytes);
+                self.held_bytes += t.n_bytes();
+                self.peak_bytes = self.peak_bytes.max(self.held_bytes);
+            }
+            let buf = self.held.get_mut(&start).expect("just inserted");
+            // Both below the tensor's length, which fits a usize (its buffer exists).
             let n = (end - self.pos).min(chunk.len() as u64) as usize;
             let at = (self.pos - start) as usize;
-            let buf = self.held.entry(start).or_insert_with(|| {
-                let len = t.n_bytes() as usize;
-                self.held_bytes += len as u64;
-                self.peak_bytes = self.peak_bytes.max(self.held_bytes);
-                Bytes { words: vec![0; len.div_ceil(8)], len }
-            });
             bytemuck::cast_slice_mut::<u64, u8>(&mut buf.words)[at..at + n].copy_from_slice(&chunk[..n]);
             self.pos += n as u64;
             chunk = &chunk[n..];
             i += 1;
         }
+        Ok(())
     }
 }
 
 fn ended_early(label: &str, at: u64, size: u64, tensor: Option<&str>) -> RuntimeError {
-    let inside = tensor.map_or(", inside its header".to_owned(), |t| format!(", inside tensor '{t}'"));
+    let inside = tensor.map_or(", inside its header".to_owned(), |t| format!(", before the end of tensor '{t}'"));
     RuntimeError::BadModel(format!("{label}: the file ended after {at} of its {size} bytes{inside}"))
 }
 
@@ -192,6 +226,7 @@ impl<R: ChunkReader> TensorSource for Streamed<R> {
     }
 
     async fn fetch(&mut self, tensors: &[&TensorInfo]) -> Result<(), RuntimeError> {
+        self.peak_ahead = self.peak_ahead.max(self.held_bytes);
         for t in tensors {
             let end = t.file_offset() + t.n_bytes();
             if t.n_bytes() > 0 && self.pos >= end && !self.held.contains_key(&t.file_offset()) {
@@ -216,10 +251,11 @@ impl<R: ChunkReader> TensorSource for Streamed<R> {
                     }
                 }
                 // Filed up to `t`'s end only: the rest waits for a later fetch.
-                let n = ((end - self.pos) as usize).min(self.pending.len() - self.pending_at);
+                let n = (end - self.pos).min((self.pending.len() - self.pending_at) as u64) as usize;
                 let pending = std::mem::take(&mut self.pending);
-                self.take(&pending[self.pending_at..self.pending_at + n]);
+                let filed = self.take(&pending[self.pending_at..self.pending_at + n]);
                 (self.pending, self.pending_at) = (pending, self.pending_at + n);
+                filed?;
             }
         }
         Ok(())
@@ -243,6 +279,10 @@ impl<R: ChunkReader> TensorSource for Streamed<R> {
     }
 
     fn release(&mut self, t: &TensorInfo) {
+        // (A tensor of no bytes shares its offset with the next one, and holds nothing.)
+        if t.n_bytes() == 0 {
+            return;
+        }
         if let Some(b) = self.held.remove(&t.file_offset()) {
             self.held_bytes -= b.len as u64;
         }

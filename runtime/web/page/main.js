@@ -39,9 +39,13 @@ function turn(cls, text) {
 // budget): its state is gone, and only a reload brings it back.
 let stopped = false;
 
+// The reader of the file being loaded (cancelled when the runtime stops mid-load).
+let loading = null;
+
 function setBusy(b) {
   busy = b;
-  $("load").disabled = $("send").disabled = $("file").disabled = b || stopped;
+  $("load").disabled = $("file").disabled = b || stopped;
+  $("send").disabled = $("prompt").disabled = b || stopped || !duet;
 }
 
 // Shows an error; a trap of the runtime (WebAssembly.RuntimeError) stops the page's runtime.
@@ -49,6 +53,8 @@ function failed(e) {
   if (e instanceof WebAssembly.RuntimeError) {
     stopped = true;
     duet = null;
+    // A load the trap interrupted never finishes: its download is not wanted.
+    if (loading) loading.cancel().catch(() => {});
     status(`The runtime stopped (${e.message}; the console says why): reload the page to go on.`, true);
     setBusy(busy);
   } else {
@@ -67,7 +73,10 @@ async function loadFrom(reader, size, name) {
   // The old model's GPU buffers go before the next one loads.
   if (duet) duet.free();
   duet = null;
-  $("prompt").disabled = $("send").disabled = true;
+  $("chat").disabled = true;
+  $("ctx").textContent = "";
+  setBusy(true);
+  loading = reader;
   let got = 0;
   const read = async () => {
     const { done, value } = await reader.read();
@@ -82,6 +91,7 @@ async function loadFrom(reader, size, name) {
     duet = await load(read, size, name, nCtx, ck, cv, maxBinding);
   } finally {
     // Whatever is left of a failed load's download is not wanted.
+    loading = null;
     reader.cancel().catch(() => {});
   }
   $("adapter").textContent = duet.adapter();
@@ -94,7 +104,6 @@ async function loadFrom(reader, size, name) {
   $("chat").disabled = !duet.can_chat();
   $("chat").checked = duet.can_chat();
   $("ctx").textContent = `context 0 / ${duet.n_ctx()} tokens`;
-  $("prompt").disabled = $("send").disabled = false;
   status(`${name} is ready.`);
 }
 
@@ -110,6 +119,8 @@ async function reply(prompt, max, chat) {
   // Top-k and min-p stay the model's; a new seed each reply.
   const [, topK, , minP] = d.sampling();
   d.set_sampling(Number($("temp").value), topK, Number($("topp").value), minP, (Math.random() * 2 ** 32) >>> 0);
+  // The settings were good: the prompt leaves the box for the log.
+  if ($("prompt").value === prompt) $("prompt").value = "";
   turn("user", prompt);
   const out = turn("model", "");
   // The conversation with this turn; kept only once the reply is complete.
@@ -164,7 +175,6 @@ async function main() {
     const p = $("prompt").value;
     if (busy || !duet || !p) return;
     setBusy(true);
-    $("prompt").value = "";
     reply(p, 256, $("chat").checked)
       .catch(failed)
       .finally(() => setBusy(false));
@@ -175,13 +185,18 @@ async function main() {
     setBusy(true);
     loadFrom(f.stream().getReader(), f.size, f.name)
       .catch(failed)
-      .finally(() => setBusy(false));
+      .finally(() => {
+        // The same file chosen again is a change too.
+        $("file").value = "";
+        setBusy(false);
+      });
   };
   // One prompt on model i, as the query string asks (and the test, again, in this tab);
   // `settings` may change the context's length (ctx), the binding cap (maxBinding) and
   // the temperature (temp; 0, greedy, unless given).
   window.duetRun = async (i, prompt, max, chat, settings = {}) => {
     if (stopped) throw new Error("the runtime stopped: reload the page");
+    if (busy) throw new Error("the page is busy");
     nCtx = settings.ctx ?? nCtx;
     maxBinding = settings.maxBinding ?? maxBinding;
     $("model").value = i;
