@@ -329,6 +329,9 @@ fn crafted_numbers_are_refused() {
         ("llama.attention.layer_norm_rms_epsilon", Value::F32(f32::NAN), "layer_norm_rms_epsilon is NaN"),
         ("llama.rope.freq_base", Value::F32(0.0), "rope.freq_base is 0"),
         ("llama.embedding_length", Value::U32(0), "embedding_length is 0"),
+        // Widths whose products overflowed a 32-bit size (the browser's) or the bind check.
+        ("llama.attention.head_count", Value::U32(1 << 31), "head_count × key_length is"),
+        ("llama.feed_forward_length", Value::U32(1 << 30), "feed_forward_length is 1073741824, more than duet handles"),
     ]
     .into_iter()
     .enumerate()

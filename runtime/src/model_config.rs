@@ -6,6 +6,9 @@ use duet_quant::gguf::GgufFile;
 use crate::error::RuntimeError;
 use crate::gguf_names::keys;
 
+/// The widest dimension a model may have ([`ModelConfig`]'s check).
+const MAX_WIDTH: u64 = 1 << 24;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Llama,
@@ -153,6 +156,19 @@ impl ModelConfig {
         ] {
             if v == 0 {
                 return Err(format!("{what} is 0"));
+            }
+        }
+        // Widths beyond any model's (the largest have 16,384-wide embeddings, 53,248-wide
+        // feed-forwards, 256k vocabularies): products of them then fit a 32-bit usize.
+        for (what, v) in [
+            ("embedding_length", self.n_embd as u64),
+            ("feed_forward_length", self.n_ff as u64),
+            ("head_count × key_length", self.n_heads as u64 * self.head_dim as u64),
+            ("head_count_kv × key_length", self.n_kv_heads as u64 * self.head_dim as u64),
+            ("vocabulary size", self.n_vocab as u64),
+        ] {
+            if v > MAX_WIDTH {
+                return Err(format!("{what} is {v}, more than duet handles ({MAX_WIDTH})"));
             }
         }
         // Every layer has its own tensors: the last layer's must be in the file.

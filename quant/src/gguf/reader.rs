@@ -376,12 +376,19 @@ struct Located {
 
 impl Located {
     /// Whether a header that failed for want of bytes in a prefix could still parse from a
-    /// longer one of a file of `file_size` bytes: what it needed ends inside the file. (A
-    /// count is checked at one byte an element, the least any takes.)
+    /// longer one of a file of `file_size` bytes: what it needed ends inside the file (a
+    /// count at its elements' least size: a tensor info's, a key-value pair's, else 1 byte).
     fn may_end_within(&self, file_size: u64) -> bool {
         match self.kind {
             GgufErrorKind::Truncated { offset, needed, .. } => offset.saturating_add(needed) <= file_size,
-            GgufErrorKind::CountTooLarge { count, offset, .. } => count <= file_size.saturating_sub(offset),
+            GgufErrorKind::CountTooLarge { what, count, offset, .. } => {
+                let least = match what {
+                    "tensor info" => MIN_TENSOR_INFO_BYTES,
+                    "key-value pair" => MIN_KV_BYTES,
+                    _ => 1,
+                } as u64;
+                count.saturating_mul(least) <= file_size.saturating_sub(offset)
+            }
             _ => false,
         }
     }
@@ -520,7 +527,8 @@ fn parse_header(bytes: &[u8], file_size: u64) -> Result<Header, Located> {
     let mut tensors = Vec::with_capacity(tensor_count);
     for i in 0..tensor_count {
         let t = read_tensor_info(&mut c, i)?;
-        // Inside the file, as checked above, so it fits a usize.
+        // Inside the file, as checked above (a u64: a header read alone may describe a file larger
+        // than this address space).
         let start = data_offset
             .checked_add(t.offset)
             .ok_or_else(|| at(|| format!("tensor '{}'", t.name))(overflow("data start")))?;

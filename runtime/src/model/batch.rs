@@ -71,16 +71,17 @@ impl<B: Backend> BatchContext<B> {
 /// or one row of its logits: before anything is allocated (and, loading, before the weights).
 pub fn check_context<B: Backend>(c: &ModelConfig, b: &B, cap: usize) -> Result<(), RuntimeError> {
     let Some(limit) = b.max_tensor_bytes() else { return Ok(()) };
-    // In u64: the sizes come from a file's header (and usize may be 32 bits).
-    let widest = [c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff].into_iter().max().unwrap_or(0) as u64;
+    // In u64: a 32-bit usize would overflow (the widths are checked against
+    // ModelConfig's bound, so one row's bytes fit either way).
+    let widest = [c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff].into_iter().max().unwrap_or(1).max(1) as u64;
     let logits_row = c.n_vocab as u64 * 4;
-    if logits_row > limit {
+    if logits_row.max(widest * 4) > limit {
         return Err(RuntimeError::Device(format!(
-            "one row of logits ({} values, {logits_row} bytes) is more than the device binds at once ({limit} bytes): the model does not fit this device",
+            "one row of logits ({} values, {logits_row} bytes) or of activations ({widest} values) is more than the device binds at once ({limit} bytes): the model does not fit this device",
             c.n_vocab
         )));
     }
-    let acts = (cap as u64).saturating_mul(widest).saturating_mul(4);
+    let acts = (cap as u64).saturating_mul(widest * 4);
     if acts > limit {
         return Err(RuntimeError::Device(format!(
             "a batch of {cap} tokens needs activations of {acts} bytes, more than {} binds at once ({limit} bytes): lower --batch-size to {} or less",

@@ -144,18 +144,18 @@ fn load_order(file: &GgufFile, n_layers: usize) -> Vec<Part> {
     let mut parts = vec![Part::TokenEmbd];
     parts.extend((0..n_layers).map(Part::Layer));
     parts.extend([Part::OutputNorm, Part::Output, Part::RopeFreqs]);
+    // Each part's slot in `parts`, computed (not searched: a file may hold many tensors).
+    let slot = |name: &str| match (name, names::layer_of(name)) {
+        (_, Some(il)) if il < n_layers => Some(1 + il),
+        (names::TOKEN_EMBD, _) => Some(0),
+        (names::OUTPUT_NORM, _) => Some(n_layers + 1),
+        (names::OUTPUT, _) => Some(n_layers + 2),
+        (names::ROPE_FREQS, _) => Some(n_layers + 3),
+        _ => None,
+    };
     let mut first = vec![usize::MAX; parts.len()];
-    let slot = |part: Part| parts.iter().position(|&p| p == part);
     for (i, t) in file.tensors().iter().enumerate() {
-        let part = match (t.name(), names::layer_of(t.name())) {
-            (_, Some(il)) if il < n_layers => Part::Layer(il),
-            (names::TOKEN_EMBD, _) => Part::TokenEmbd,
-            (names::OUTPUT_NORM, _) => Part::OutputNorm,
-            (names::OUTPUT, _) => Part::Output,
-            (names::ROPE_FREQS, _) => Part::RopeFreqs,
-            _ => continue,
-        };
-        if let Some(k) = slot(part) {
+        if let Some(k) = slot(t.name()) {
             first[k] = first[k].min(i);
         }
     }
@@ -191,6 +191,11 @@ pub async fn load_from<B: Backend, S: TensorSource>(b: &mut B, src: &mut S) -> R
         None => None,
     };
 
+    // The tensors every model needs, checked (name and shape) before any is read: a stream
+    // lacking one is refused before its download.
+    for (name, role_cols, rows) in [(names::TOKEN_EMBD, d, c.n_vocab), (names::OUTPUT_NORM, d, 1)] {
+        ld.info(name, role_cols, rows)?.ok_or_else(|| ld.missing(name))?;
+    }
     let (mut token_embd, mut output_norm, mut output, mut freq_factors) = (None, None, None, None);
     let mut layers: Vec<Option<Layer<B>>> = (0..c.n_layers).map(|_| None).collect();
     for part in load_order(&file, c.n_layers) {

@@ -192,7 +192,7 @@ impl<R: ChunkReader> Streamed<R> {
             if !self.held.contains_key(&start) {
                 let bytes = Bytes::new(t.n_bytes()).ok_or_else(|| {
                     RuntimeError::OutOfMemory(format!(
-                        "{}: tensor '{}' ({} bytes) does not fit this device's memory",
+                        "{}: tensor '{}' ({} bytes) does not fit this machine's memory",
                         file.label(),
                         t.name(),
                         t.n_bytes()

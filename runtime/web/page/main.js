@@ -119,8 +119,6 @@ async function reply(prompt, max, chat) {
   // Top-k and min-p stay the model's; a new seed each reply.
   const [, topK, , minP] = d.sampling();
   d.set_sampling(Number($("temp").value), topK, Number($("topp").value), minP, (Math.random() * 2 ** 32) >>> 0);
-  // The settings were good: the prompt leaves the box for the log.
-  if ($("prompt").value === prompt) $("prompt").value = "";
   turn("user", prompt);
   const out = turn("model", "");
   // The conversation with this turn; kept only once the reply is complete.
@@ -129,6 +127,8 @@ async function reply(prompt, max, chat) {
   const promptTokens = chat
     ? await d.start_tokens(d.chat_tokens(turns.map((m) => m.role), turns.map((m) => m.content)), max)
     : await d.start(prompt, max);
+  // The prompt was taken (settings and length): it leaves the box for the log.
+  if ($("prompt").value === prompt) $("prompt").value = "";
   const t0 = performance.now();
   let text = "";
   for (;;) {
