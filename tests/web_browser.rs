@@ -235,14 +235,16 @@ fn web_page_generates_the_cpu_backends_tokens() {
                 "the local file's reply differs from the served one's"
             );
         }
-        // The file streams into the GPU a layer at a time: the runtime's memory (which never
-        // shrinks: its peak) stays below the file's size where the file is big enough to tell.
+        // The file streams into the GPU a part at a time: the runtime's memory (which never
+        // shrinks: its peak) stays below half the file's size where the file is big enough to
+        // tell (SmolLM2, 94 MiB: 39–43 MB measured — its tokenizer and 17.7 MB token table;
+        // 69 MB while uploads were staged in wasm memory, twice the file before streaming).
         let wasm_bytes = got["wasmBytes"].as_u64().expect("the runtime's memory size");
         let file_bytes = std::fs::metadata(model).expect("the model's size").len();
         eprintln!("{test}: the runtime's memory reached {wasm_bytes} bytes for a file of {file_bytes}");
         if file_bytes > 64 << 20 {
             assert!(
-                wasm_bytes < file_bytes,
+                wasm_bytes < file_bytes / 2,
                 "{}: the runtime held {wasm_bytes} bytes for a file of {file_bytes}",
                 model.display()
             );

@@ -60,6 +60,32 @@ impl Allocator {
     /// mapping, so a large weight is never copied on the host first.
     pub fn init_parts(&self, ctx: &GpuContext, size: u64, parts: &[(usize, &[u8])], label: &str) -> Arc<Buf> {
         let size = size.max(4).next_multiple_of(4);
+        // In a browser a mapped range is a copy in wasm memory: a weight would be held twice
+        // there while it uploads. The page's queue copies straight out of wasm memory instead
+        // (WebGPU zeroes a new buffer, so the gaps need nothing).
+        #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+        if parts.iter().all(|&(off, _)| off % 4 == 0) {
+            let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            for &(off, bytes) in parts {
+                // Writes are whole words: a part's last bytes go in one zero-padded word
+                // (within the buffer, before the next part: parts start 16-byte aligned).
+                let whole = bytes.len() & !3;
+                if whole > 0 {
+                    ctx.queue.write_buffer(&buffer, off as u64, &bytes[..whole]);
+                }
+                if whole < bytes.len() {
+                    let mut last = [0u8; 4];
+                    last[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+                    ctx.queue.write_buffer(&buffer, (off + whole) as u64, &last);
+                }
+            }
+            return self.wrap(buffer, size);
+        }
         let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
